@@ -1,0 +1,1 @@
+"""Data: the biography generator and QA, corpus streaming and packing."""
