@@ -1,0 +1,80 @@
+"""The one interface every method implements, and the registry the CLI and training loop use.
+
+A method takes a base model, returns the model to train with `requires_grad` set on exactly the parameters
+that train, and describes itself. The training loop builds its optimizer from `trainable_parameters(model)`
+and never branches on a method's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+from torch import nn
+from transformers import PreTrainedModel
+
+from ..errors import ScaleclError
+
+REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+@dataclass
+class Method:
+    """Base class: subclasses are dataclasses whose fields are the method's options."""
+
+    name: ClassVar[str] = ""
+
+    def check(self, config) -> None:
+        """Validate options against a base config before any heavy work (raise ScaleclError)."""
+
+    def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PreTrainedModel:
+        """Return the model to train, with requires_grad set on exactly the trainable parameters.
+
+        A method that changes the model's structure sets `model.scalecl_base_config` (the config dict it
+        started from) so that checkpoints can be rebuilt; init_weights=False skips any initialisation
+        that a checkpoint load will overwrite anyway."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line saying what trains."""
+        raise NotImplementedError
+
+    def metrics(self, model: PreTrainedModel) -> dict[str, float]:
+        """Extra per-evaluation numbers (e.g. Route's routing fractions)."""
+        return {}
+
+    def options(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_options(cls, **opts: Any) -> Method:
+        known = {f.name for f in fields(cls)}
+        unknown = set(opts) - known
+        if unknown:
+            raise ScaleclError(f"method {cls.name} has no option(s) {', '.join(sorted(unknown))}")
+        return cls(**opts)
+
+
+def method_names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get_method(name: str, **opts: Any) -> Method:
+    """Build a registered method by its CLI name with its options."""
+    if name not in REGISTRY:
+        raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(REGISTRY)}")
+    return REGISTRY[name].from_options(**opts)
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Name -> parameter for everything that trains (shared tensors listed once)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

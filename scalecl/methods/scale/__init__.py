@@ -1,0 +1,77 @@
+"""SCALE-Preserve, SCALE-Adapt and SCALE-Route behind the common method interface (paper Sec. 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from transformers import PreTrainedModel
+
+from ...config import ScaleConfig
+from ..base import Method, register
+from .upscale import check_sizes, routing_fractions, scale_path, upscale
+
+__all__ = ["ScaleMethod", "upscale", "scale_path", "routing_fractions"]
+
+
+@dataclass
+class ScaleMethod(Method):
+    """Width upscaling; the variant is fixed by the registered subclass."""
+
+    variant: ClassVar[str] = "route"
+    hidden_up: int = 128
+    ffn_up: int = 128
+    l_fp: int | None = None
+    collab: tuple[str, ...] = ("attn", "mlp")
+    init: tuple[str, str] = ("svd", "zero")
+    tau: float = 0.9
+
+    def __post_init__(self) -> None:
+        self.config = ScaleConfig(
+            variant=self.variant, hidden_up=self.hidden_up, ffn_up=self.ffn_up, l_fp=self.l_fp,
+            collab=tuple(self.collab), init=tuple(self.init), tau=self.tau,
+        )
+
+    def check(self, config) -> None:
+        check_sizes(config, self.config)
+
+    def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PreTrainedModel:
+        return upscale(model, self.config, inplace=True, init_weights=init_weights)
+
+    def describe(self) -> str:
+        c = self.config
+        if c.variant == "preserve":
+            where = "W12 frozen at zero in every layer"
+        else:
+            above = "in the top layer only" if c.l_fp is None else f"above the lowest {c.l_fp} layers"
+            where = f"W12 of {'+'.join(c.collab)} trains {above}"
+        extra = f", router tau={c.tau}" if c.variant == "route" else ""
+        return (f"SCALE-{c.variant.capitalize()}: width +{c.hidden_up} hidden / +{c.ffn_up} FFN; original weights "
+                f"frozen; W21, W22, new norms, embedding and head columns train; {where}{extra}")
+
+    def metrics(self, model: PreTrainedModel) -> dict[str, float]:
+        return routing_fractions(model)
+
+    def options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.config.to_dict().items() if k != "variant"}
+
+
+@register
+@dataclass
+class ScalePreserve(ScaleMethod):
+    name: ClassVar[str] = "scale-preserve"
+    variant: ClassVar[str] = "preserve"
+
+
+@register
+@dataclass
+class ScaleAdapt(ScaleMethod):
+    name: ClassVar[str] = "scale-adapt"
+    variant: ClassVar[str] = "adapt"
+
+
+@register
+@dataclass
+class ScaleRoute(ScaleMethod):
+    name: ClassVar[str] = "scale-route"
+    variant: ClassVar[str] = "route"
