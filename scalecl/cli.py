@@ -86,20 +86,29 @@ def upscale(
     import torch
 
     from .checkpoint import save_model
+    from .config import ScaleConfig
     from .methods import get_method
-    from .summary import param_counts, param_rows
+    from .summary import param_counts
 
-    method = get_method(
-        f"scale-{variant}" if variant in ("preserve", "adapt", "route") else variant,
-        hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab), init=_csv(init), tau=tau,
-    )
+    cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
+                      init=_csv(init), tau=tau)  # validates names and ranges first
+    method = get_method(f"scale-{cfg.variant}", **{k: v for k, v in cfg.to_dict().items() if k != "variant"})
     config, load, source = _build_base(model, random_config, seed)
     method.check(config)  # every size check before the weights load
     base = load()
     base_total, _ = param_counts(base)
     torch.manual_seed(seed)
     widened = method.apply(base)
-    total, train = param_counts(widened)
+    _print_params(method, source, base_total, widened)
+    path = save_model(widened, out, method, base_model=source)
+    console.print(f"wrote {path}")
+
+
+def _print_params(method, source: str, base_total, model) -> None:
+    """The per-module parameter table (base, added, trainable) and the method's one-line description."""
+    from .summary import param_counts, param_rows
+
+    total, train = param_counts(model)
     table = Table(title=f"{method.name} on {source}")
     for col in ("module", "base", "added", "trainable"):
         table.add_column(col, justify="left" if col == "module" else "right")
@@ -107,8 +116,130 @@ def upscale(
         table.add_row(kind, f"{b:,}", f"{a:,}", f"{t:,}")
     console.print(table)
     console.print(method.describe(), highlight=False)
-    path = save_model(widened, out, method, base_model=source)
+
+
+def _scalar(text: str):
+    """'none' -> None, 'true'/'false' -> bool, then int, float, else the string itself."""
+    low = text.strip().lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def _method_options(name: str, pairs: list[str]) -> dict:
+    """Parse --set key=value pairs; options typed as tuples take comma lists (collab=attn,mlp)."""
+    import dataclasses
+    import typing
+
+    from .methods import REGISTRY, get_method
+
+    if name not in REGISTRY:
+        get_method(name)  # raises the one-line unknown-method error
+    hints = typing.get_type_hints(REGISTRY[name])
+    known = {f.name for f in dataclasses.fields(REGISTRY[name])}
+    opts = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key:
+            raise ScaleclError(f"--set expects key=value, got {pair!r}")
+        if key not in known:
+            raise ScaleclError(f"method {name} has no option {key!r}; options: {', '.join(sorted(known)) or 'none'}")
+        is_tuple = typing.get_origin(hints.get(key)) is tuple
+        opts[key] = tuple(_scalar(v) for v in _csv(value)) if is_tuple or "," in value else _scalar(value)
+    return opts
+
+
+@app.command()
+@user_errors
+def prepare(
+    method_name: str = typer.Option(..., "--method", help="fft | lora | freeze | llama-pro | scale-preserve | scale-adapt | scale-route."),
+    out: Path = typer.Option(..., "--out", help="Directory to write the prepared checkpoint to."),
+    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id or a local directory."),
+    random_config: str | None = typer.Option(
+        None, "--random-config",
+        help="Instead of --model, a random-init base: 'gpt_neox' (alias 'pythia') or 'llama', or a config JSON path.",
+    ),
+    options: list[str] = typer.Option(
+        [], "--set", help="Method option key=value, repeatable (e.g. rank=256, k=3, n=4, hidden_up=256, collab=attn,mlp)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for random-init bases and random initialisation."),
+) -> None:
+    """Apply any method to a base model and write the checkpoint ready to train (safetensors + scalecl.json)."""
+    import torch
+
+    from .checkpoint import save_model
+    from .methods import get_method
+    from .summary import param_counts
+
+    method = get_method(method_name, **_method_options(method_name, options))
+    config, load, source = _build_base(model, random_config, seed)
+    method.check(config)  # every size check before the weights load
+    base = load()
+    base_total, _ = param_counts(base)
+    torch.manual_seed(seed)
+    prepared = method.apply(base)
+    _print_params(method, source, base_total, prepared)
+    path = save_model(prepared, out, method, base_model=source)
     console.print(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def budgets() -> None:
+    """Trainable parameters of every method at the paper's two settings (meta-device models, no weights)."""
+    from .methods.budget import paper_budgets
+
+    rows = paper_budgets()
+    for setting in dict.fromkeys(r.setting for r in rows):  # one table per setting, in order
+        table = Table(title=f"trainable parameters: {setting}")
+        table.add_column("method (options)", overflow="fold")
+        for col in ("trainable", "total", "%"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for r in (r for r in rows if r.setting == setting):
+            opts = ", ".join(f"{k}={v}" for k, v in r.options.items())
+            label = f"{r.method} ({opts})" if opts else r.method
+            table.add_row(label, f"{r.trainable:,}", f"{r.total:,}", f"{100 * r.trainable / r.total:.2f}")
+        console.print(table)
+
+
+@app.command("train-bio")
+@user_errors
+def train_bio(
+    method: str = typer.Option(
+        "scale-route", "--method",
+        help="fft, lora, freeze, llama-pro, scale-preserve, scale-adapt, scale-route, or 'all' (every method on "
+        "the same cached stages 1-2). Several can be given comma-separated.",
+    ),
+    preset: str = typer.Option(
+        "cpu", "--preset",
+        help="tiny (CI smoke, ~1 min), cpu (default: shows the phenomenon on a 2-core CPU in minutes), paper "
+        "(Pythia-160M architecture, the paper's people, steps and learning rates; GPU).",
+    ),
+    sets: list[str] = typer.Option(
+        [], "--set", help="Override a preset value, e.g. --set stage1.steps=2000 --set methods.scale.hidden_up=64 "
+        "--set lr_scale.scale-route=5 (repeatable).",
+    ),
+    out: Path = typer.Option(Path("results/bio"), "--out", help="Folder for run outputs (one subfolder per run)."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for cached data, tokenizer and stage 1-2 checkpoints."),
+    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config exists."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+) -> None:
+    """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
+    from .bio import METHOD_ORDER, run_bio
+    from .config import load_preset
+
+    rc = load_preset("bio", preset, sets)
+    methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
+    results = run_bio(rc, methods, out, cache, preset, force=force, device=device)
+    console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
 
 
 def _planned(name: str, issue: str):
@@ -121,7 +252,6 @@ def _planned(name: str, issue: str):
 
 
 for _name, _issue in [
-    ("train-bio", "biography Task 0 / Task 1 benchmark"),
     ("train-cpt", "continual pre-training with perplexity tracking"),
     ("eval-ppl", "perplexity of a checkpoint on a dataset slice"),
     ("eval-harness", "lm-evaluation-harness benchmarks"),

@@ -44,8 +44,8 @@ class Method:
         """One line saying what trains."""
         raise NotImplementedError
 
-    def metrics(self, model: PreTrainedModel) -> dict[str, float]:
-        """Extra per-evaluation numbers (e.g. Route's routing fractions)."""
+    def metrics(self, model: PreTrainedModel, mask=None) -> dict[str, float]:
+        """Extra numbers about the last forward (e.g. Route's routing fractions over the `mask` positions)."""
         return {}
 
     def options(self) -> dict[str, Any]:

@@ -49,8 +49,8 @@ class ScaleMethod(Method):
         return (f"SCALE-{c.variant.capitalize()}: width +{c.hidden_up} hidden / +{c.ffn_up} FFN; original weights "
                 f"frozen; W21, W22, new norms, embedding and head columns train; {where}{extra}")
 
-    def metrics(self, model: PreTrainedModel) -> dict[str, float]:
-        return routing_fractions(model)
+    def metrics(self, model: PreTrainedModel, mask=None) -> dict[str, float]:
+        return routing_fractions(model, mask)
 
     def options(self) -> dict[str, Any]:
         return {k: v for k, v in self.config.to_dict().items() if k != "variant"}

@@ -159,10 +159,15 @@ def scale_path(model: PreTrainedModel, mode: str):
         state.mode = old
 
 
-def routing_fractions(model: PreTrainedModel) -> dict[str, float]:
-    """Fraction of tokens the last Route forward sent to each path (empty before the first forward)."""
-    mask = getattr(getattr(model, "scale_state", None), "preserve_mask", None)
-    if mask is None:
+def routing_fractions(model: PreTrainedModel, mask: torch.Tensor | None = None) -> dict[str, float]:
+    """Fraction of tokens the last Route forward sent to each path (empty before the first forward).
+
+    mask: optional (B, T) bool of the positions to count (e.g. not padding); all positions otherwise.
+    """
+    routed = getattr(getattr(model, "scale_state", None), "preserve_mask", None)
+    if routed is None:
         return {}
-    p = mask.float().mean().item()
+    if mask is not None and mask.shape == routed.shape:
+        routed = routed[mask.to(routed.device)]
+    p = routed.float().mean().item() if routed.numel() else 0.0
     return {"route_preserve": p, "route_adapt": 1.0 - p}

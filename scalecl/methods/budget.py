@@ -1,0 +1,84 @@
+"""Trainable-parameter budgets of every method at the paper's settings, counted on meta-device models.
+
+Meta tensors carry shapes only, so the 1B model is "built" in milliseconds and without memory; methods are
+applied with init_weights=False (SCALE's SVD initialisation cannot run on meta tensors).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, NamedTuple
+
+import torch
+from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
+
+from .base import count_parameters, get_method
+
+
+def pythia_160m_config() -> GPTNeoXConfig:
+    """EleutherAI/pythia-160m (spec/evaluation.md), without downloading it."""
+    return GPTNeoXConfig(
+        vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+        rotary_pct=0.25, rotary_emb_base=10000, max_position_embeddings=2048, use_parallel_residual=True,
+        tie_word_embeddings=False,
+    )
+
+
+def llama_32_1b_config() -> LlamaConfig:
+    """meta-llama/Llama-3.2-1B (spec/evaluation.md), without downloading it."""
+    return LlamaConfig(
+        vocab_size=128256, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=64, intermediate_size=8192, tie_word_embeddings=True, rope_theta=5e5,
+        max_position_embeddings=131072, rms_norm_eps=1e-5,
+    )
+
+
+class BudgetRow(NamedTuple):
+    setting: str
+    method: str
+    trainable: int
+    total: int
+    options: dict[str, Any]
+
+
+def trainable_counts(config: PretrainedConfig, method_name: str, **opts: Any) -> tuple[int, int]:
+    """(trainable, total) parameters of `method_name` with `opts` applied to a model of `config`."""
+    method = get_method(method_name, **opts)
+    method.check(config)
+    config = copy.deepcopy(config)  # structural methods edit the config in place
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model = method.apply(model, init_weights=False)
+    return count_parameters(model, trainable_only=True), count_parameters(model)
+
+
+# The paper's two settings (Sec. 5; spec/method.md sections 3-4). SCALE's collab is left at its default.
+PAPER_SETTINGS: dict[str, tuple[Any, list[tuple[str, dict[str, Any]]]]] = {
+    "biography / Pythia-160M": (pythia_160m_config, [
+        ("fft", {}),
+        ("llama-pro", {"n": 4}),  # 12 -> 16 layers
+        ("scale-preserve", {"hidden_up": 128, "ffn_up": 128}),
+        ("scale-adapt", {"hidden_up": 128, "ffn_up": 128, "l_fp": 11}),
+        ("scale-route", {"hidden_up": 128, "ffn_up": 128, "l_fp": 11}),  # W12 trains in the 12th layer only
+    ]),
+    "Korean CPT / Llama-3.2-1B": (llama_32_1b_config, [
+        ("fft", {}),
+        ("lora", {"rank": 256}),
+        ("freeze", {"k": 3}),
+        ("llama-pro", {"n": 4}),  # 16 -> 20 layers
+        ("scale-preserve", {"hidden_up": 256, "ffn_up": 1024}),
+        ("scale-adapt", {"hidden_up": 256, "ffn_up": 1024, "l_fp": 3}),
+        ("scale-route", {"hidden_up": 256, "ffn_up": 1024, "l_fp": 3}),
+    ]),
+}
+
+
+def paper_budgets() -> list[BudgetRow]:
+    """One row per (setting, method) so a reader can check that the budgets are comparable."""
+    rows = []
+    for setting, (make_config, methods) in PAPER_SETTINGS.items():
+        config = make_config()
+        for name, opts in methods:
+            trainable, total = trainable_counts(config, name, **opts)
+            rows.append(BudgetRow(setting, name, trainable, total, opts))
+    return rows
