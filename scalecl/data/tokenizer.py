@@ -1,0 +1,149 @@
+"""Tokenizers for the biography experiment: a word-level one trained locally, or any HF tokenizer.
+
+The local tokenizer is a ``tokenizers`` WordLevel model: every word and every punctuation run is one
+token, so each attribute value's first token is its first word (first-token accuracy then measures
+knowing the value, see ``tests/test_biography.py``). The pre-tokenizer is the byte-level splitter
+(GPT-2's word/punctuation/space regex, without byte-pair merges): it splits on whitespace and
+punctuation like ``Whitespace`` would, but keeps a word's leading space inside its token (" May"), so
+decoding reproduces the text exactly and greedy answers can be compared as strings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from scalecl.data.biography import People, biographies, qa_pairs, ranges
+
+EOS_TOKEN = "<eos>"
+PAD_TOKEN = "<pad>"
+UNK_TOKEN = "<unk>"
+SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN, UNK_TOKEN)  # ids 0, 1, 2 of a trained tokenizer
+
+
+class AnswerTokenizationError(ValueError):
+    """The answer's tokens change when it follows the prompt, so its "first token" is ill-defined."""
+
+
+def train_tokenizer(
+    texts: Iterable[str], *, min_frequency: int = 1, model_max_length: int = 1 << 20
+) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer over every word of texts (nothing is dropped for vocabulary size).
+
+    The result has <eos>, <pad> and <unk> set, adds no special tokens by itself (append EOS where
+    needed), saves with ``save_pretrained`` and reloads with ``AutoTokenizer.from_pretrained``.
+    """
+    backend = Tokenizer(models.WordLevel(unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=1 << 30, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        model_max_length=model_max_length,
+    )
+
+
+def bio_tokenizer_corpus(people: People) -> Iterable[str]:
+    """Texts whose words cover everything the experiment tokenizes.
+
+    The pre-training biographies plus the QA prompts and answers of every person, so that question
+    words and the names of Task 1 people (who have no pre-trained biography) are in the vocabulary.
+    """
+    start, stop = ranges(people.cfg).pretrain
+    yield from biographies(people, None, start, stop)
+    qa = qa_pairs(people)
+    yield from qa.prompts
+    yield from qa.answers
+
+
+def train_bio_tokenizer(people: People, **kwargs: int) -> PreTrainedTokenizerFast:
+    """The experiment's local tokenizer: :func:`train_tokenizer` on :func:`bio_tokenizer_corpus`."""
+    return train_tokenizer(bio_tokenizer_corpus(people), **kwargs)
+
+
+def _looks_local(name_or_path: str) -> bool:
+    """Whether the argument is meant as a directory (so a miss must not fall through to the hub)."""
+    return os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: object) -> PreTrainedTokenizerBase:
+    """Load a tokenizer from a local directory or a hub id; give it a pad token if it has none.
+
+    Tokenizers without a pad token (GPT-NeoX/Pythia, GPT-2) get pad = eos, since batching needs one
+    and padded positions are masked anyway.
+    """
+    name = os.path.expanduser(os.fspath(name_or_path))
+    if _looks_local(name) and not Path(name).is_dir():
+        raise FileNotFoundError(f"tokenizer directory {name!r} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(
+            f"could not load a tokenizer from {name!r}: it is neither a directory with tokenizer files "
+            f"nor a hub id available here (offline? not downloaded?). Cause: {err}"
+        ) from err
+    if tokenizer.eos_token is None:
+        raise ValueError(f"tokenizer {name!r} has no EOS token; the QA answers need one")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def encode_plain(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text without special tokens (via the Rust backend when there is one: faster)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer.is_fast else None
+    if backend is not None:
+        encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: tokenizers >= 0.21
+        return [e.ids for e in encode_batch(list(texts), add_special_tokens=False)]
+    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+
+def first_answer_tokens(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], answers: Sequence[str], *, check: bool = True
+) -> list[int]:
+    """Id of each answer's first token, checked to be the token that follows the prompt in prompt+answer.
+
+    Raises AnswerTokenizationError when tokenizing prompt + answer is not prompt tokens followed by
+    answer tokens (e.g. a tokenizer that merges across the boundary), since the metric would then
+    score a token the model never has to produce; also when the first token is the unknown token.
+    check=False skips the prompt + answer comparison (the costly part: ~90 s for the paper's 1.2M pairs
+    on 2 cores), e.g. after checking a sample with the same tokenizer and question formats.
+    """
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    distinct = list(dict.fromkeys(answers))  # answers repeat a lot (shared values): encode each once
+    by_answer = dict(zip(distinct, encode_plain(tokenizer, distinct), strict=True))
+    unk = tokenizer.unk_token_id
+    for answer, a_ids in by_answer.items():
+        if not a_ids:
+            raise AnswerTokenizationError(f"answer {answer!r} tokenizes to nothing")
+        if unk is not None and a_ids[0] == unk:
+            raise AnswerTokenizationError(f"answer {answer!r} starts with the unknown token: vocabulary gap")
+    answer_ids = [by_answer[a] for a in answers]
+    if not check:
+        return [a_ids[0] for a_ids in answer_ids]
+    prompt_ids = encode_plain(tokenizer, prompts)
+    joint = encode_plain(tokenizer, [p + a for p, a in zip(prompts, answers, strict=True)])
+    for prompt, answer, p_ids, a_ids, j_ids in zip(prompts, answers, prompt_ids, answer_ids, joint, strict=True):
+        if j_ids != p_ids + a_ids:
+            raise AnswerTokenizationError(
+                f"tokenizing prompt + answer {prompt + answer!r} gives "
+                f"{tokenizer.convert_ids_to_tokens(j_ids)}, not the prompt's tokens followed by the answer's "
+                f"{tokenizer.convert_ids_to_tokens(p_ids + a_ids)}"
+            )
+    return [a_ids[0] for a_ids in answer_ids]
+
+
+def first_answer_token(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str) -> int:
+    """Id of the answer's first token when it follows the prompt (see :func:`first_answer_tokens`)."""
+    return first_answer_tokens(tokenizer, [prompt], [answer])[0]
