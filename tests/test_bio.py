@@ -1,0 +1,190 @@
+"""The biography experiment end to end on the tiny preset (shortened), plus its metric and data plumbing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import scalecl.bio as bio
+from scalecl.cli import app
+from scalecl.config import load_preset
+from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
+from scalecl.data.tokenizer import train_bio_tokenizer
+from scalecl.evaluate import encode_qa, qa_accuracy, qa_train_batch
+from scalecl.models import model_from_config, tiny_config
+
+runner = CliRunner()
+FAST = ["--set", "stage1.steps=30", "--set", "stage2.steps=5", "--set", "stage3.steps=12",
+        "--set", "eval.dense_until=6", "--set", "eval.dense_every=3", "--set", "eval.every=6"]
+
+
+@pytest.fixture(scope="module")
+def calls():
+    """Record every training stage that runs (by its progress description)."""
+    seen: list[str] = []
+    real = bio.train
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("desc", ""))
+        return real(*args, **kwargs)
+
+    bio.train = spy
+    yield seen
+    bio.train = real
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bio")
+    return root / "out", root / "cache"
+
+
+def invoke(dirs, *args):
+    out, cache = dirs
+    res = runner.invoke(app, ["train-bio", "--preset", "tiny", "--out", str(out), "--cache", str(cache), *FAST, *args])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def run_dir(out, method):
+    (d,) = [p for p in out.iterdir() if p.name.startswith(f"tiny-{method}-")]
+    return d
+
+
+def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
+    invoke(dirs, "--method", "fft")
+    assert calls == ["stage 1: pre-train", "stage 2: Task 0 QA", "stage 3: fft"]
+    res = invoke(dirs, "--method", "scale-route")
+    assert calls[3:] == ["stage 3: scale-route"]  # stages 1-2 came from the cache: no stage-1 step ran
+    assert "biography: hard first-token accuracy" in res.output.replace("\n", " ")
+
+    out, _ = dirs
+    for method in ("fft", "scale-route"):
+        d = run_dir(out, method)
+        assert sorted(p.name for p in d.iterdir()) == ["metrics.jsonl", "result.json"]
+        lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        rc = load_preset("bio", "tiny", FAST[1::2])
+        assert [r["step"] for r in lines] == rc.eval.steps(12) == [0, 3, 6, 12]
+        for r in lines:
+            for split in ("task0", "task1"):
+                assert 0.0 <= r[f"{split}/acc"] <= 1.0 and 0.0 <= r[f"{split}/soft_acc"] <= 1.0
+                assert all(f"{split}/acc/{a}" in r for a in ATTRIBUTES)
+            if method == "scale-route":
+                assert 0.0 <= r["route_preserve"] <= 1.0
+                assert r["route_preserve"] + r["route_adapt"] == pytest.approx(1.0)
+        result = json.loads((d / "result.json").read_text())
+        assert result["method"] == method and result["preset"] == "tiny"
+        assert result["config"]["stage1"]["steps"] == 30
+        assert set(result["wall_s"]) == {"data", "stage1", "stage2", "stage3"}
+        assert result["stages_cached"] == {"stage1": method != "fft", "stage2": method != "fft"}
+        assert result["summary"]["task0_start"] == lines[0]["task0/acc"]
+        assert result["summary"]["task0_min"] == min(r["task0/acc"] for r in lines)
+        for split in ("task0_heldout", "task1"):
+            assert {"acc", "soft_acc", "exact_match"} <= set(result["final"][split])
+        assert result["provenance"]["torch"] == torch.__version__
+    fft = json.loads((run_dir(out, "fft") / "result.json").read_text())
+    route = json.loads((run_dir(out, "scale-route") / "result.json").read_text())
+    # paper Sec. 5.1: Route trains at 10x the FFT learning rate
+    assert route["lr"] == pytest.approx(10 * fft["lr"])
+    # a function-preserving method starts where FFT starts: same stage-2 model, same slices
+    assert route["summary"]["task0_start"] == fft["summary"]["task0_start"]
+
+
+def test_finished_run_is_skipped_unless_forced(dirs, calls):
+    n = len(calls)
+    res = invoke(dirs, "--method", "fft")
+    assert len(calls) == n and "finished run found" in res.output
+    invoke(dirs, "--method", "fft", "--force")
+    assert calls[n:] == ["stage 3: fft"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--preset", "huge"], "unknown preset 'huge'"),
+    (["--set", "stage1.stepz=3"], "unknown config key stage1.stepz"),
+    (["--set", "stage1.steps"], "--set expects key=value"),
+    (["--method", "sgd"], "unknown method 'sgd'"),
+    (["--set", "methods.llama-pro.n=3"], "positive divisor"),
+])
+def test_bad_input_one_line(tmp_path, args, msg):
+    res = runner.invoke(app, ["train-bio", "--preset", "tiny", "--out", str(tmp_path / "o"), "--cache",
+                              str(tmp_path / "c"), "--method", "llama-pro", *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error:") and msg in lines[-1], res.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_qa():
+    people = generate_people(preset("tiny"))
+    tok = train_bio_tokenizer(people)
+    pairs = qa_pairs(people, 0, 20)
+    return tok, pairs, encode_qa(tok, pairs.prompts, pairs.answers, pairs.attributes, ATTRIBUTES)
+
+
+def test_batched_accuracy_equals_per_item_loop(tiny_qa):
+    tok, pairs, qa = tiny_qa
+    model = model_from_config(tiny_config("gpt_neox", vocab_size=len(tok)), seed=3)
+    got = qa_accuracy(model, qa, batch_size=7, exact=True)
+    hard, soft, exact = [], [], []
+    with torch.no_grad():
+        for p, a in zip(pairs.prompts, pairs.answers, strict=True):
+            p_ids = tok(p, add_special_tokens=False)["input_ids"]
+            a_ids = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            logits = model(torch.tensor([p_ids + a_ids])).logits[0]
+            first = logits[len(p_ids) - 1]
+            hard.append(first.argmax().item() == a_ids[0])
+            soft.append(first.softmax(-1)[a_ids[0]].item())
+            gen = model.generate(torch.tensor([p_ids]), max_new_tokens=len(a_ids), do_sample=False,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(p_ids):].tolist()
+            exact.append(gen == a_ids)
+    assert got["acc"] == pytest.approx(np.mean(hard))
+    assert got["soft_acc"] == pytest.approx(np.mean(soft), abs=1e-6)
+    assert got["exact_match"] == pytest.approx(np.mean(exact))
+
+
+def test_qa_loss_covers_answer_and_eos_only(tiny_qa):
+    tok, pairs, qa = tiny_qa
+    b = qa_train_batch(qa, torch.arange(4))
+    for i in range(4):
+        n_ans = len(tok(pairs.answers[i], add_special_tokens=False)["input_ids"]) + 1
+        labelled = b["labels"][i][b["labels"][i] != -100].tolist()
+        assert len(labelled) == n_ans and labelled[-1] == tok.eos_token_id
+        assert tok.decode(labelled[:-1]) == pairs.answers[i]
+
+
+def test_packing_keeps_every_token_and_reshuffles():
+    """Each epoch is the documents (+ EOS) in a fresh order, cut into full chunks: no token lost or repeated."""
+    docs = [[i] * (i % 5 + 1) for i in range(3, 40)]
+    context, batch = 8, 2
+    it = bio.packed_batches(docs, eos=1, context=context, batch=batch, seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        stream = [t for i in rng.permutation(len(docs)) for t in docs[i] + [1]]
+        n_chunks = len(stream) // context
+        n_batches = n_chunks // batch
+        got = torch.cat([next(it)["input_ids"] for _ in range(n_batches)]).flatten().tolist()
+        assert got == stream[: n_batches * batch * context]
+        assert len(stream) - len(got) < (batch + 1) * context  # only the tail that fills no batch is dropped
+    first = [t for i in np.random.default_rng(0).permutation(len(docs)) for t in docs[i]]
+    second = [t for i in rng.permutation(len(docs)) for t in docs[i]]
+    assert first != second
+
+
+def test_same_seed_same_stage1(tmp_path):
+    rc = load_preset("bio", "tiny", ["stage1.steps=3", "stage2.steps=1"])
+    data = bio.prepare_data(rc, tmp_path)
+    blobs = []
+    for _ in range(2):
+        torch.manual_seed(rc.seed)
+        m = model_from_config(bio._base_model_config(rc, data.tokenizer), seed=rc.seed)
+        from scalecl.evaluate import qa_batches
+        from scalecl.train import train
+
+        train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), 3, bio._optim(rc.stage1))
+        blobs.append(b"".join(p.detach().numpy().tobytes() for p in m.parameters()))
+    assert blobs[0] == blobs[1]
