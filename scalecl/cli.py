@@ -242,6 +242,24 @@ def train_bio(
     console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
 
 
+@app.command()
+@user_errors
+def plot(
+    results: Path = typer.Option(Path("results"), "--results", help="Results folder to read (searched recursively)."),
+    out: Path = typer.Option(Path("paper_figures"), "--out", help="Folder for figures (PNG + PDF) and tables (CSV/MD/TeX)."),
+) -> None:
+    """Rebuild the paper's figures and tables from the results folder (nothing trains)."""
+    from .report import plot_all
+
+    if not results.is_dir():
+        raise ScaleclError(f"results folder {results} does not exist")
+    written = plot_all(results, out)
+    if not written:
+        raise ScaleclError(f"no finished runs (result.json) found under {results}")
+    for p in written:
+        console.print(f"wrote {p}", highlight=False)
+
+
 def _planned(name: str, issue: str):
     def cmd() -> None:
         err_console.print(f"scalecl {name}: not yet implemented ({issue}).")
@@ -255,7 +273,6 @@ for _name, _issue in [
     ("train-cpt", "continual pre-training with perplexity tracking"),
     ("eval-ppl", "perplexity of a checkpoint on a dataset slice"),
     ("eval-harness", "lm-evaluation-harness benchmarks"),
-    ("plot", "paper figures and tables from the results folder"),
 ]:
     app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(
         _planned(_name, _issue)
