@@ -227,6 +227,10 @@ def train_bio(
         [], "--set", help="Override a preset value, e.g. --set stage1.steps=2000 --set methods.scale.hidden_up=64 "
         "--set lr_scale.scale-route=5 (repeatable).",
     ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer",
+        help="A hub id or directory of a real tokenizer; default: a word-level tokenizer trained locally on the corpus.",
+    ),
     out: Path = typer.Option(Path("results/bio"), "--out", help="Folder for run outputs (one subfolder per run)."),
     cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for cached data, tokenizer and stage 1-2 checkpoints."),
     force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config exists."),
@@ -236,7 +240,7 @@ def train_bio(
     from .bio import METHOD_ORDER, run_bio
     from .config import load_preset
 
-    rc = load_preset("bio", preset, sets)
+    rc = load_preset("bio", preset, sets + ([f"tokenizer={tokenizer}"] if tokenizer else []))
     methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
     results = run_bio(rc, methods, out, cache, preset, force=force, device=device)
     console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")

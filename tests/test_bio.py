@@ -107,6 +107,7 @@ def test_finished_run_is_skipped_unless_forced(dirs, calls):
     (["--set", "stage1.stepz=3"], "unknown config key stage1.stepz"),
     (["--set", "stage1.steps"], "--set expects key=value"),
     (["--method", "sgd"], "unknown method 'sgd'"),
+    (["--tokenizer", "/no/such/tokenizer"], "cannot load tokenizer"),
     (["--set", "methods.llama-pro.n=3"], "positive divisor"),
 ])
 def test_bad_input_one_line(tmp_path, args, msg):
@@ -188,3 +189,28 @@ def test_same_seed_same_stage1(tmp_path):
         train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), 3, bio._optim(rc.stage1))
         blobs.append(b"".join(p.detach().numpy().tobytes() for p in m.parameters()))
     assert blobs[0] == blobs[1]
+
+
+def test_a_given_tokenizer_directory_is_used(tmp_path):
+    """--tokenizer DIR: a byte-level BPE tokenizer without a pad token (like Pythia's) works end to end."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from scalecl.data.biography import biographies
+
+    people = generate_people(preset("tiny"))
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    qa = qa_pairs(people)
+    backend.train_from_iterator(biographies(people) + qa.prompts + qa.answers, trainer=trainer)
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>").save_pretrained(tmp_path / "bpe")
+    rc = load_preset("bio", "tiny", [f"tokenizer={tmp_path / 'bpe'}"])
+    data = bio.prepare_data(rc, tmp_path / "cache")
+    assert data.tokenizer_dir == str(tmp_path / "bpe") and len(data.tokenizer) <= 600
+    assert data.tokenizer.pad_token_id == data.tokenizer.eos_token_id
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("tokenizer-*"))
+    b = qa_train_batch(data.qa["task1"], torch.arange(3))
+    assert (b["labels"] != -100).sum() > 3
