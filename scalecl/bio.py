@@ -153,6 +153,7 @@ def run_bio(
         if name not in method_names():
             raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(METHOD_ORDER)} or all")
     dev = pick_device(device)
+    started = provenance() | {"device": str(dev)}  # taken at the start: the code that runs is this commit's
     autocast = torch.bfloat16 if rc.dtype == "bfloat16" and dev.type == "cuda" else None
     bio_config(rc)  # data sizes checked before anything runs
     cache = cache / "bio"
@@ -204,13 +205,14 @@ def run_bio(
         for name in [m for m in METHOD_ORDER if m in methods]:
             results.append(_run_method(rc, data, prepared[name], cache / f"stage2-{k2}", out, preset_name,
                                        {"data_s": round(data_s, 1), "stage1": s1, "stage2": s2}, force, dev,
+                                       started,
                                        autocast, progress))
     _print_summary(results)
     return results
 
 
 def _run_method(rc, data: BioData, method, stage2_dir: Path, out: Path, preset_name: str, stages: dict,
-                force: bool, dev, autocast, progress) -> dict[str, Any]:
+                force: bool, dev, started: dict, autocast, progress) -> dict[str, Any]:
     name = method.name
     run_dir = out / f"{preset_name}-{name}-{config_hash(asdict(rc), name, method.options())}"
     if (run_dir / "result.json").exists() and not force:
@@ -256,7 +258,7 @@ def _run_method(rc, data: BioData, method, stage2_dir: Path, out: Path, preset_n
         "experiment": "bio", "preset": preset_name, "method": name, "method_options": method.options(),
         "description": method.describe(), "lr": lr, "trainable_params": n_train, "total_params": n_total,
         "config": asdict(rc), "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
-        "provenance": provenance() | {"device": str(dev)},
+        "provenance": started | {"finished": provenance()["date"]},
         "wall_s": {"data": stages["data_s"], "stage1": stages["stage1"]["wall_s"], "stage2": stages["stage2"]["wall_s"],
                    "stage3": round(wall, 1)},
         "stages_cached": {"stage1": stages["stage1"]["cached"], "stage2": stages["stage2"]["cached"]},
