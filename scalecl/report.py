@@ -23,10 +23,18 @@ PAPER_FIG8 = ("paper (Pythia-160M, 100k people): FFT and LLaMA Pro Task 0 fall t
               "SCALE-Route stays at 100% for 4,000 steps and ends at 36.9%")
 
 
-def load_runs(results: Path, experiment: str) -> pd.DataFrame:
-    """One row per finished run (result.json) of an experiment; the newest run per (preset, method) kept."""
+def load_runs(results: Path, experiment: str, study: str | None = None) -> pd.DataFrame:
+    """One row per finished run (result.json) of an experiment; the newest run per (preset, method) kept.
+
+    Study sweeps live under `<results>/studies/<study>/`: they are left out of the main figures and, with
+    `study=`, loaded alone (one row per run, since their method options differ).
+    """
     rows = []
     for f in sorted(Path(results).rglob("result.json")):
+        parts = f.relative_to(results).parts
+        in_study = parts[0] == "studies" if len(parts) > 1 else False
+        if in_study != (study is not None) or (study is not None and parts[1] != study):
+            continue
         r = json.loads(f.read_text())
         if r.get("experiment") != experiment:
             continue
@@ -34,7 +42,9 @@ def load_runs(results: Path, experiment: str) -> pd.DataFrame:
                      "date": r.get("provenance", {}).get("date", ""), "result": r})
     if not rows:
         return pd.DataFrame(columns=["dir", "preset", "method", "date", "result"])
-    df = pd.DataFrame(rows).sort_values("date").drop_duplicates(["preset", "method"], keep="last")
+    df = pd.DataFrame(rows).sort_values("date")
+    if study is None:
+        df = df.drop_duplicates(["preset", "method"], keep="last")
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     return df.sort_values(["preset", "order"]).reset_index(drop=True)
 
@@ -123,11 +133,210 @@ def write_table(df: pd.DataFrame, out: Path, stem: str, float_fmt: str = "{:.3f}
     return paths
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Continual pre-training (paper Figs. 4, 5, 6, 7, 9)
+
+COLORS = {m: c for m, c in zip(METHOD_ORDER, ("tab:red", "tab:purple", "tab:brown", "tab:orange", "tab:green",
+                                               "tab:cyan", "tab:blue"), strict=True)}
+
+
+def _cpt_caption(r: dict) -> str:
+    c = r["config"]
+    base = r.get("base", {}).get("source", "?")
+    train = r.get("data", {}).get("train", "?")
+    return (f"preset '{r['preset']}': base {base}; new-domain data {train}; {c['train']['steps']} steps x "
+            f"{c['train']['batch']} x {c['train']['seq_len']} tokens. Old = forgetting PPL, new = learning PPL.")
+
+
+def fig9(results: Path, out: Path) -> list[Path]:
+    """Forgetting (old-domain) and learning (new-domain) perplexity vs steps, all methods (paper Fig. 9)."""
+    written = []
+    for preset, group in load_runs(results, "cpt").groupby("preset", sort=False):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for _, row in group.iterrows():
+            m = load_metrics(row["dir"])
+            for ax, key in zip(axes, ("old/ppl", "new/ppl"), strict=True):
+                ax.plot(m["step"], m[key], marker=".", ms=3, color=COLORS.get(row["method"]),
+                        label=LABELS.get(row["method"], row["method"]))
+        axes[0].set_title("(a) forgetting: old-domain perplexity")
+        axes[1].set_title("(b) learning: new-domain perplexity")
+        for ax in axes:
+            ax.set_xlabel("training step")
+            ax.set_ylabel("perplexity")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3, which="both")
+        axes[1].legend(fontsize=8, loc="upper right")
+        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]), ha="center", va="top", fontsize=8, wrap=True)
+        fig.tight_layout()
+        written += _save(fig, out, f"fig9_cpt_{preset}")
+    return written
+
+
+def fig4(results: Path, out: Path) -> list[Path]:
+    """Representation cosine (original channels, step 0 vs now) and forgetting PPL: width vs depth (Fig. 4)."""
+    written = []
+    wanted = ("scale-preserve", "scale-adapt", "llama-pro")
+    names = {"scale-preserve": "Width (Preserve)", "scale-adapt": "Width (Adapt)", "llama-pro": "Depth (LLaMA Pro)"}
+    for preset, group in load_runs(results, "cpt").groupby("preset", sort=False):
+        group = group[group["method"].isin(wanted)]
+        if group.empty:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for _, row in group.iterrows():
+            m = load_metrics(row["dir"])
+            label = names[row["method"]]
+            if row["method"] == "scale-adapt":
+                label += f", l_fp={row['result']['method_options'].get('l_fp')}"
+            axes[0].plot(m["step"], m["rep_cos"], marker=".", ms=3, color=COLORS[row["method"]], label=label)
+            axes[1].plot(m["step"], m["old/ppl"], marker=".", ms=3, color=COLORS[row["method"]], label=label)
+        axes[0].set_title("(a) representation forgetting")
+        axes[0].set_ylabel("cosine of final hidden states (step 0 vs now)")
+        axes[1].set_title("(b) forgetting perplexity (old domain)")
+        axes[1].set_ylabel("perplexity")
+        for ax in axes:
+            ax.set_xlabel("training step")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]), ha="center", va="top", fontsize=8, wrap=True)
+        fig.tight_layout()
+        written += _save(fig, out, f"fig4_width_vs_depth_{preset}")
+    return written
+
+
+def _study_label(study: str, opts: dict) -> str:
+    if study == "init":
+        return ",".join(i.upper() if i != "zero" else "0" for i in opts.get("init", ()))
+    if study == "l_fp":
+        return f"l_fp={opts.get('l_fp')}"
+    return "+".join(opts.get("collab", ()))
+
+
+def study_table(results: Path, study: str) -> pd.DataFrame:
+    """One row per study run: its swept option and the end points of forgetting / learning perplexity."""
+    rows = []
+    for _, row in load_runs(results, "cpt", study=study).iterrows():
+        r = row["result"]
+        opts = r.get("method_options", {})
+        s = r["summary"]
+        rows.append({"study": study, "preset": row["preset"], "method": row["method"],
+                     "setting": _study_label(study, opts), "l_fp": opts.get("l_fp"),
+                     "old_ppl_start": s["old_ppl_start"], "old_ppl_end": s["old_ppl_end"],
+                     "new_ppl_start": s["new_ppl_start"], "new_ppl_end": s["new_ppl_end"],
+                     "up_norm_end": r["final"].get("up_norm"), "dir": str(row["dir"])})
+    df = pd.DataFrame(rows)
+    if study == "l_fp" and len(df):
+        df = df.sort_values("l_fp")
+    return df.reset_index(drop=True)
+
+
+def fig5(results: Path, out: Path) -> list[Path]:
+    """Forgetting and learning PPL per (W21, W22) initialisation pair (paper Fig. 5)."""
+    df = study_table(results, "init")
+    if df.empty:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for _, row in df.iterrows():
+        m = load_metrics(row["dir"])
+        axes[0].plot(m["step"], m["old/ppl"], marker=".", ms=3, label=row["setting"])
+        axes[1].plot(m["step"], m["new/ppl"], marker=".", ms=3, label=row["setting"])
+    axes[0].set_title("(a) forgetting PPL (old domain)")
+    axes[1].set_title("(b) learning PPL (new domain)")
+    for ax in axes:
+        ax.set_xlabel("training step")
+        ax.set_ylabel("perplexity")
+        ax.grid(alpha=0.3)
+        ax.legend(title="W21,W22", fontsize=8)
+    r0 = load_runs(results, "cpt", study="init").iloc[0]["result"]
+    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}; " + _cpt_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
+    fig.tight_layout()
+    return _save(fig, out, "fig5_init_pairs") + write_table(df.drop(columns="dir"), out, "table_fig5_init")
+
+
+def fig6(results: Path, out: Path) -> list[Path]:
+    """Forgetting vs learning perplexity as the number of function-preserving layers l_fp varies (Fig. 6)."""
+    df = study_table(results, "l_fp")
+    if df.empty:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    axes[0].plot(df["l_fp"], df["old_ppl_end"], marker="o", color="tab:red")
+    axes[0].set_title("(a) forgetting PPL at the end")
+    axes[1].plot(df["l_fp"], df["new_ppl_end"], marker="o", color="tab:blue")
+    axes[1].set_title("(b) learning PPL at the end")
+    for ax in axes:
+        ax.set_xlabel("l_fp (function-preserving lower layers)")
+        ax.set_ylabel("perplexity")
+        ax.grid(alpha=0.3)
+    r0 = load_runs(results, "cpt", study="l_fp").iloc[0]["result"]
+    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}; " + _cpt_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
+    fig.tight_layout()
+    return _save(fig, out, "fig6_l_fp") + write_table(df.drop(columns="dir"), out, "table_fig6_l_fp")
+
+
+def fig7(results: Path, out: Path) -> list[Path]:
+    """Forgetting PPL against the average upscaled-weight norm, collaborative module attn vs mlp (Fig. 7)."""
+    df = study_table(results, "collab")
+    if df.empty:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for _, row in df.iterrows():
+        m = load_metrics(row["dir"])
+        if "up_norm" in m:
+            ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4, label=f"W12 trains in {row['setting']}")
+    ax.set_xlabel("average norm of upscaled weights (W12, W21, W22)")
+    ax.set_ylabel("forgetting PPL (old domain)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    r0 = load_runs(results, "cpt", study="collab").iloc[0]["result"]
+    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}, l_fp={df['l_fp'].iloc[0]}; " + _cpt_caption(r0), ha="center",
+             va="top", fontsize=8, wrap=True)
+    fig.tight_layout()
+    return _save(fig, out, "fig7_collab_modules") + write_table(df.drop(columns="dir"), out, "table_fig7_collab")
+
+
+def cpt_table(results: Path) -> pd.DataFrame:
+    rows = []
+    for _, row in load_runs(results, "cpt").iterrows():
+        r = row["result"]
+        s = r["summary"]
+        rows.append({"preset": row["preset"], "method": row["method"], "trainable": r["trainable_params"],
+                     "lr": r["lr"], "old_ppl_start": s["old_ppl_start"], "old_ppl_end": s["old_ppl_end"],
+                     "old_ppl_max": s["old_ppl_max"], "new_ppl_start": s["new_ppl_start"],
+                     "new_ppl_end": s["new_ppl_end"], "rep_cos_end": s["rep_cos_end"]})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Table 2: lm-evaluation-harness scores
+
+
+def table2(results: Path) -> pd.DataFrame:
+    """Harness scores per evaluated checkpoint, with the language averages and the paper's averages beside."""
+    from .harness import PAPER_ROWS
+
+    rows = []
+    for f in sorted(Path(results).rglob("run.json")):
+        run = json.loads(f.read_text())
+        if "scores" not in run:
+            continue
+        method = run.get("method")
+        row = {"method": method or "base", "model": Path(run["model"]).name}
+        for sc in run["scores"]:
+            row[sc["task"]] = sc["score"]
+        paper = PAPER_ROWS.get(method, (None, {}))[1]
+        row["paper_english_avg"] = paper.get("english")
+        row["paper_korean_avg"] = paper.get("korean")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def plot_all(results: Path, out: Path) -> list[Path]:
     """Every figure and table that the results folder has data for."""
     written: list[Path] = []
     written += fig8(results, out)
-    df = bio_table(results)
-    if len(df):
-        written += write_table(df, out, "table_bio")
+    for table, stem in ((bio_table(results), "table_bio"), (cpt_table(results), "table_cpt"),
+                        (table2(results), "table2_harness")):
+        if len(table):
+            written += write_table(table, out, stem)
+    for fig in (fig9, fig4, fig5, fig6, fig7):
+        written += fig(results, out)
     return written

@@ -68,3 +68,53 @@ def test_plot_errors(tmp_path):
     assert r.exit_code == 2 and "does not exist" in r.output
     r = runner.invoke(app, ["plot", "--results", str(tmp_path), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "no finished runs" in r.output
+
+
+def fake_cpt_run(root, method, opts=None, old=(10.0, 12.0, 11.0), new=(50.0, 20.0, 15.0), tag="x"):
+    d = root / f"cpu-{method}-{tag}"
+    d.mkdir(parents=True)
+    lines = [{"step": s, "old/ppl": o, "new/ppl": n, "rep_cos": 1.0 - 0.01 * i, "up_norm": 1.0 + i}
+             for i, (s, o, n) in enumerate(zip((0, 10, 20), old, new, strict=True))]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    result = {
+        "experiment": "cpt", "preset": "cpu", "method": method, "method_options": opts or {}, "lr": 1e-3,
+        "trainable_params": 5, "provenance": {"date": "2026-11-21"}, "base": {"source": "builtin"},
+        "data": {"train": "builtin:ko"}, "config": {"train": {"steps": 20, "batch": 8, "seq_len": 64}},
+        "summary": {"old_ppl_start": old[0], "old_ppl_end": old[-1], "old_ppl_max": max(old),
+                    "new_ppl_start": new[0], "new_ppl_end": new[-1], "rep_cos_end": 0.98},
+        "final": lines[-1],
+    }
+    (d / "result.json").write_text(json.dumps(result))
+
+
+def test_cpt_figures_studies_and_table2(tmp_path):
+    res = tmp_path / "results"
+    for m in ("fft", "llama-pro", "scale-preserve", "scale-adapt", "scale-route"):
+        fake_cpt_run(res / "cpt", m, {"l_fp": 2} if m == "scale-adapt" else {})
+    for i, init in enumerate((["zero", "rnd"], ["rnd", "zero"], ["svd", "zero"])):
+        fake_cpt_run(res / "studies" / "init", "scale-preserve", {"init": init}, tag=str(i))
+    for lfp in (3, 0, 1):
+        fake_cpt_run(res / "studies" / "l_fp", "scale-adapt", {"l_fp": lfp}, old=(10, 10 + lfp, 30 - lfp), tag=str(lfp))
+    for c in ("attn", "mlp"):
+        fake_cpt_run(res / "studies" / "collab", "scale-adapt", {"l_fp": 2, "collab": [c]}, tag=c)
+    h = res / "harness" / "route-abc"
+    h.mkdir(parents=True)
+    (h / "run.json").write_text(json.dumps({"model": "/x/route", "method": "scale-route", "scores": [
+        {"task": "kobest_boolq", "score": 60.0}, {"task": "korean_avg", "score": 55.0}]}))
+    out = tmp_path / "figs"
+    r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    for stem in ("fig9_cpt_cpu", "fig4_width_vs_depth_cpu", "fig5_init_pairs", "fig6_l_fp", "fig7_collab_modules"):
+        for ext in ("png", "pdf"):
+            assert (out / f"{stem}.{ext}").stat().st_size > 0, stem
+    cpt = pd.read_csv(out / "table_cpt.csv")
+    assert sorted(cpt["method"]) == sorted(["fft", "llama-pro", "scale-preserve", "scale-adapt", "scale-route"])
+    assert cpt["old_ppl_end"].tolist() == [11.0] * 5  # study runs stay out of the main table
+    lfp = pd.read_csv(out / "table_fig6_l_fp.csv")
+    assert lfp["l_fp"].tolist() == [0, 1, 3] and lfp["old_ppl_end"].tolist() == [30, 29, 27]
+    assert pd.read_csv(out / "table_fig5_init.csv")["setting"].tolist() == ["0,RND", "RND,0", "SVD,0"]
+    assert sorted(pd.read_csv(out / "table_fig7_collab.csv")["setting"]) == ["attn", "mlp"]
+    t2 = pd.read_csv(out / "table2_harness.csv")
+    row = t2.set_index("method").loc["scale-route"]
+    assert row["kobest_boolq"] == 60.0 and row["korean_avg"] == 55.0
+    assert row["paper_korean_avg"] == 55.50 and row["paper_english_avg"] == 46.49
