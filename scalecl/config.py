@@ -164,6 +164,116 @@ class BioRunConfig:
         return dict(self.methods.get(key, {}))
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Continual pre-training (paper Sec. 3.2, 3.3, 5.1): a pre-trained model, a new-language corpus, perplexity
+# on the old and the new domain.
+
+@dataclass
+class CorpusConfig:
+    """One text corpus read with `datasets` in streaming mode: a hub id, a local folder or a local file.
+
+    path "builtin:en" / "builtin:ko" is the offline bilingual stand-in (scalecl.data.bilingual), generated
+    into the cache. A held-out slice is the `take` documents after the first `skip`, in stream order.
+    """
+
+    path: str = "builtin:ko"
+    name: str = ""  # dataset config name, e.g. kor_Hang ("" = none)
+    split: str = "train"
+    text_column: str = "text"
+    skip: int = 0
+    take: int = 0  # 0 = every document after `skip`
+
+
+@dataclass
+class BuiltinCorpusConfig:
+    """Sizes of the offline stand-in: biographies rendered in English (old domain) and Korean (new domain)."""
+
+    people: int = 1_200  # per language; the last `heldout` of them form the test split
+    heldout: int = 200
+    texts: int = 5  # biographies per person (different templates and sentence orders)
+    base_korean: int = 100  # further Korean people mixed into the base's pre-training (~5% of its tokens)
+    vocab: int = 2_048  # byte-level BPE trained on both languages
+
+
+@dataclass
+class BaseShape:
+    """The small decoder the suite pre-trains on the stand-in's English domain plus a little Korean (base = "builtin")."""
+
+    arch: str = "llama"
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 4
+    ffn: int = 512
+    context: int = 128
+    tie_embeddings: bool = True  # like Llama-3.2-1B
+
+
+@dataclass
+class CptTrainConfig:
+    """Continual pre-training of every method: one optimizer, linear decay after a warm-up ratio."""
+
+    steps: int = 300
+    batch: int = 16  # global batch in sequences (all processes and accumulation steps together)
+    micro_batch: int = 0  # sequences per process per forward; 0 = batch / processes (no accumulation)
+    seq_len: int = 128
+    warmup_ratio: float = 0.06
+    schedule: str = "linear"
+    min_lr_ratio: float = 0.1  # cosine only
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    clip: float = 1.0
+
+
+@dataclass
+class CptEvalConfig:
+    every: int = 25  # steps between evaluations (step 0 and the last step always)
+    batch: int = 16  # sequences per evaluation forward
+    rep_batch: int = 8  # sequences of the old-domain set whose final hidden states are compared (Fig. 4a)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # steps between resumable checkpoints (0 = only the final model)
+    keep: int = 2  # resumable checkpoints kept per run (older ones are deleted)
+
+
+# Paper Table 1: learning rates of continual pre-training on the Korean dataset.
+PAPER_CPT_LR = {"fft": 1e-5, "lora": 1e-5, "freeze": 1e-5, "llama-pro": 2e-4,
+                "scale-preserve": 1e-3, "scale-adapt": 1e-3, "scale-route": 1e-3}
+
+
+@dataclass
+class CptRunConfig:
+    """Everything a CPT run depends on; the base cache and run names are hashes of parts of it."""
+
+    base: str = "builtin"  # "builtin" pre-trains `model` on the stand-in's English (+5% Korean) corpus, cached; else hub id / dir
+    tokenizer: str = ""  # "" = the base's own (builtin: a BPE trained on the stand-in)
+    builtin: BuiltinCorpusConfig = field(default_factory=BuiltinCorpusConfig)
+    model: BaseShape = field(default_factory=BaseShape)  # builtin base only
+    pretrain: StageConfig = field(default_factory=StageConfig)  # builtin base only
+    data: CorpusConfig = field(default_factory=CorpusConfig)  # new-domain training corpus
+    old_eval: CorpusConfig = field(default_factory=lambda: CorpusConfig(path="builtin:en", split="test"))
+    new_eval: CorpusConfig = field(default_factory=lambda: CorpusConfig(path="builtin:ko", split="test"))
+    train: CptTrainConfig = field(default_factory=CptTrainConfig)
+    lr: dict[str, float] = field(default_factory=lambda: dict(PAPER_CPT_LR))
+    eval: CptEvalConfig = field(default_factory=CptEvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    methods: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-method options ("scale" = all SCALE)
+    dtype: str = "bfloat16"  # bf16 autocast on GPU; CPU always runs fp32
+    seed: int = 0
+
+    def method_options(self, name: str) -> dict[str, Any]:
+        """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
+        opts = dict(self.methods.get("scale", {})) if name.startswith("scale-") else {}
+        return opts | dict(self.methods.get(name, {}))
+
+
+PRESET_TYPES: dict[str, type] = {"bio": BioRunConfig, "cpt": CptRunConfig}
+
+
 def _merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
     """Apply a nested dict of overrides to a dataclass instance, rejecting unknown keys."""
     names = {f.name: f for f in fields(obj)}
@@ -197,9 +307,11 @@ def _coerce(v: Any, cur: Any, key: str) -> Any:
     raise ScaleclError(f"config key {key} expects {type(cur).__name__}, got {v!r}")
 
 
-def parse_value(text: str) -> Any:
-    """A --set value: int, float, bool, comma list, or string."""
-    low = text.lower()
+def parse_scalar(text: str) -> Any:
+    """A command-line value: none/null -> None, true/false -> bool, then int, float, else the string."""
+    low = text.strip().lower()
+    if low in ("none", "null"):
+        return None
     if low in ("true", "false"):
         return low == "true"
     for cast in (int, float):
@@ -207,9 +319,14 @@ def parse_value(text: str) -> Any:
             return cast(text)
         except ValueError:
             pass
+    return text.strip()
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: a scalar, or a comma list of scalars."""
     if "," in text:
-        return [parse_value(t) for t in text.split(",") if t]
-    return text
+        return [parse_scalar(t) for t in text.split(",") if t]
+    return parse_scalar(text)
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -227,8 +344,16 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_preset(kind: str, name: str, sets: list[str] | None = None) -> BioRunConfig:
-    """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a config."""
+def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type: type | None = None) -> Any:
+    """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a config.
+
+    config_type is the dataclass the file overrides; by default the one registered for `kind`
+    (PRESET_TYPES: "bio" -> BioRunConfig, "cpt" -> CptRunConfig).
+    """
+    if config_type is None:
+        if kind not in PRESET_TYPES:
+            raise ScaleclError(f"unknown preset kind {kind!r}; choose one of {', '.join(PRESET_TYPES)}")
+        config_type = PRESET_TYPES[kind]
     import tomllib
     from importlib import resources
 
@@ -237,5 +362,5 @@ def load_preset(kind: str, name: str, sets: list[str] | None = None) -> BioRunCo
         avail = sorted(p.name.removeprefix(f"{kind}_").removesuffix(".toml")
                        for p in resources.files("scalecl.presets").iterdir() if p.name.startswith(f"{kind}_"))
         raise ScaleclError(f"unknown preset {name!r}; choose one of {', '.join(avail)}")
-    cfg = _merge(BioRunConfig(), tomllib.loads(path.read_text()), "")
+    cfg = _merge(config_type(), tomllib.loads(path.read_text()), "")
     return _merge(cfg, parse_sets(sets or []), "")
