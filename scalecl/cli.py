@@ -118,26 +118,12 @@ def _print_params(method, source: str, base_total, model) -> None:
     console.print(method.describe(), highlight=False)
 
 
-def _scalar(text: str):
-    """'none' -> None, 'true'/'false' -> bool, then int, float, else the string itself."""
-    low = text.strip().lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text.strip()
-
-
 def _method_options(name: str, pairs: list[str]) -> dict:
     """Parse --set key=value pairs; options typed as tuples take comma lists (collab=attn,mlp)."""
     import dataclasses
     import typing
 
+    from .config import parse_scalar
     from .methods import REGISTRY, get_method
 
     if name not in REGISTRY:
@@ -153,7 +139,7 @@ def _method_options(name: str, pairs: list[str]) -> dict:
         if key not in known:
             raise ScaleclError(f"method {name} has no option {key!r}; options: {', '.join(sorted(known)) or 'none'}")
         is_tuple = typing.get_origin(hints.get(key)) is tuple
-        opts[key] = tuple(_scalar(v) for v in _csv(value)) if is_tuple or "," in value else _scalar(value)
+        opts[key] = tuple(parse_scalar(v) for v in _csv(value)) if is_tuple or "," in value else parse_scalar(value)
     return opts
 
 
@@ -264,6 +250,159 @@ def plot(
         console.print(f"wrote {p}", highlight=False)
 
 
+@app.command("eval-harness")
+@user_errors
+def eval_harness(
+    model: Path = typer.Option(..., "--model", help="Checkpoint folder written by scalecl (any method) or a plain transformers folder."),
+    tasks: str = typer.Option(
+        "paper", "--tasks",
+        help="Comma list: kobest (kobest_boolq, kobest_copa, kobest_hellaswag), english (arc_challenge, hellaswag, "
+        "mmlu, truthfulqa_mc2, winogrande), paper (both), any lm-eval task/group/tag name, a folder of task YAMLs "
+        "or a task YAML file.",
+    ),
+    num_fewshot: int = typer.Option(0, "--num-fewshot", help="Few-shot examples (the paper: 0)."),
+    limit: int | None = typer.Option(None, "--limit", help="At most N examples per task (smoke runs only)."),
+    batch_size: str = typer.Option("8", "--batch-size", help="Batch size: a positive integer, 'auto' or 'auto:N'."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+    max_length: int | None = typer.Option(
+        None, "--max-length", help="Context length given to lm-eval (default: the model's max positions, at most 2048)."
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Hub id or folder (default: the checkpoint's tokenizer files, else its recorded base model)."
+    ),
+    include_path: list[Path] = typer.Option(
+        [], "--include-path", help="Extra folder of task YAMLs (repeatable); its tasks override built-in ones of the same name."
+    ),
+    metric: list[str] = typer.Option(
+        [], "--metric", help="Override a task's reported metric, task=metric (e.g. kobest_boolq=f1); repeatable."
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16."),
+    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="lm-eval bootstrap iterations for stderrs (0: none)."),
+    out: Path = typer.Option(Path("results/harness"), "--out", help="Results folder (one subfolder per model and settings)."),
+) -> None:
+    """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
+    from .harness import format_rows, parse_metric_overrides, run_harness
+
+    run = run_harness(
+        model, tasks, tokenizer=tokenizer, include_paths=include_path, num_fewshot=num_fewshot, limit=limit,
+        batch_size=batch_size, device=device, max_length=max_length, dtype=dtype, bootstrap_iters=bootstrap_iters,
+        metric_overrides=parse_metric_overrides(metric), out=out,
+    )
+    table = Table(title=run.title, caption=run.caption)
+    for col in ("task", "language", "metric", "score", "stderr", "n", "paper"):
+        table.add_column(col, justify="left" if col in ("task", "language", "metric") else "right")
+    for cells, is_avg in format_rows(run.rows):
+        table.add_row(*cells, style="bold" if is_avg else None)
+    console.print(table)
+    console.print(f"wrote {run.out_dir} (lm_eval_results.json, scores.csv, scores.md, run.json)", soft_wrap=True)
+
+
+@app.command("train-cpt")
+@user_errors
+def train_cpt(
+    method: str = typer.Option(
+        "scale-route", "--method",
+        help="fft, lora, freeze, llama-pro, scale-preserve, scale-adapt, scale-route, or 'all' (every method from "
+        "the same base). Several can be given comma-separated.",
+    ),
+    preset: str = typer.Option(
+        "cpu", "--preset",
+        help="tiny (CI smoke), cpu (default: offline bilingual stand-in, a small Llama pre-trained on its English "
+        "domain, minutes on a CPU), paper (Llama-3.2-1B on FineWeb2 kor_Hang, Table 1 learning rates; GPUs).",
+    ),
+    sets: list[str] = typer.Option(
+        [], "--set", help="Override a preset value, e.g. --set train.steps=100 --set lr.fft=1e-4 "
+        "--set data.path=./my_corpus --set methods.scale.hidden_up=64 (repeatable).",
+    ),
+    out: Path = typer.Option(Path("results/cpt"), "--out", help="Folder for run outputs (metrics.jsonl + result.json per run)."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the stand-in corpus, tokenizer and pre-trained base."),
+    checkpoints: Path = typer.Option(Path("runs"), "--checkpoints", help="Folder for model checkpoints (<folder>/cpt/<run>/)."),
+    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config exists."),
+    resume: bool = typer.Option(False, "--resume", help="Continue each run from its latest checkpoint (step 0 if none)."),
+    stop_after: int | None = typer.Option(
+        None, "--stop-after", help="Stop after this step with a checkpoint (e.g. to fit a job time limit); --resume continues."
+    ),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available; "
+                                      "under torchrun cuda:LOCAL_RANK)."),
+) -> None:
+    """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
+    from .config import load_preset
+    from .cpt import METHOD_ORDER, run_cpt
+
+    rc = load_preset("cpt", preset, sets)
+    methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
+    if stop_after is not None and stop_after < 1:
+        raise ScaleclError(f"--stop-after must be a positive step, got {stop_after}")
+    results = run_cpt(rc, methods, out, cache, checkpoints, preset, force=force, resume=resume,
+                      stop_after=stop_after, device=device)
+    if results:
+        console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
+
+
+@app.command("eval-ppl")
+@user_errors
+def eval_ppl(
+    model: str = typer.Option(..., "--model", help="A checkpoint directory written by scalecl (or a plain transformers one)."),
+    dataset: str = typer.Option(
+        ..., "--dataset", help="Hub id (HuggingFaceFW/fineweb-edu), local folder or file (.jsonl/.txt/.parquet/.csv), "
+        "or builtin:en / builtin:ko (the offline stand-in)."
+    ),
+    name: str = typer.Option("", "--name", help="Dataset config name, e.g. sample-10BT or kor_Hang."),
+    split: str = typer.Option("train", "--split", help="Dataset split."),
+    text_column: str = typer.Option("text", "--text-column", help="Column holding the documents."),
+    skip: int = typer.Option(0, "--skip", help="Documents skipped before the slice."),
+    take: int = typer.Option(0, "--take", help="Documents in the slice (0 = all after --skip)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per packed chunk (default: the model's positions, at most 2048)."),
+    batch: int = typer.Option(8, "--batch", help="Chunks per forward."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer (default: the one saved with the model)."),
+    out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON record instead of the summary line."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Cache folder of the builtin stand-in corpus."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+) -> None:
+    """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
+    from .config import CorpusConfig
+    from .cpt import eval_ppl as run_eval
+    from .runs import write_json
+
+    if skip < 0 or take < 0 or batch < 1:
+        raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
+    spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
+    r = run_eval(model, spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
+    if out is not None:
+        write_json(out, r)
+    if as_json:
+        print(json.dumps(r, indent=2, default=str))
+    else:
+        console.print(f"[bold]ppl {r['ppl']:.4f}[/bold] (nll {r['nll']:.4f}) on {r['tokens']:,} tokens in "
+                      f"{r['sequences']:,} sequences of {r['seq_len']:,} — {r['dataset']['resolved']}"
+                      + (f" — wrote {out}" if out is not None else ""), highlight=False)
+
+
+@app.command()
+@user_errors
+def study(
+    name: str = typer.Argument(..., help="init (Fig. 5: W21,W22 init pairs, Preserve), l_fp (Fig. 6: Adapt), "
+                               "collab (Fig. 7: attn vs mlp W12, Adapt at l_fp = L/2)."),
+    preset: str = typer.Option("cpu", "--preset", help="A train-cpt preset: tiny, cpu or paper."),
+    values: str | None = typer.Option(
+        None, "--values", help="Values to sweep, ';'-separated (init: 'svd,zero;zero,rnd'; collab: 'attn;mlp'); "
+        "l_fp also takes a range '0..4'. Default: the paper's set (l_fp: 0..L).",
+    ),
+    sets: list[str] = typer.Option([], "--set", help="Override a preset value for every run (repeatable)."),
+    out: Path = typer.Option(Path("results/studies"), "--out", help="Folder for the study's runs (<out>/<name>/...)."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the stand-in corpus and cached base."),
+    checkpoints: Path = typer.Option(Path("runs/studies"), "--checkpoints", help="Folder for the runs' final models."),
+    force: bool = typer.Option(False, "--force", help="Rerun values whose finished run exists."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda ... (default: cuda if available)."),
+) -> None:
+    """Run a preliminary study of paper Sec. 3 as a sweep of train-cpt runs (then `scalecl plot`)."""
+    from .study import run_study
+
+    results = run_study(name, preset, values, sets, out, cache, checkpoints, force=force, device=device)
+    console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot` draws the figure")
+
+
 def _planned(name: str, issue: str):
     def cmd() -> None:
         err_console.print(f"scalecl {name}: not yet implemented ({issue}).")
@@ -274,9 +413,6 @@ def _planned(name: str, issue: str):
 
 
 for _name, _issue in [
-    ("train-cpt", "continual pre-training with perplexity tracking"),
-    ("eval-ppl", "perplexity of a checkpoint on a dataset slice"),
-    ("eval-harness", "lm-evaluation-harness benchmarks"),
 ]:
     app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(
         _planned(_name, _issue)

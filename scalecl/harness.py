@@ -1,0 +1,623 @@
+"""lm-evaluation-harness benchmarks (paper Table 2) for any checkpoint the suite writes.
+
+The in-memory model (plain, LoRA, LLaMA Pro, SCALE-upscaled) goes through lm-eval's own ``HFLM`` and
+``simple_evaluate``: no benchmark is re-implemented here. This module only
+
+- resolves task shorthands (``kobest``, ``english``, ``paper``), task names and folders of task YAMLs,
+- wraps the model so that lm-eval cannot change it (no re-tying of the head, training mode restored,
+  ``max_length`` always explicit),
+- picks one metric per task as in Table 2, averages per language as the paper does, and puts the paper's
+  numbers beside ours,
+- writes the raw lm-eval JSON, a tidy CSV and a Markdown table.
+
+Metric per task (our choice; the paper names the benchmarks, not the metric field): ``acc_norm`` for
+ARC and HellaSwag (English and KoBEST), the group ``acc`` for MMLU (lm-eval weights its 57 subjects by
+size), ``acc`` (the MC2 score) for TruthfulQA-MC2, ``acc`` for Winogrande, KoBEST BoolQ and KoBEST COPA.
+Language averages are the unweighted mean of these per-task percentages over the paper's tasks.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import functools
+import io
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ScaleclError
+
+ENGLISH_TASKS = ("arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2", "winogrande")
+KOREAN_TASKS = ("kobest_boolq", "kobest_copa", "kobest_hellaswag")  # the paper's three, not lm-eval's 5-task group
+LANGUAGE_TASKS = {"english": ENGLISH_TASKS, "korean": KOREAN_TASKS}
+SHORTHANDS = {"kobest": KOREAN_TASKS, "english": ENGLISH_TASKS, "paper": ENGLISH_TASKS + KOREAN_TASKS}
+
+# task -> (language, metric). arc_easy is known (language, metric) but not part of the English average.
+TASK_METRICS: dict[str, tuple[str, str]] = {
+    "arc_challenge": ("english", "acc_norm"),
+    "arc_easy": ("english", "acc_norm"),
+    "hellaswag": ("english", "acc_norm"),
+    "mmlu": ("english", "acc"),
+    "truthfulqa_mc2": ("english", "acc"),
+    "winogrande": ("english", "acc"),
+    "kobest_boolq": ("korean", "acc"),
+    "kobest_copa": ("korean", "acc"),
+    "kobest_hellaswag": ("korean", "acc_norm"),
+}
+# metric preference for any other task
+FALLBACK_METRICS = ("acc", "acc_norm", "exact_match", "f1", "mcc")
+
+# The paper's Table 2 (zero-shot lm-evaluation-harness, Llama-3.2-1B continually pre-trained on Korean
+# FineWeb-2): only the two language averages are used here; per-task numbers are deliberately not copied.
+PAPER_SOURCE = "SCALE (arXiv 2511.03270) Table 2: Llama-3.2-1B, Korean continual pre-training, zero-shot averages"
+PAPER_ROWS: dict[str | None, tuple[str, dict[str, float]]] = {
+    # scalecl.json "method" (None = the base model) -> (row label, {language: average})
+    None: ("Llama-3.2-1B", {"english": 47.14, "korean": 51.15}),
+    "fft": ("FFT", {"english": 42.79, "korean": 57.21}),
+    "lora": ("LoRA", {"english": 42.59, "korean": 57.25}),
+    "llama-pro": ("LLaMA Pro", {"english": 44.55, "korean": 55.81}),
+    "freeze": ("Freeze", {"english": 42.44, "korean": 54.67}),
+    "scale-preserve": ("SCALE-Preserve", {"english": 46.09, "korean": 53.14}),
+    "scale-adapt": ("SCALE-Adapt", {"english": 46.15, "korean": 55.09}),
+    "scale-route": ("SCALE-Route", {"english": 46.49, "korean": 55.50}),
+}
+
+DEFAULT_MAX_LENGTH_CAP = 2048
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+CSV_COLUMNS = ("kind", "task", "language", "metric", "score", "stderr", "n", "paper")
+_NOT_METRICS = {"alias", "name", "sample_len", "samples", " "}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tasks
+
+
+@dataclass(frozen=True)
+class TaskSelection:
+    """What lm-eval is asked to run: task/group/tag names (or YAML file paths) and extra task folders."""
+
+    specs: tuple[str, ...]
+    include_paths: tuple[str, ...] = ()
+
+
+def _split(tasks: str | Sequence[str]) -> list[str]:
+    items = [tasks] if isinstance(tasks, str) else list(tasks)
+    return [p.strip() for item in items for p in str(item).split(",") if p.strip()]
+
+
+def _looks_like_path(item: str) -> bool:
+    return os.sep in item or item.startswith((".", "~")) or item.endswith((".yaml", ".yml"))
+
+
+def _folder_tasks(folder: Path) -> list[str]:
+    """Top-level tasks and groups defined by the YAMLs of a folder (tasks inside a group come with it)."""
+    from lm_eval.tasks._index import Kind, TaskIndex
+
+    index = TaskIndex.build([folder])
+    members = {
+        t for e in index.values() if e.kind == Kind.GROUP
+        for t in (e.cfg or {}).get("task", []) if isinstance(t, str)
+    }
+    names = [n for n, e in index.items() if e.kind in (Kind.GROUP, Kind.TASK, Kind.PY_TASK) and n not in members]
+    if not names:
+        raise ScaleclError(f"task folder {folder} defines no lm-eval task (no YAML with a 'task:' or 'group:' key)")
+    return names
+
+
+@functools.lru_cache(maxsize=4)
+def _full_task_manager(include_paths: tuple[str, ...]):
+    """Every built-in lm-eval task plus the include folders (building the index takes ~10 s: cached)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_paths) or None)
+
+
+def _closed_under_groups(names: Iterable[str], index: Mapping[str, Any]) -> bool:
+    """Whether every name, and every task a group among them lists, is defined in index."""
+    todo, seen = list(names), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        entry = index.get(name)
+        if entry is None:
+            return False
+        cfg = entry.cfg or {}
+        if "group" in cfg:
+            todo += [t for t in cfg.get("task", []) if isinstance(t, str)]
+            if any(not isinstance(t, str) for t in cfg.get("task", [])):
+                return False  # inline sub-configs may refer to anything: use the full index
+    return True
+
+
+def resolve_tasks(tasks: str | Sequence[str], include_paths: Sequence[str | os.PathLike] = ()):
+    """Expand shorthands, check every name, and pick the lm-eval TaskManager to use.
+
+    Items (comma-separated or a list): ``kobest``, ``english``, ``paper``; an lm-eval task, group or tag name
+    (glob patterns allowed); a folder of task YAMLs (all its tasks, folder added to the include paths);
+    a task YAML file. Folders in ``include_paths`` only register their tasks (they override built-in tasks of
+    the same name, e.g. a local ``kobest_boolq``). Returns ``(TaskSelection, TaskManager)``.
+    """
+    from lm_eval.tasks import TaskManager
+
+    items = _split(tasks)
+    if not items:
+        raise ScaleclError("no tasks given: use --tasks kobest, english, paper, task names or a folder of task YAMLs")
+    include: list[str] = []
+    for p in include_paths:
+        path = Path(p).expanduser()
+        if not path.is_dir():
+            raise ScaleclError(f"include path {p} is not a folder of task YAMLs")
+        include.append(str(path.resolve()))
+    specs: list[str] = []
+    names: list[str] = []  # entries that must be found in an index
+    for item in items:
+        path = Path(item).expanduser()
+        if item.lower() in SHORTHANDS:
+            names += SHORTHANDS[item.lower()]
+        elif path.is_dir():
+            include.append(str(path.resolve()))
+            names += _folder_tasks(path)
+        elif path.is_file() and path.suffix in (".yaml", ".yml"):
+            specs.append(str(path.resolve()))
+        elif _looks_like_path(item):
+            raise ScaleclError(f"task folder or YAML file {item} does not exist")
+        else:
+            names.append(item)
+    include = list(dict.fromkeys(include))
+
+    tm = TaskManager(include_path=include, include_defaults=False) if include else None
+    plain = [n for n in names if not any(c in n for c in "*?[")]
+    if tm is None or len(plain) < len(names) or not _closed_under_groups(plain, tm.task_index):
+        tm = _full_task_manager(tuple(include))
+    for name in names:
+        if any(c in name for c in "*?["):
+            matched = tm.match_tasks([name])
+            if not matched:
+                raise ScaleclError(f"task pattern {name!r} matches no lm-eval task")
+            specs += matched
+        elif name in tm.task_index:
+            specs.append(name)
+        else:
+            close = difflib.get_close_matches(name, tm.all_tasks, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ScaleclError(
+                f"unknown task {name!r}: not a shorthand ({', '.join(SHORTHANDS)}), not an lm-eval task, group "
+                f"or tag, not a folder or YAML file{hint}"
+            )
+    return TaskSelection(tuple(dict.fromkeys(specs)), tuple(include)), tm
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model and tokenizer
+
+
+def default_max_length(model, cap: int = DEFAULT_MAX_LENGTH_CAP) -> int:
+    """The model's position limit capped at `cap` (Llama-3.2-1B declares 131072: never use that blindly)."""
+    config = model.config
+    for attr in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return min(value, cap)
+    return cap
+
+
+def head_is_tied(model) -> bool:
+    """Whether the output head uses the input embedding's weight tensor (and SCALE's weight_up, if any)."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is None or head is None or emb.weight is not head.weight:
+        return False
+    up_e, up_h = getattr(emb, "weight_up", None), getattr(head, "weight_up", None)
+    return up_e is up_h
+
+
+def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = None, meta: Mapping | None = None):
+    """--tokenizer, else the checkpoint folder's tokenizer files, else the base model the checkpoint records."""
+    from .data.tokenizer import load_tokenizer
+
+    source = tokenizer
+    if source is None:
+        if any((Path(model_path) / f).is_file() for f in TOKENIZER_FILES):
+            source = str(model_path)
+        else:
+            base = (meta or {}).get("base_model")
+            if isinstance(base, str) and base and not base.startswith("random:"):
+                source = base
+    if source is None:
+        raise ScaleclError(
+            f"no tokenizer found in {model_path} and none recorded in its scalecl.json: pass --tokenizer "
+            f"(a hub id such as meta-llama/Llama-3.2-1B, or a folder with tokenizer files)"
+        )
+    try:
+        return load_tokenizer(source)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"cannot load tokenizer {source}: {str(e).splitlines()[0]}") from None
+
+
+@contextmanager
+def _no_retie(model):
+    """Make ``model.tie_weights()`` a no-op while lm-eval wraps the model.
+
+    HFLM calls it on every model object it is given; with ``config.tie_word_embeddings`` true, transformers
+    would point the head back at the embedding and a separately trained head would be lost. The model is
+    evaluated exactly as it was loaded (``load_model`` already ties what the checkpoint shares).
+    """
+    had = "tie_weights" in vars(model)
+    old = vars(model).get("tie_weights")
+    object.__setattr__(model, "tie_weights", lambda *args, **kwargs: None)
+    try:
+        yield model
+    finally:
+        if had:
+            object.__setattr__(model, "tie_weights", old)
+        else:
+            del model.__dict__["tie_weights"]
+
+
+def _param_identity(model) -> list[tuple[str, int, int]]:
+    return [(n, id(p), p.data_ptr()) for n, p in model.named_parameters(remove_duplicate=False)]
+
+
+def wrap_model(model, tokenizer, *, batch_size: int | str = 8, max_length: int | None = None):
+    """lm-eval's HFLM around the in-memory model, without letting it re-tie the head.
+
+    Parameter identity is checked before and after, so no tensor can have been swapped or re-tied.
+    Returns (lm, max_length). The model must already be on the device to evaluate on (HFLM reads
+    ``model.device`` for a model object).
+    """
+    from lm_eval.models.huggingface import HFLM
+
+    max_length = int(max_length or default_max_length(model))
+    before = _param_identity(model)
+    hf_log = logging.getLogger("lm_eval.models.huggingface")
+    level = hf_log.level
+    hf_log.setLevel(logging.ERROR)  # its warnings about model objects ("arguments may be ignored") do not apply
+    try:
+        with _no_retie(model):
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
+    finally:
+        hf_log.setLevel(level)
+    if _param_identity(model) != before:
+        raise ScaleclError("lm-eval changed the model's parameters while wrapping it (re-tied head?)")
+    return lm, max_length
+
+
+@contextmanager
+def preserve_mode(model):
+    """Restore every module's train/eval flag afterwards (HFLM puts the model in eval mode)."""
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        yield model
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    selection: TaskSelection,
+    task_manager=None,
+    *,
+    num_fewshot: int | None = 0,
+    limit: int | None = None,
+    batch_size: int | str = 8,
+    max_length: int | None = None,
+    bootstrap_iters: int = 100_000,
+    log_samples: bool = False,
+    device: str | torch.device | None = None,
+) -> dict[str, Any]:
+    """Run lm-eval's ``simple_evaluate`` on an in-memory model; returns lm-eval's results dict.
+
+    The model comes back in the mode (train/eval) and on the device it came in.
+    """
+    import lm_eval
+
+    if task_manager is None:
+        _, task_manager = resolve_tasks(list(selection.specs), selection.include_paths)
+    if limit is not None and limit <= 0:
+        raise ScaleclError(f"--limit must be a positive number of examples per task, got {limit}")
+    start_device = next(model.parameters()).device
+    with preserve_mode(model):
+        try:
+            if device is not None:
+                model.to(device)
+            lm, _ = wrap_model(model, tokenizer, batch_size=batch_size, max_length=max_length)
+            try:
+                results = lm_eval.simple_evaluate(
+                    model=lm, tasks=list(selection.specs), task_manager=task_manager, num_fewshot=num_fewshot,
+                    limit=limit, bootstrap_iters=bootstrap_iters, log_samples=log_samples,
+                )
+            except (OSError, ConnectionError) as e:
+                raise ScaleclError(
+                    f"lm-eval could not load a task's data ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                    f"offline, pre-fill the Hugging Face cache first (README, eval-harness)"
+                ) from None
+        finally:
+            if next(model.parameters()).device != start_device:
+                model.to(start_device)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scores
+
+
+@dataclass
+class ScoreRow:
+    kind: str  # "task" or "average"
+    task: str
+    language: str  # english, korean or "" for other tasks
+    metric: str
+    score: float | None  # percent for bounded metrics
+    stderr: float | None
+    n: int | None  # examples evaluated (task) or tasks averaged (average)
+    paper: float | None = None  # the paper's number, only known for averages
+
+
+def _number(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _metric_keys(entry: Mapping[str, Any]) -> dict[str, str]:
+    """metric name -> its result key (first filter) among an lm-eval results entry."""
+    found: dict[str, str] = {}
+    for key, value in entry.items():
+        name, _, _ = key.partition(",")
+        if name in _NOT_METRICS or name.endswith("_stderr") or _number(value) is None or "," not in key:
+            continue
+        found.setdefault(name, key)
+    return found
+
+
+def pick_metric(task: str, available: Iterable[str], overrides: Mapping[str, str] | None = None) -> str | None:
+    """The Table 2 metric for a paper task, an override, or acc > acc_norm > exact_match > f1 > first."""
+    available = list(available)
+    wanted = (overrides or {}).get(task) or TASK_METRICS.get(task, ("", ""))[1]
+    if wanted:
+        return wanted if wanted in available else None
+    for m in FALLBACK_METRICS:
+        if m in available:
+            return m
+    return available[0] if available else None
+
+
+def _percent(metric: str, value: float) -> float:
+    return value if "perplexity" in metric or "bits_per" in metric else 100.0 * value
+
+
+def _top_level(results: Mapping[str, Any]) -> list[str]:
+    """Result names that are not inside a group (a group like mmlu is reported once, not per subject)."""
+    children = {c for subs in (results.get("group_subtasks") or {}).values() for c in subs}
+    names = list(results.get("results", {}))
+    names += [g for g in (results.get("groups") or {}) if g not in names]
+    return [n for n in names if n not in children]
+
+
+def _samples(results: Mapping[str, Any], name: str) -> int | None:
+    n = (results.get("n-samples") or {}).get(name)
+    if n is not None:
+        return int(n.get("effective", n.get("original", 0)))
+    subs = (results.get("group_subtasks") or {}).get(name)
+    if subs:
+        counts = [_samples(results, s) for s in subs]
+        return sum(c for c in counts if c is not None)
+    return None
+
+
+def score_rows(
+    results: Mapping[str, Any], method: str | None = None, *, paper: bool = True,
+    metric_overrides: Mapping[str, str] | None = None, order: Sequence[str] = (),
+) -> list[ScoreRow]:
+    """One row per top-level task (its Table 2 metric), then one average per language with the paper's.
+
+    Tasks come in `order` (e.g. the order asked for), then the rest as lm-eval lists them.
+    """
+    rows: list[ScoreRow] = []
+    names = _top_level(results)
+    rank = {n: i for i, n in enumerate(order)}
+    names.sort(key=lambda n: rank.get(n, len(rank)))  # stable: unlisted names keep lm-eval's order
+    for name in names:
+        entry = (results.get("results") or {}).get(name) or (results.get("groups") or {}).get(name) or {}
+        keys = _metric_keys(entry)
+        metric = pick_metric(name, keys, metric_overrides)
+        language = TASK_METRICS.get(name, ("", ""))[0]
+        if metric is None:
+            wanted = (metric_overrides or {}).get(name) or TASK_METRICS.get(name, ("", ""))[1] or "any"
+            rows.append(ScoreRow("task", name, language, f"{wanted} (missing)", None, None, _samples(results, name)))
+            continue
+        key = keys[metric]
+        value = _number(entry[key])
+        stderr = _number(entry.get(key.replace(",", "_stderr,", 1)))
+        rows.append(ScoreRow(
+            "task", name, language, metric,
+            None if value is None else _percent(metric, value),
+            None if stderr is None else _percent(metric, stderr),
+            _samples(results, name),
+        ))
+    paper_avgs = PAPER_ROWS.get(method, (None, {}))[1] if paper else {}
+    for language, paper_tasks in LANGUAGE_TASKS.items():
+        scores = [r.score for r in rows if r.task in paper_tasks and r.score is not None]
+        if not scores:
+            continue
+        rows.append(ScoreRow(
+            "average", f"{language}_avg", language, f"mean({len(scores)}/{len(paper_tasks)})",
+            sum(scores) / len(scores), None, len(scores), paper_avgs.get(language),
+        ))
+    return rows
+
+
+def paper_label(method: str | None) -> str | None:
+    row = PAPER_ROWS.get(method)
+    return f"paper: {row[0]} ({PAPER_SOURCE})" if row else None
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def rows_to_csv(rows: Sequence[ScoreRow]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for r in rows:
+        writer.writerow([r.kind, r.task, r.language, r.metric, _fmt(r.score, 4), _fmt(r.stderr, 4),
+                         "" if r.n is None else r.n, _fmt(r.paper)])
+    return buf.getvalue()
+
+
+def rows_to_markdown(rows: Sequence[ScoreRow], title: str, caption: str | None = None) -> str:
+    lines = [f"### {title}", "", "| " + " | ".join(CSV_COLUMNS) + " |", "|" + "---|" * len(CSV_COLUMNS)]
+    for r in rows:
+        cells = [r.kind, r.task, r.language, r.metric, _fmt(r.score), _fmt(r.stderr), "" if r.n is None else str(r.n),
+                 _fmt(r.paper)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if caption:
+        lines += ["", caption]
+    return "\n".join(lines) + "\n"
+
+
+def json_safe(obj: Any) -> Any:
+    """lm-eval's results as strict JSON: numpy scalars unwrapped, NaN/inf -> null, anything else -> str."""
+    import numpy as np
+
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return json_safe(obj.item())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    return str(obj)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole command
+
+
+@dataclass
+class HarnessRun:
+    out_dir: Path
+    rows: list[ScoreRow]
+    method: str | None
+    title: str
+    caption: str | None
+    max_length: int
+    results: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def run_harness(
+    model_path: str | os.PathLike,
+    tasks: str | Sequence[str] = "paper",
+    *,
+    tokenizer: str | None = None,
+    include_paths: Sequence[str | os.PathLike] = (),
+    num_fewshot: int = 0,
+    limit: int | None = None,
+    batch_size: int | str = 8,
+    device: str | None = None,
+    max_length: int | None = None,
+    dtype: str = "float32",
+    bootstrap_iters: int = 100_000,
+    metric_overrides: Mapping[str, str] | None = None,
+    out: str | os.PathLike = "results/harness",
+) -> HarnessRun:
+    """Load a checkpoint, evaluate it with lm-eval, write results under ``<out>/<model>-<hash>/``."""
+    from .checkpoint import load_model, read_meta
+    from .runs import config_hash, pick_device, provenance, write_atomic, write_json
+
+    # cheap checks first: nothing heavy runs on bad input
+    if limit is not None and limit <= 0:
+        raise ScaleclError(f"--limit must be a positive number of examples per task, got {limit}")
+    if num_fewshot < 0:
+        raise ScaleclError(f"--num-fewshot must be >= 0, got {num_fewshot}")
+    if max_length is not None and max_length <= 0:
+        raise ScaleclError(f"--max-length must be positive, got {max_length}")
+    batch_size = _check_batch_size(batch_size)
+    if dtype not in _DTYPES:
+        raise ScaleclError(f"unknown dtype {dtype!r}; choose {', '.join(_DTYPES)}")
+    path = Path(model_path).expanduser()
+    if not path.is_dir():
+        raise ScaleclError(f"model path {model_path} does not exist or is not a checkpoint directory")
+    meta = read_meta(path)
+    method = meta.get("method") if meta else None
+    selection, tm = resolve_tasks(tasks, include_paths)
+    tok = load_eval_tokenizer(path, tokenizer, meta)
+
+    model = load_model(path, dtype=_DTYPES[dtype])
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tok) > vocab:
+        raise ScaleclError(f"tokenizer has {len(tok)} tokens but the model's embedding only {vocab}: wrong --tokenizer?")
+    max_length = int(max_length or default_max_length(model))
+    dev = pick_device(device)
+    tied = head_is_tied(model)
+    results = evaluate_model(
+        model, tok, selection, tm, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,
+        max_length=max_length, bootstrap_iters=bootstrap_iters, device=dev,
+    )
+    rows = score_rows(results, method, metric_overrides=metric_overrides, order=selection.specs)
+
+    settings = {"tasks": list(selection.specs), "include_paths": list(selection.include_paths),
+                "num_fewshot": num_fewshot, "limit": limit, "max_length": max_length, "dtype": dtype}
+    name = f"{path.resolve().name}-{config_hash(settings)}"
+    out_dir = Path(out) / name
+    label = "base model" if method is None else method
+    title = f"{path.resolve().name} ({label}), {num_fewshot}-shot" + (f", limit {limit}" if limit else "")
+    caption = paper_label(method)
+    write_json(out_dir / "lm_eval_results.json", json_safe(results))
+    write_atomic(out_dir / "scores.csv", rows_to_csv(rows))
+    write_atomic(out_dir / "scores.md", rows_to_markdown(rows, title, caption))
+    write_json(out_dir / "run.json", {
+        "model": str(path.resolve()), "method": method, "options": (meta or {}).get("options", {}),
+        "tokenizer": tokenizer or "(checkpoint)", "settings": settings, "batch_size": batch_size,
+        "device": str(dev), "head_tied_to_embedding": tied, "metric_overrides": dict(metric_overrides or {}),
+        "paper": caption, "scores": [asdict(r) for r in rows], "provenance": provenance(),
+    })
+    return HarnessRun(out_dir, rows, method, title, caption, max_length, results)
+
+
+def _check_batch_size(batch_size: int | str) -> int | str:
+    text = str(batch_size).strip()
+    if text.startswith("auto"):
+        rest = text[4:]
+        if rest == "" or (rest.startswith(":") and rest[1:].isdigit() and int(rest[1:]) > 0):
+            return text
+    elif text.isdigit() and int(text) > 0:
+        return int(text)
+    raise ScaleclError(f"--batch-size must be a positive integer, 'auto' or 'auto:N', got {batch_size!r}")
+
+
+def parse_metric_overrides(pairs: Iterable[str]) -> dict[str, str]:
+    """--metric task=metric pairs."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        task, eq, metric = pair.partition("=")
+        if not eq or not task.strip() or not metric.strip():
+            raise ScaleclError(f"--metric expects task=metric (e.g. kobest_boolq=f1), got {pair!r}")
+        out[task.strip()] = metric.strip()
+    return out
+
+
+def format_rows(rows: Sequence[ScoreRow]) -> list[tuple[list[str], bool]]:
+    """Cells for a terminal table (task, language, metric, score, stderr, n, paper) and whether a row is an average."""
+    return [([r.task, r.language, r.metric, _fmt(r.score), _fmt(r.stderr), "" if r.n is None else str(r.n),
+              _fmt(r.paper)], r.kind == "average") for r in rows]

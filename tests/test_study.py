@@ -1,0 +1,50 @@
+"""Preliminary-study sweeps (paper Figs. 5-7) as ordinary train-cpt runs, then drawn by `scalecl plot`."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from scalecl.cli import app
+from scalecl.config import load_preset
+from scalecl.errors import ScaleclError
+from scalecl.study import study_values
+
+runner = CliRunner()
+
+
+def test_values():
+    rc = load_preset("cpt", "tiny")
+    layers = rc.model.layers
+    assert study_values("l_fp", rc, None) == [str(i) for i in range(layers + 1)]
+    assert study_values("l_fp", rc, "1..2") == ["1", "2"]
+    assert study_values("init", rc, None) == ["zero,rnd", "rnd,zero", "svd,svd", "svd,zero"]
+    assert study_values("collab", rc, None) == ["attn", "mlp"]
+    with pytest.raises(ScaleclError, match="unknown study"):
+        study_values("width", rc, None)
+    with pytest.raises(ScaleclError, match="integers or a range"):
+        study_values("l_fp", rc, "a..b")
+
+
+def test_bad_study_one_line(tmp_path):
+    r = runner.invoke(app, ["study", "depth", "--preset", "tiny", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and r.output.strip().startswith("error:") and "unknown study" in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_init_study_end_to_end(tmp_path):
+    args = ["--preset", "tiny", "--out", str(tmp_path / "results" / "studies"), "--cache", str(tmp_path / "cache"),
+            "--checkpoints", str(tmp_path / "runs")]
+    r = runner.invoke(app, ["study", "init", "--values", "zero,rnd;svd,zero", *args])
+    assert r.exit_code == 0, r.output
+    results = sorted((tmp_path / "results" / "studies" / "init").rglob("result.json"))
+    assert len(results) == 2
+    inits = sorted(tuple(json.loads(f.read_text())["method_options"]["init"]) for f in results)
+    assert inits == [("svd", "zero"), ("zero", "rnd")]
+    r = runner.invoke(app, ["plot", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "figs")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "figs" / "fig5_init_pairs.png").stat().st_size > 0
+    assert sorted(pd.read_csv(tmp_path / "figs" / "table_fig5_init.csv")["setting"]) == ["0,RND", "SVD,0"]
