@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -142,8 +143,10 @@ COLORS = {m: c for m, c in zip(METHOD_ORDER, ("tab:red", "tab:purple", "tab:brow
 
 def _cpt_caption(r: dict) -> str:
     c = r["config"]
-    base = r.get("base", {}).get("source", "?")
-    train = r.get("data", {}).get("train", "?")
+    base = c.get("base", r.get("base", {}).get("source", "?"))
+    train = c.get("data", {}).get("path", r.get("data", {}).get("train", "?"))
+    if str(base) == "builtin":
+        base = "a small Llama pre-trained on the stand-in's English (builtin)"
     return (f"preset '{r['preset']}': base {base}; new-domain data {train}; {c['train']['steps']} steps x "
             f"{c['train']['batch']} x {c['train']['seq_len']} tokens. Old = forgetting PPL, new = learning PPL.")
 
@@ -164,8 +167,10 @@ def fig9(results: Path, out: Path) -> list[Path]:
             ax.set_xlabel("training step")
             ax.set_ylabel("perplexity")
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
             ax.grid(alpha=0.3, which="both")
-        axes[1].legend(fontsize=8, loc="upper right")
+        axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]), ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
         written += _save(fig, out, f"fig9_cpt_{preset}")
