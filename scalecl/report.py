@@ -234,6 +234,18 @@ def study_table(results: Path, study: str) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+STUDY_TABLES = {"init": "table_fig5_init", "l_fp": "table_fig6_l_fp", "collab": "table_fig7_collab"}
+
+
+def _finish_study(fig, results: Path, out: Path, study: str, df: pd.DataFrame, stem: str, note: str = "") -> list[Path]:
+    """Caption (method + run settings), save the figure, and write the study's table beside it."""
+    r0 = load_runs(results, "cpt", study=study).iloc[0]["result"]
+    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + _cpt_caption(r0), ha="center", va="top", fontsize=8,
+             wrap=True)
+    fig.tight_layout()
+    return _save(fig, out, stem) + write_table(df.drop(columns="dir"), out, STUDY_TABLES[study])
+
+
 def fig5(results: Path, out: Path) -> list[Path]:
     """Forgetting and learning PPL per (W21, W22) initialisation pair (paper Fig. 5)."""
     df = study_table(results, "init")
@@ -251,10 +263,7 @@ def fig5(results: Path, out: Path) -> list[Path]:
         ax.set_ylabel("perplexity")
         ax.grid(alpha=0.3)
         ax.legend(title="W21,W22", fontsize=8)
-    r0 = load_runs(results, "cpt", study="init").iloc[0]["result"]
-    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}; " + _cpt_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
-    fig.tight_layout()
-    return _save(fig, out, "fig5_init_pairs") + write_table(df.drop(columns="dir"), out, "table_fig5_init")
+    return _finish_study(fig, results, out, "init", df, "fig5_init_pairs")
 
 
 def fig6(results: Path, out: Path) -> list[Path]:
@@ -271,10 +280,7 @@ def fig6(results: Path, out: Path) -> list[Path]:
         ax.set_xlabel("l_fp (function-preserving lower layers)")
         ax.set_ylabel("perplexity")
         ax.grid(alpha=0.3)
-    r0 = load_runs(results, "cpt", study="l_fp").iloc[0]["result"]
-    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}; " + _cpt_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
-    fig.tight_layout()
-    return _save(fig, out, "fig6_l_fp") + write_table(df.drop(columns="dir"), out, "table_fig6_l_fp")
+    return _finish_study(fig, results, out, "l_fp", df, "fig6_l_fp")
 
 
 def fig7(results: Path, out: Path) -> list[Path]:
@@ -291,11 +297,7 @@ def fig7(results: Path, out: Path) -> list[Path]:
     ax.set_ylabel("forgetting PPL (old domain)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    r0 = load_runs(results, "cpt", study="collab").iloc[0]["result"]
-    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}, l_fp={df['l_fp'].iloc[0]}; " + _cpt_caption(r0), ha="center",
-             va="top", fontsize=8, wrap=True)
-    fig.tight_layout()
-    return _save(fig, out, "fig7_collab_modules") + write_table(df.drop(columns="dir"), out, "table_fig7_collab")
+    return _finish_study(fig, results, out, "collab", df, "fig7_collab_modules", f", l_fp={df['l_fp'].iloc[0]}")
 
 
 def cpt_table(results: Path) -> pd.DataFrame:
