@@ -37,9 +37,10 @@ class ScaleConfig:
     tau: float = 0.9
 
     def __post_init__(self) -> None:
-        # normalise lists coming from JSON / the CLI into tuples so the config stays hashable
-        object.__setattr__(self, "collab", tuple(self.collab))
-        object.__setattr__(self, "init", tuple(self.init))
+        # normalise lists from JSON and strings from the CLI ("attn", "svd,zero") into hashable tuples
+        for name in ("collab", "init"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, tuple(v.split(",")) if isinstance(v, str) else tuple(v))
         self.validate()
 
     def validate(self) -> None:

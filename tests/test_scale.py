@@ -280,3 +280,16 @@ def test_size_errors_before_work(kw, msg):
 def test_config_errors(kw, msg):
     with pytest.raises(ScaleclError, match=msg):
         ScaleConfig(**kw)
+
+
+def test_string_options_from_the_command_line():
+    """`--set methods.scale.collab=attn` arrives as a bare string: it means ("attn",), not its letters."""
+    from scalecl.config import load_preset
+    from scalecl.methods import get_method
+
+    assert ScaleConfig(collab="attn").collab == ("attn",)
+    assert ScaleConfig(init="svd,zero").init == ("svd", "zero")
+    rc = load_preset("cpt", "tiny", ["methods.scale-adapt.collab=attn"])
+    assert get_method("scale-adapt", **rc.method_options("scale-adapt")).config.collab == ("attn",)
+    rc = load_preset("cpt", "tiny", ["methods.scale-adapt.collab=attn,mlp"])
+    assert get_method("scale-adapt", **rc.method_options("scale-adapt")).config.collab == ("attn", "mlp")

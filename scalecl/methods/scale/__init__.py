@@ -29,7 +29,7 @@ class ScaleMethod(Method):
     def __post_init__(self) -> None:
         self.config = ScaleConfig(
             variant=self.variant, hidden_up=self.hidden_up, ffn_up=self.ffn_up, l_fp=self.l_fp,
-            collab=tuple(self.collab), init=tuple(self.init), tau=self.tau,
+            collab=self.collab, init=self.init, tau=self.tau,
         )
 
     def check(self, config) -> None:
