@@ -278,6 +278,7 @@ def fig6(results: Path, out: Path) -> list[Path]:
     axes[1].set_title("(b) learning PPL at the end")
     for ax in axes:
         ax.set_xlabel("l_fp (function-preserving lower layers)")
+        ax.set_xticks(df["l_fp"].tolist())
         ax.set_ylabel("perplexity")
         ax.grid(alpha=0.3)
     return _finish_study(fig, results, out, "l_fp", df, "fig6_l_fp")
