@@ -86,10 +86,6 @@ def kv_heads(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
-def get_submodule(model: nn.Module, path: str) -> nn.Module:
-    return model.get_submodule(path)
-
-
 def set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, name, module)

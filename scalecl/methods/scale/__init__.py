@@ -19,12 +19,13 @@ class ScaleMethod(Method):
     """Width upscaling; the variant is fixed by the registered subclass."""
 
     variant: ClassVar[str] = "route"
-    hidden_up: int = 128
-    ffn_up: int = 128
-    l_fp: int | None = None
-    collab: tuple[str, ...] = ("attn", "mlp")
-    init: tuple[str, str] = ("svd", "zero")
-    tau: float = 0.9
+    # the options are ScaleConfig's fields (less the variant), with its defaults: one place defines them
+    hidden_up: int = ScaleConfig.hidden_up
+    ffn_up: int = ScaleConfig.ffn_up
+    l_fp: int | None = ScaleConfig.l_fp
+    collab: tuple[str, ...] = ScaleConfig.collab
+    init: tuple[str, str] = ScaleConfig.init
+    tau: float = ScaleConfig.tau
 
     def __post_init__(self) -> None:
         self.config = ScaleConfig(
