@@ -24,6 +24,11 @@ class PathState:
         self.mode = mode
         self.tau = tau
         self.preserve_mask: torch.Tensor | None = None  # (B, T) bool, from the last routed forward
+        # leading groups (decoder layers, then the final norm) whose original channels depend on no
+        # trainable parameter on each path; refreshed before every forward (see upscale.constant_groups)
+        self.const_preserve = 0
+        self.const_adapt = 0
+        self.n_groups = 1  # decoder layers + 1 (the final norm)
 
 
 def _init_block(w: torch.Tensor, how: str, base: torch.Tensor, part: str) -> None:
@@ -51,6 +56,105 @@ def _init_block(w: torch.Tensor, how: str, base: torch.Tensor, part: str) -> Non
                 w[torch.arange(k), torch.arange(k)] = s[:k].to(w.dtype)
         else:  # validated earlier; keep a guard for direct library use
             raise ValueError(f"unknown init {how!r}")
+
+
+def _operand_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype F.linear would compute in: the autocast dtype when autocast is on, else the input's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+class _BlockLinear(torch.autograd.Function):
+    """y = x @ [[W, W12], [W21, W22]]^T + [b; b_up], block by block, with a backward that does only needed work.
+
+    Built as F.linear of the concatenated matrix, autograd would form the gradient of the whole
+    (out + out_up) x (in + in_up) matrix and then discard the frozen W block, and would propagate the
+    gradient into input channels that no trainable parameter influences: most of a widened model's backward.
+    Here:
+      - each block's weight gradient is formed only when that block trains;
+      - rows flagged `const` have original input channels (the first `in`) that depend on no trainable
+        parameter (below the first collaborative layer, and everywhere on the preserve path, see
+        `constant_layers`). Their input gradient there is zero by definition and is not computed.
+    The original output channels are computed as x W^T + b (+ x_up W12^T), the same product the base model
+    computes, so they match the base's even before W12 is added.
+
+    use_w12 (one flag per row half): False treats W12 as zero (the preserve path).
+    fork: the rows of x are [preserve half; adapt half] (Route above its fork point), with flags for each.
+    Under autocast the operands are cast to the autocast dtype, as F.linear would be.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, w12, w21, w22, bias_up, use_w12: tuple, const: tuple):
+        d_out, d_in = weight.shape
+        dt = _operand_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            x2 = x.reshape(-1, x.shape[-1]).to(dt)
+            w, w12c, b, bu = weight.to(dt), w12.to(dt), None if bias is None else bias.to(dt), None
+            w_new = torch.cat([w21, w22], dim=1).to(dt)  # (out_up, in + in_up): the new rows
+            if bias_up is not None:
+                bu = bias_up.to(dt)
+            y = x2.new_empty(x2.shape[0], d_out + w_new.shape[0])
+            for rows, with_w12 in zip(_halves(x2.shape[0], len(use_w12)), use_w12):
+                xr, top, bot = x2[rows], y[rows, :d_out], y[rows, d_out:]
+                _mm_into(top, xr[:, :d_in], w.t(), b)
+                if with_w12 and w12c.shape[1]:
+                    top.addmm_(xr[:, d_in:], w12c.t())
+                _mm_into(bot, xr, w_new.t(), bu)
+        ctx.save_for_backward(x2, w, w12c, w_new)
+        ctx.use_w12, ctx.const, ctx.x_shape, ctx.x_dtype = use_w12, const, x.shape, x.dtype
+        ctx.has_bias = bias is not None
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, gy):
+        x2, w, w12, w_new = ctx.saved_tensors
+        d_out, d_in = w.shape
+        need = ctx.needs_input_grad
+        g = gy.reshape(-1, gy.shape[-1]).to(x2.dtype)
+        g_top, g_up = g[:, :d_out], g[:, d_out:]
+        halves = _halves(x2.shape[0], len(ctx.use_w12))
+        gx = gw = gb = g12 = g21 = g22 = gbu = None
+        if need[0]:
+            gx = g.new_empty(x2.shape)
+            for rows, with_w12, const in zip(halves, ctx.use_w12, ctx.const):
+                gt, gu, gd, gn = g_top[rows], g_up[rows], gx[rows, :d_in], gx[rows, d_in:]
+                if const:  # nothing trainable reaches these channels: their gradient is not needed
+                    gd.zero_()
+                else:
+                    torch.mm(gt, w, out=gd)
+                    gd.addmm_(gu, w_new[:, :d_in])
+                torch.mm(gu, w_new[:, d_in:], out=gn)
+                if with_w12:
+                    gn.addmm_(gt, w12)
+            gx = gx.view(ctx.x_shape).to(ctx.x_dtype)
+        if need[1]:
+            gw = g_top.t() @ x2[:, :d_in]
+        if need[2] and ctx.has_bias:
+            gb = g_top.sum(0)
+        if need[3]:
+            rows = [r for r, u in zip(halves, ctx.use_w12) if u]
+            if rows:  # W12's gradient comes only from the rows that use it
+                g12 = sum(g_top[r].t() @ x2[r, d_in:] for r in rows)
+        if need[4]:
+            g21 = g_up.t() @ x2[:, :d_in]
+        if need[5]:
+            g22 = g_up.t() @ x2[:, d_in:]
+        if need[6] and ctx.has_bias:
+            gbu = g_up.sum(0)
+        return gx, gw, gb, g12, g21, g22, gbu, None, None
+
+
+def _halves(n: int, parts: int) -> list[slice]:
+    """Row slices: all rows, or [first half, second half] for a forked batch."""
+    return [slice(None)] if parts == 1 else [slice(None, n // 2), slice(n // 2, None)]
+
+
+def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """out = a @ b (+ bias), written into a (possibly column-sliced) view of a larger output."""
+    if bias is None:
+        torch.mm(a, b, out=out)
+    else:
+        torch.addmm(bias, a, b, out=out)
 
 
 class UpLinear(nn.Module):
@@ -89,6 +193,7 @@ class UpLinear(nn.Module):
             _init_block(self.w22, init[1], self.weight, "22")
         self.state = state
         self.fork = False
+        self.layer = 0  # index of the decoder layer holding this module (set by upscale)
 
     def full_weight(self, with_w12: bool = True) -> torch.Tensor:
         """The (out + out_up, in + in_up) matrix of Eq. 1; with_w12=False gives the preserve path's."""
@@ -100,11 +205,15 @@ class UpLinear(nn.Module):
         return None if self.bias is None else torch.cat([self.bias, self.bias_up])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, T, in + in_up) -> (N, T, out + out_up)
-        mode, b = self.state.mode, self.full_bias()
-        if mode == "route" and self.fork:
-            xp, xa = x.chunk(2, dim=0)
-            return torch.cat([F.linear(xp, self.full_weight(False), b), F.linear(xa, self.full_weight(), b)])
-        return F.linear(x, self.full_weight(mode != "preserve"), b)
+        st = self.state
+        if st.mode == "route" and self.fork:  # rows: [preserve half; adapt half]
+            use_w12, const = (False, True), (self.layer < st.const_preserve, self.layer < st.const_adapt)
+        elif st.mode == "preserve":
+            use_w12, const = (False,), (self.layer < st.const_preserve,)
+        else:
+            use_w12, const = (True,), (self.layer < st.const_adapt,)
+        return _BlockLinear.apply(x, self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up,
+                                  use_w12, const)
 
     def extra_repr(self) -> str:
         return f"in={self.d_in}+{self.in_features - self.d_in}, out={self.d_out}+{self.out_features - self.d_out}"
@@ -177,15 +286,20 @@ class UpHead(nn.Module):
         self.state = state
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (N, T, d + d_up) -> (B, T, V)
-        if self.state.mode != "route":
-            return F.linear(h, torch.cat([self.weight, self.weight_up], dim=1))
-        z = F.linear(h[..., : self.d], self.weight)  # (2B, T, V): original-channel logits
-        z_up = F.linear(h[..., self.d :], self.weight_up)
-        zp, za = z.chunk(2, dim=0)
-        zp_up, za_up = z_up.chunk(2, dim=0)
+        st, top = self.state, self.state.n_groups
+        if st.mode != "route":
+            const = (st.const_preserve if st.mode == "preserve" else st.const_adapt) >= top
+            empty = self.weight.new_empty(0, self.d), self.weight.new_empty(0, self.in_features - self.d)
+            return _BlockLinear.apply(h, self.weight, None, self.weight_up, *empty, None, (True,), (const,))
+        hp, ha = h.chunk(2, dim=0)
+        hp_d, ha_d = hp[..., : self.d], ha[..., : self.d]
+        if st.const_preserve >= top:  # the preserve path's original logits depend on no trainable parameter
+            hp_d = hp_d.detach()
+        if st.const_adapt >= top:
+            ha_d = ha_d.detach()
+        zp, za = F.linear(hp_d, self.weight), F.linear(ha_d, self.weight)  # original-channel logits
+        zp_up, za_up = F.linear(h[..., self.d :], self.weight_up).chunk(2, dim=0)
         with torch.no_grad():
-            keep = F.cosine_similarity(zp.float(), za.float(), dim=-1) > self.state.tau  # (B, T)
-        self.state.preserve_mask = keep
+            keep = F.cosine_similarity(zp.float(), za.float(), dim=-1) > st.tau  # (B, T)
+        st.preserve_mask = keep
         return torch.where(keep.unsqueeze(-1), (zp + za) / 2 + zp_up, za + za_up)
-
-

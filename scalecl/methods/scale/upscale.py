@@ -72,6 +72,7 @@ def upscale(
             up = UpLinear(layer.get_submodule(name), width[kin], width[kout], state, cfg.init, init_weights)
             up.w12.requires_grad_(collaborative and group in cfg.collab)
             up.fork = cfg.variant == "route" and i >= l_fp
+            up.layer = i
             set_submodule(layer, name, up)
         for name in arch.norms:
             set_submodule(layer, name, SplitNorm(layer.get_submodule(name), d, hu))
@@ -93,9 +94,55 @@ def upscale(
     model.scale_state = state
     model.scalecl_base_config = base_config
     model.scale_l_fp = l_fp
+    state.n_groups = n_layers + 1
+    body = model.get_submodule(arch.embed.rpartition(".")[0])  # the decoder stack, e.g. model.model
+    body.register_forward_pre_hook(_ConstantHook(model, arch), with_kwargs=True)
     if cfg.variant == "route":
         _install_fork(model, l_fp)
     return model
+
+
+class _ConstantHook:
+    """Before every forward, finds how far up the original channels stay independent of training.
+
+    On the preserve path the first d channels of every hidden state are a function of frozen tensors alone
+    (Theorem 3.1), and on the adapt path the same holds below the first layer whose W12 trains. No
+    trainable parameter can then receive gradient through those channels, so the widened linears skip that
+    part of the backward. What is checked here, on every call, is requires_grad: the leading groups (decoder
+    layers, then the final norm) whose original-channel tensors (pre-trained weights and norms, plus W12 on
+    the adapt path) are all frozen, below a frozen embedding. A caller who unfreezes a pre-trained tensor,
+    or passes inputs_embeds that require grad, gets the full backward.
+    """
+
+    def __init__(self, model: PreTrainedModel, arch) -> None:
+        self.state: PathState = model.scale_state
+        self.embed = model.get_submodule(arch.embed).weight
+        self.original: list[list[nn.Parameter]] = []  # per group: tensors that feed the original channels
+        self.w12: list[list[nn.Parameter]] = []
+        for group in [*decoder_layers(model), model.get_submodule(arch.final_norm)]:
+            new, w12 = set(), []
+            for m in group.modules():
+                if isinstance(m, UpLinear):
+                    new |= {id(m.w21), id(m.w22), id(m.bias_up), id(m.w12)}
+                    w12.append(m.w12)
+                elif isinstance(m, SplitNorm):
+                    new |= {id(p) for p in m.up.parameters()}
+            self.original.append([p for p in group.parameters() if id(p) not in new])
+            self.w12.append(w12)
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
+        emb = kwargs.get("inputs_embeds")
+        n_pres = n_adapt = 0
+        if not self.embed.requires_grad and not (emb is not None and emb.requires_grad):
+            for orig in self.original:
+                if any(p.requires_grad for p in orig):
+                    break
+                n_pres += 1
+            for w12 in self.w12[:n_pres]:
+                if any(p.requires_grad for p in w12):
+                    break
+                n_adapt += 1
+        self.state.const_preserve, self.state.const_adapt = n_pres, n_adapt
 
 
 class _ForkHook:
