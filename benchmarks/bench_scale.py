@@ -4,7 +4,11 @@ Targets (issue #2): Route step <= 1.15x the Adapt step when only the top layer c
 Adapt step <= 1.05x the FFT step of a plain model built with the widened config. All configurations are
 timed round-robin in one process (so drift hits them alike) and medians are reported.
 
-    python benchmarks/bench_scale.py --arch llama --reps 7
+    python benchmarks/bench_scale.py --arch llama --reps 11
+    python benchmarks/bench_scale.py --arch llama --reps 11 --allocator default
+
+--allocator tuned (the default) applies what the `scalecl` command applies at start-up
+(`scalecl.runs.tune_cpu_allocator`); `default` leaves glibc's thresholds alone.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import platform
 import statistics
 import subprocess
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 
 from scalecl import ScaleConfig, upscale
 from scalecl.models import model_from_config, tiny_config
+from scalecl.runs import tune_cpu_allocator
 
 
 def make_models(arch: str, hidden: int, layers: int, vocab: int, hu: int, fu: int):
@@ -66,10 +71,13 @@ def main() -> None:
     ap.add_argument("--ffn-up", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--allocator", default="tuned", choices=["tuned", "default"],
+                    help="tuned: as the scalecl command runs (glibc keeps freed memory); default: glibc as is")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     a = ap.parse_args()
+    tuned = tune_cpu_allocator() if a.allocator == "tuned" else False
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     models = make_models(a.arch, a.hidden, a.layers, a.vocab, a.hidden_up, a.ffn_up)
@@ -87,9 +95,9 @@ def main() -> None:
     trainable = {k: sum(p.numel() for p in m.parameters() if p.requires_grad) for k, m in models.items()}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": commit, "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
-        "setting": vars(a),
+        "setting": vars(a), "malloc_tuned": tuned,
         "median_step_s": {k: round(v, 4) for k, v in med.items()},
         "route_over_adapt": round(med["route"] / med["adapt"], 3),
         "adapt_over_fft_plain": round(med["adapt"] / med["fft-plain-widened"], 3),

@@ -420,6 +420,9 @@ for _name, _issue in [
 
 
 def main() -> None:
+    from .runs import tune_cpu_allocator
+
+    tune_cpu_allocator()  # before any tensor exists; see its docstring (SCALECL_TUNE_MALLOC=0 turns it off)
     app()
 
 

@@ -94,7 +94,7 @@ class _BlockLinear(torch.autograd.Function):
             if bias_up is not None:
                 bu = bias_up.to(dt)
             y = x2.new_empty(x2.shape[0], d_out + w_new.shape[0])
-            for rows, with_w12 in zip(_halves(x2.shape[0], len(use_w12)), use_w12):
+            for rows, with_w12 in zip(_halves(x2.shape[0], len(use_w12)), use_w12, strict=True):
                 xr, top, bot = x2[rows], y[rows, :d_out], y[rows, d_out:]
                 _mm_into(top, xr[:, :d_in], w.t(), b)
                 if with_w12 and w12c.shape[1]:
@@ -116,7 +116,7 @@ class _BlockLinear(torch.autograd.Function):
         gx = gw = gb = g12 = g21 = g22 = gbu = None
         if need[0]:
             gx = g.new_empty(x2.shape)
-            for rows, with_w12, const in zip(halves, ctx.use_w12, ctx.const):
+            for rows, with_w12, const in zip(halves, ctx.use_w12, ctx.const, strict=True):
                 gt, gu, gd, gn = g_top[rows], g_up[rows], gx[rows, :d_in], gx[rows, d_in:]
                 if const:  # nothing trainable reaches these channels: their gradient is not needed
                     gd.zero_()
@@ -132,7 +132,7 @@ class _BlockLinear(torch.autograd.Function):
         if need[2] and ctx.has_bias:
             gb = g_top.sum(0)
         if need[3]:
-            rows = [r for r, u in zip(halves, ctx.use_w12) if u]
+            rows = [r for r, u in zip(halves, ctx.use_w12, strict=True) if u]
             if rows:  # W12's gradient comes only from the rows that use it
                 g12 = sum(g_top[r].t() @ x2[r, d_in:] for r in rows)
         if need[4]:
