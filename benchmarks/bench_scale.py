@@ -2,7 +2,9 @@
 
 Targets (issue #2): Route step <= 1.15x the Adapt step when only the top layer collaborates (l_fp = L-1);
 Adapt step <= 1.05x the FFT step of a plain model built with the widened config. All configurations are
-timed round-robin in one process (so drift hits them alike) and medians are reported.
+timed round-robin in one process (so drift hits them alike); in each round a configuration takes --settle
+untimed steps and then one timed step, so the timed step runs in the steady state of a training run rather
+than right after another model's step. Medians are reported.
 
     python benchmarks/bench_scale.py --arch llama --reps 11
     python benchmarks/bench_scale.py --arch llama --reps 11 --allocator default
@@ -71,7 +73,9 @@ def main() -> None:
     ap.add_argument("--ffn-up", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--reps", type=int, default=11, help="timed steps per configuration (round-robin rounds)")
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed steps of the same model before each timed step (a training run's steady state)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--allocator", default="tuned", choices=["tuned", "default"],
                     help="tuned: as the scalecl command runs (glibc keeps freed memory); default: glibc as is")
@@ -88,6 +92,8 @@ def main() -> None:
     times = {k: [] for k in steps}
     for _ in range(a.reps):
         for k, (step, _) in steps.items():
+            for _ in range(a.settle):  # untimed steps first, so the timed one follows a step of the same model
+                step()
             times[k].append(step())
     med = {k: statistics.median(v) for k, v in times.items()}
     state = {k: sum(t.numel() for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)

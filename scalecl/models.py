@@ -27,6 +27,10 @@ class Arch:
     attn_module: str  # the module carrying layer_idx
     zero_out: tuple[str, ...]  # output projections of a block (LLaMA Pro zeroes these)
     lora_targets: tuple[str, ...]
+    # linears whose input is a norm of the block input (identical in both halves at Route's first forked
+    # block); parallel_input: the same, only when the block uses the parallel residual
+    block_input: tuple[str, ...] = ()
+    parallel_input: tuple[str, ...] = ()
 
 
 ARCHS: dict[str, Arch] = {
@@ -46,6 +50,8 @@ ARCHS: dict[str, Arch] = {
         attn_module="attention",
         zero_out=("attention.dense", "mlp.dense_4h_to_h"),
         lora_targets=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+        block_input=("attention.query_key_value",),
+        parallel_input=("mlp.dense_h_to_4h",),
     ),
     "llama": Arch(
         layers="model.layers",
@@ -65,6 +71,7 @@ ARCHS: dict[str, Arch] = {
         attn_module="self_attn",
         zero_out=("self_attn.o_proj", "mlp.down_proj"),
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        block_input=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     ),
 }
 

@@ -52,3 +52,12 @@ def snapshot(model) -> dict[str, bytes]:
 @pytest.fixture(params=list(ARCH_CASES))
 def arch_case(request) -> str:
     return request.param
+
+
+def split_threshold(cos: torch.Tensor) -> float:
+    """A Route tau inside the widest gap of the middle half of the cosines: some tokens go each way, and
+    none sits so close to tau that rounding (explicit logits vs the head's Gram form) could move it across."""
+    c = cos.flatten().sort().values
+    n = c.numel()
+    i = n // 4 + int((c[n // 4 + 1 : 3 * n // 4] - c[n // 4 : 3 * n // 4 - 1]).argmax())
+    return (c[i] + c[i + 1]).item() / 2

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from conftest import make_base, random_batch, snapshot, train_steps
+from conftest import make_base, random_batch, snapshot, split_threshold, train_steps
 
 from scalecl import ScaleConfig, load_model, routing_fractions, save_model, scale_path, upscale
 from scalecl.errors import ScaleclError
@@ -100,7 +100,7 @@ def test_route_equals_two_passes_combined_by_eq5(arch_case):
     cos = torch.nn.functional.cosine_similarity(zp, za, dim=-1)
     assert (zp - za).abs().max() > 1e-4, "training should have separated the two paths"
     # thresholds that route everything one way, and the median, which splits the tokens
-    for tau in (-1.0, 1.0, cos.median().item()):
+    for tau in (-1.0, 1.0, split_threshold(cos)):
         m.scale_state.tau = tau
         expected = torch.where((cos > tau).unsqueeze(-1), (zp + za) / 2 + zp_up, za + za_up)
         with torch.no_grad():
@@ -293,3 +293,34 @@ def test_string_options_from_the_command_line():
     assert get_method("scale-adapt", **rc.method_options("scale-adapt")).config.collab == ("attn",)
     rc = load_preset("cpt", "tiny", ["methods.scale-adapt.collab=attn,mlp"])
     assert get_method("scale-adapt", **rc.method_options("scale-adapt")).config.collab == ("attn", "mlp")
+
+
+def test_route_head_cosine_from_the_gram_matrix(arch_case):
+    """cos(W a, W b) computed in hidden space equals the cosine of explicit logits; the cache follows W."""
+    _, m = make_scaled(arch_case, "route")
+    head = m.get_output_embeddings()
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(4, 9, head.d, generator=g) for _ in range(2))
+    b[0] = -a[0] + 0.01 * b[0]  # near-opposite, and a near-parallel row
+    b[1] = 2 * a[1] + 1e-3 * b[1]
+    want = torch.nn.functional.cosine_similarity(a @ head.weight.T, b @ head.weight.T, dim=-1)
+    torch.testing.assert_close(head.logit_cosine(a, b), want, **TOL)
+    first = head.gram()
+    assert head.gram() is first  # cached while W is unchanged
+    with torch.no_grad():
+        head.weight.mul_(2.0)  # in place: the cache must notice
+    torch.testing.assert_close(head.gram(), 4 * first, rtol=1e-6, atol=1e-5)
+
+
+def test_route_shares_the_products_of_its_first_forked_block(arch_case):
+    """Only linears that read a norm of the block input at layer l_fp get both halves from one product."""
+    _, m = make_scaled(arch_case, "route", l_fp=1)
+    parallel = getattr(m.config, "use_parallel_residual", False)
+    want = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "attention.query_key_value"}
+    if parallel:
+        want.add("mlp.dense_h_to_4h")
+    got = {tuple(name.split(".layers.")[1].split(".", 1)) for name, mod in m.named_modules()
+           if isinstance(mod, UpLinear) and mod.shared_input}
+    assert {layer for layer, _ in got} == {"1"}
+    assert {name for _, name in got} == want & {n for n, _ in m.get_submodule(
+        "gpt_neox.layers.1" if hasattr(m, "gpt_neox") else "model.layers.1").named_modules()}

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_base, random_batch
+from conftest import make_base, random_batch, split_threshold
 
 from scalecl import ScaleConfig, scale_path, upscale
 from scalecl.methods.scale.layers import UpHead, UpLinear
@@ -67,10 +67,7 @@ def split_tau(m, ids) -> float:
             hp = m(ids, output_hidden_states=True).hidden_states[-1][..., :d]
         with scale_path(m, "adapt"):
             ha = m(ids, output_hidden_states=True).hidden_states[-1][..., :d]
-    cos = F.cosine_similarity(hp @ head.weight.T, ha @ head.weight.T, dim=-1).flatten().sort().values
-    n = cos.numel()  # the widest gap in the middle half, so rounding cannot move a token across tau
-    i = n // 4 + int((cos[n // 4 + 1 : 3 * n // 4] - cos[n // 4 : 3 * n // 4 - 1]).argmax())
-    return (cos[i] + cos[i + 1]).item() / 2
+    return split_threshold(F.cosine_similarity(hp @ head.weight.T, ha @ head.weight.T, dim=-1))
 
 
 def gradients(m, ids, **kw) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

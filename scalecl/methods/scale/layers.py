@@ -80,11 +80,13 @@ class _BlockLinear(torch.autograd.Function):
 
     use_w12 (one flag per row half): False treats W12 as zero (the preserve path).
     fork: the rows of x are [preserve half; adapt half] (Route above its fork point), with flags for each.
+    shared: the two halves are known to be equal (a norm of the block input at Route's first forked block);
+    the products they have in common are computed once, and only x_up W12^T is added for the adapt half.
     Under autocast the operands are cast to the autocast dtype, as F.linear would be.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, w12, w21, w22, bias_up, use_w12: tuple, const: tuple):
+    def forward(ctx, x, weight, bias, w12, w21, w22, bias_up, use_w12: tuple, const: tuple, shared: bool = False):
         d_out, d_in = weight.shape
         dt = _operand_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
@@ -94,12 +96,16 @@ class _BlockLinear(torch.autograd.Function):
             if bias_up is not None:
                 bu = bias_up.to(dt)
             y = x2.new_empty(x2.shape[0], d_out + w_new.shape[0])
-            for rows, with_w12 in zip(_halves(x2.shape[0], len(use_w12)), use_w12, strict=True):
+            halves = _halves(x2.shape[0], len(use_w12))
+            for k, (rows, with_w12) in enumerate(zip(halves, use_w12, strict=True)):
                 xr, top, bot = x2[rows], y[rows, :d_out], y[rows, d_out:]
-                _mm_into(top, xr[:, :d_in], w.t(), b)
+                if shared and k:  # same input as the first half: start from its products
+                    y[rows] = y[halves[0]]
+                else:
+                    _mm_into(top, xr[:, :d_in], w.t(), b)
+                    _mm_into(bot, xr, w_new.t(), bu)
                 if with_w12 and w12c.shape[1]:
                     top.addmm_(xr[:, d_in:], w12c.t())
-                _mm_into(bot, xr, w_new.t(), bu)
         ctx.save_for_backward(x2, w, w12c, w_new)
         ctx.use_w12, ctx.const, ctx.x_shape, ctx.x_dtype = use_w12, const, x.shape, x.dtype
         ctx.has_bias = bias is not None
@@ -141,7 +147,7 @@ class _BlockLinear(torch.autograd.Function):
             g22 = g_up.t() @ x2[:, d_in:]
         if need[6] and ctx.has_bias:
             gbu = g_up.sum(0)
-        return gx, gw, gb, g12, g21, g22, gbu, None, None
+        return gx, gw, gb, g12, g21, g22, gbu, None, None, None
 
 
 def _halves(n: int, parts: int) -> list[slice]:
@@ -194,6 +200,7 @@ class UpLinear(nn.Module):
         self.state = state
         self.fork = False
         self.layer = 0  # index of the decoder layer holding this module (set by upscale)
+        self.shared_input = False  # at Route's first forked block, reads a norm of the (doubled) block input
 
     def full_weight(self, with_w12: bool = True) -> torch.Tensor:
         """The (out + out_up, in + in_up) matrix of Eq. 1; with_w12=False gives the preserve path's."""
@@ -213,7 +220,7 @@ class UpLinear(nn.Module):
         else:
             use_w12, const = (True,), (self.layer < st.const_adapt,)
         return _BlockLinear.apply(x, self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up,
-                                  use_w12, const)
+                                  use_w12, const, len(use_w12) == 2 and self.shared_input)
 
     def extra_repr(self) -> str:
         return f"in={self.d_in}+{self.in_features - self.d_in}, out={self.d_out}+{self.out_features - self.d_out}"
@@ -271,6 +278,11 @@ class UpHead(nn.Module):
     a token goes to the preserve path when cos(Z_preserve, Z_adapt) > tau, with output
     (Z_preserve + Z_adapt)/2 + Z_preserve_up; otherwise Z_adapt + Z_adapt_up. The decision is hard (no
     gradient through the comparison) and the mask of the last forward is kept for the routing fractions.
+
+    The head is linear, so both are computed in hidden space, where they are exact rewrites:
+    cos(W h_p, W h_a) from the Gram matrix W^T W (d x d, cached while W is unchanged), and the mixed output
+    as one head product of the mixed hidden state. Route's head then costs one product over the batch, as
+    Adapt's does, instead of two plus a vocabulary-wide cosine (a 128k vocabulary makes that matter).
     """
 
     def __init__(self, base: nn.Linear, d_up: int, state: PathState, tied_up: nn.Parameter | None = None) -> None:
@@ -284,22 +296,45 @@ class UpHead(nn.Module):
         self.d = base.in_features
         self.in_features, self.out_features = base.in_features + d_up, base.out_features
         self.state = state
+        self._gram: tuple[tuple, torch.Tensor] | None = None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (N, T, d + d_up) -> (B, T, V)
         st, top = self.state, self.state.n_groups
-        if st.mode != "route":
+        if st.mode == "route":
+            h = self._route(h)
+            const = st.const_preserve >= top and st.const_adapt >= top
+        else:
             const = (st.const_preserve if st.mode == "preserve" else st.const_adapt) >= top
-            empty = self.weight.new_empty(0, self.d), self.weight.new_empty(0, self.in_features - self.d)
-            return _BlockLinear.apply(h, self.weight, None, self.weight_up, *empty, None, (True,), (const,))
+        empty = self.weight.new_empty(0, self.d), self.weight.new_empty(0, self.in_features - self.d)
+        return _BlockLinear.apply(h, self.weight, None, self.weight_up, *empty, None, (True,), (const,))
+
+    def _route(self, h: torch.Tensor) -> torch.Tensor:
+        """[h_p; h_a] (2B, T, d + d_up) -> the hidden state whose head product is Eq. 5's output (B, T, ...)."""
+        st, d = self.state, self.d
         hp, ha = h.chunk(2, dim=0)
-        hp_d, ha_d = hp[..., : self.d], ha[..., : self.d]
-        if st.const_preserve >= top:  # the preserve path's original logits depend on no trainable parameter
+        hp_d = hp[..., :d]
+        if st.const_preserve >= st.n_groups:  # the preserve path's original channels carry no gradient
             hp_d = hp_d.detach()
-        if st.const_adapt >= top:
-            ha_d = ha_d.detach()
-        zp, za = F.linear(hp_d, self.weight), F.linear(ha_d, self.weight)  # original-channel logits
-        zp_up, za_up = F.linear(h[..., self.d :], self.weight_up).chunk(2, dim=0)
         with torch.no_grad():
-            keep = F.cosine_similarity(zp.float(), za.float(), dim=-1) > st.tau  # (B, T)
+            keep = self.logit_cosine(hp_d, ha[..., :d]) > st.tau  # (B, T)
         st.preserve_mask = keep
-        return torch.where(keep.unsqueeze(-1), (zp + za) / 2 + zp_up, za + za_up)
+        mixed = torch.cat([(hp_d + ha[..., :d]) / 2, hp[..., d:]], dim=-1)  # (Z_p + Z_a)/2 + Z_p_up
+        return torch.where(keep.unsqueeze(-1), mixed, ha)  # else Z_a + Z_a_up
+
+    def logit_cosine(self, a: torch.Tensor, b: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+        """cos(W a, W b) over the vocabulary for original-channel states a, b (..., d), as F.cosine_similarity."""
+        g = self.gram()
+        a, b = a.float(), b.float()
+        ga, gb = a @ g, b @ g
+        ab, aa, bb = (ga * b).sum(-1), (ga * a).sum(-1), (gb * b).sum(-1)
+        return ab / (aa * bb).clamp_min(eps * eps).sqrt()
+
+    def gram(self) -> torch.Tensor:
+        """W^T W in float32, recomputed only when W is replaced or modified in place."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.device, w.dtype)
+        if self._gram is None or self._gram[0] != key:
+            with torch.no_grad(), torch.autocast(w.device.type, enabled=False):
+                wf = w.detach().float()
+                self._gram = (key, wf.t() @ wf)
+        return self._gram[1]

@@ -66,6 +66,7 @@ def upscale(
     for p in model.parameters():
         p.requires_grad_(False)  # every pre-trained tensor is frozen; new blocks are created trainable
 
+    shared = set(arch.block_input) | (set(arch.parallel_input) if getattr(config, "use_parallel_residual", False) else set())
     for i, layer in enumerate(decoder_layers(model)):
         collaborative = i >= l_fp and cfg.variant != "preserve"
         for name, (group, kin, kout) in arch.linears.items():
@@ -73,6 +74,7 @@ def upscale(
             up.w12.requires_grad_(collaborative and group in cfg.collab)
             up.fork = cfg.variant == "route" and i >= l_fp
             up.layer = i
+            up.shared_input = up.fork and i == l_fp and name in shared
             set_submodule(layer, name, up)
         for name in arch.norms:
             set_submodule(layer, name, SplitNorm(layer.get_submodule(name), d, hu))
