@@ -25,7 +25,7 @@ class PathState:
         self.tau = tau
         self.preserve_mask: torch.Tensor | None = None  # (B, T) bool, from the last routed forward
         # leading groups (decoder layers, then the final norm) whose original channels depend on no
-        # trainable parameter on each path; refreshed before every forward (see upscale.constant_groups)
+        # trainable parameter on each path; refreshed before every forward (upscale._ConstantHook)
         self.const_preserve = 0
         self.const_adapt = 0
         self.n_groups = 1  # decoder layers + 1 (the final norm)
@@ -74,7 +74,7 @@ class _BlockLinear(torch.autograd.Function):
       - each block's weight gradient is formed only when that block trains;
       - rows flagged `const` have original input channels (the first `in`) that depend on no trainable
         parameter (below the first collaborative layer, and everywhere on the preserve path, see
-        `constant_layers`). Their input gradient there is zero by definition and is not computed.
+        `upscale._ConstantHook`). Their input gradient there is zero by definition and is not computed.
     The original output channels are computed as x W^T + b (+ x_up W12^T), the same product the base model
     computes, so they match the base's even before W12 is added.
 
