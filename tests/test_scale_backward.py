@@ -177,3 +177,16 @@ def test_autocast_bf16_matches_plain_autograd(monkeypatch):
         assert g.dtype == torch.float32, n
         rel = (g - out[1][n]).norm() / out[1][n].norm().clamp_min(1e-12)
         assert rel < 0.05, f"{n}: relative gradient difference {rel:.3g} under bf16 autocast"
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    """Recomputing blocks in the backward (HF gradient checkpointing) reruns the hooks and the fork: same grads."""
+    m = scaled64("llama-gqa-untied", "route", l_fp=1)
+    ids = random_batch(m.config.vocab_size, seed=12)
+    m.scale_state.tau = split_tau(m, ids)
+    m.train()
+    _, plain = gradients(m, ids, use_cache=False)
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _, ckpt = gradients(m, ids, use_cache=False)
+    for n in plain:
+        torch.testing.assert_close(ckpt[n], plain[n], **TOL, msg=lambda s, n=n: f"{n}: {s}")
