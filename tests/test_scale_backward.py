@@ -186,7 +186,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     m.scale_state.tau = split_tau(m, ids)
     m.train()
     _, plain = gradients(m, ids, use_cache=False)
-    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     _, ckpt = gradients(m, ids, use_cache=False)
     for n in plain:
         torch.testing.assert_close(ckpt[n], plain[n], **TOL, msg=lambda s, n=n: f"{n}: {s}")
