@@ -179,14 +179,18 @@ def test_autocast_bf16_matches_plain_autograd(monkeypatch):
         assert rel < 0.05, f"{n}: relative gradient difference {rel:.3g} under bf16 autocast"
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
-    """Recomputing blocks in the backward (HF gradient checkpointing) reruns the hooks and the fork: same grads."""
+def test_activation_checkpointing_gives_the_same_gradients():
+    """Blocks recomputed in the backward (transformers' activation checkpointing) give the same gradients,
+    Route's doubled batch included: the fork hook runs outside the checkpointed forward."""
     m = scaled64("llama-gqa-untied", "route", l_fp=1)
     ids = random_batch(m.config.vocab_size, seed=12)
     m.scale_state.tau = split_tau(m, ids)
     m.train()
     _, plain = gradients(m, ids, use_cache=False)
     m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    runs = []
+    m.model.layers[2].mlp.register_forward_pre_hook(lambda mod, args: runs.append(args[0].shape[0]))
     _, ckpt = gradients(m, ids, use_cache=False)
+    assert runs == [2 * ids.shape[0]] * 2  # forked block: run on the doubled batch, then recomputed
     for n in plain:
         torch.testing.assert_close(ckpt[n], plain[n], **TOL, msg=lambda s, n=n: f"{n}: {s}")
