@@ -1,0 +1,111 @@
+"""Training state on disk without pickle: tensors in safetensors, everything else in JSON.
+
+A resumable checkpoint holds the optimizer and scheduler state, every RNG state, the data position and the
+records so far. `torch.save`/`torch.load(weights_only=False)` would store that as a pickle, and loading a
+pickle runs whatever code it names: a checkpoint folder from anywhere could then execute a command on
+`--resume`. Here the structure is JSON (dicts, lists, numbers, strings) and the arrays are safetensors,
+neither of which can carry code. Python values JSON has no form for are tagged:
+
+  {"__tensor__": key}           a torch tensor, stored in the .safetensors file under key
+  {"__ndarray__": key}          a numpy array, stored the same way (dtype kept)
+  {"__tuple__": [...]}          a tuple (RNG states must come back as tuples)
+  {"__items__": [[k, v], ...]}  a dict whose keys are not all strings (optimizer state is keyed by int)
+  {"__float__": "nan"}          a float JSON cannot write (nan, inf)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch as st
+import torch
+
+from .errors import ScaleclError
+
+JSON_NAME, TENSORS_NAME = "trainer_state.json", "trainer_state.safetensors"
+_TAGS = ("__tensor__", "__ndarray__", "__tuple__", "__items__", "__float__")
+
+
+def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = obj.detach().cpu().contiguous().clone()  # clone: safetensors refuses shared storage
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        key = f"t{len(tensors)}"
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).copy())
+        return {"__ndarray__": key}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and not any(t in obj for t in _TAGS):
+            return {k: _encode(v, tensors) for k, v in obj.items()}
+        return {"__items__": [[_encode(k, tensors), _encode(v, tensors)] for k, v in obj.items()]}
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    raise TypeError(f"cannot store a {type(obj).__name__} in a training state")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1:
+        (tag, val), = obj.items()
+        if tag == "__tensor__":
+            return tensors[val]
+        if tag == "__ndarray__":
+            return tensors[val].numpy()
+        if tag == "__tuple__":
+            return tuple(_decode(v, tensors) for v in val)
+        if tag == "__items__":
+            return {_hashable(_decode(k, tensors)): _decode(v, tensors) for k, v in val}
+        if tag == "__float__":
+            return float(val)
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def _hashable(k: Any) -> Any:
+    return tuple(_hashable(v) for v in k) if isinstance(k, list | tuple) else k
+
+
+def save_state(folder: str | os.PathLike, state: Any) -> None:
+    """Write `state` into folder/trainer_state.{json,safetensors}; the JSON is written last (it marks completion)."""
+    folder = Path(folder)
+    tensors: dict[str, torch.Tensor] = {}
+    doc = json.dumps({"format": 1, "state": _encode(state, tensors)})
+    for name, write in ((TENSORS_NAME, lambda p: st.save_file(tensors, p)),
+                        (JSON_NAME, lambda p: Path(p).write_text(doc))):
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, folder / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def load_state(folder: str | os.PathLike) -> Any:
+    """Read a state written by save_state; a missing or damaged state is one clear ScaleclError."""
+    folder = Path(folder)
+    try:
+        doc = json.loads((folder / JSON_NAME).read_text())
+        tensors = st.load_file(str(folder / TENSORS_NAME)) if (folder / TENSORS_NAME).exists() else {}
+        return _decode(doc["state"], tensors)
+    except Exception as e:  # unreadable JSON, truncated safetensors (SafetensorError), missing keys
+        raise ScaleclError(f"training state in {folder} is missing or damaged ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
