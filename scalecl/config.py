@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import math
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from .errors import ScaleclError
@@ -90,36 +93,62 @@ class ScaleConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Experiment configs: presets are TOML files of overrides on these dataclasses; unknown keys raise.
+# Experiment configs: presets are TOML files of overrides on these dataclasses. One typed schema: every key
+# has a declared type and, where it matters, a range or a set of choices; unknown keys, wrong types and
+# values out of range are one clear error before any work (load_preset -> check_config).
+
+
+class Raw(str):
+    """A value typed on the command line (--set key=value): still text, converted by the key's declared type."""
+
+
+def opt(default: Any = None, *, factory: Any = None, ge: float | None = None, gt: float | None = None,
+        le: float | None = None, lt: float | None = None, choices: tuple | None = None) -> Any:
+    """A dataclass field with its valid range or choices (checked by check_config)."""
+    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
 
 @dataclass
 class ModelShape:
     """A GPT-NeoX (Pythia architecture) decoder built from scratch for the biography protocol."""
 
-    arch: str = "gpt_neox"
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 4
-    ffn: int = 512
-    context: int = 128
-    rotary_pct: float = 0.25  # Pythia
+    arch: str = opt("gpt_neox", choices=("gpt_neox", "llama"))
+    hidden: int = opt(128, ge=1)
+    layers: int = opt(4, ge=1)
+    heads: int = opt(4, ge=1)
+    ffn: int = opt(512, ge=1)
+    context: int = opt(128, ge=2)
+    rotary_pct: float = opt(0.25, ge=0.0, le=1.0)  # Pythia
+    # rows of the embedding and the head: 0 = the tokenizer's size; larger pads them with rows no text uses,
+    # as Pythia's 50,304 pads its 50,277-token tokenizer (issue #12: the router's cosine over unused logits)
+    vocab: int = opt(0, ge=0)
+
+    def check(self, where: str) -> None:
+        if self.hidden % self.heads:
+            raise ScaleclError(f"{where}hidden={self.hidden} is not divisible by {where}heads={self.heads}")
+
+
+SCHEDULES = ("constant", "cosine", "linear")
 
 
 @dataclass
 class StageConfig:
     """Steps, batch and optimiser of one training stage (a new AdamW and schedule each stage)."""
 
-    steps: int = 100
-    batch: int = 32
-    lr: float = 1e-4
-    warmup: int = 0
-    schedule: str = "constant"
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    clip: float = 1.0
+    steps: int = opt(100, ge=1)
+    batch: int = opt(32, ge=1)
+    lr: float = opt(1e-4, gt=0.0)
+    warmup: int = opt(0, ge=0)
+    schedule: str = opt("constant", choices=SCHEDULES)
+    min_lr_ratio: float = opt(0.1, ge=0.0, le=1.0)  # cosine: the rate decays to min_lr_ratio x lr
+    weight_decay: float = opt(0.0, ge=0.0)
+    beta1: float = opt(0.9, ge=0.0, lt=1.0)
+    beta2: float = opt(0.999, ge=0.0, lt=1.0)
+    eps: float = opt(1e-8, gt=0.0)
+    clip: float = opt(1.0, ge=0.0)  # 0 = no clipping
 
 
 # Task 1 learning-rate multipliers over the FFT rate. Paper Sec. 5.1: SCALE-Route and LLaMA Pro train at 10x
@@ -132,11 +161,11 @@ DEFAULT_LR_SCALE = {"fft": 1.0, "freeze": 1.0, "lora": 10.0, "llama-pro": 10.0,
 
 @dataclass
 class EvalSchedule:
-    slice_people: int = 100  # people per evaluation slice during stage 3 (x6 QA)
-    dense_until: int = 100  # evaluate every dense_every steps up to here (the collapse is early) ...
-    dense_every: int = 5
-    every: int = 50  # ... then every `every` steps
-    batch: int = 256
+    slice_people: int = opt(100, ge=1)  # people per evaluation slice during stage 3 (x6 QA)
+    dense_until: int = opt(100, ge=0)  # evaluate every dense_every steps up to here (the collapse is early) ...
+    dense_every: int = opt(5, ge=1)
+    every: int = opt(50, ge=1)  # ... then every `every` steps
+    batch: int = opt(256, ge=1)
 
     def steps(self, total: int) -> list[int]:
         s = set(range(0, min(self.dense_until, total) + 1, self.dense_every)) | set(range(0, total + 1, self.every))
@@ -144,25 +173,46 @@ class EvalSchedule:
 
 
 @dataclass
+class CheckpointConfig:
+    """Resumable checkpoints (model + optimizer, schedule, RNG, data position). They never change results, so
+    they are not part of any run name or cache key."""
+
+    every: int = opt(0, ge=0)  # steps between checkpoints (0 = none; a run killed then restarts from step 0)
+    keep: int = opt(2, ge=1)  # newest checkpoints kept per run (older ones are deleted)
+
+
+@dataclass
 class BioRunConfig:
     """Everything a biography run depends on; stage caches and run names are hashes of parts of it."""
 
-    data: str = "cpu"  # biography data preset (scalecl.data.biography.PRESETS)
-    data_overrides: dict[str, int] = field(default_factory=dict)
+    data: str = opt("cpu", choices=("tiny", "cpu", "paper"))  # biography data preset (data.biography.PRESETS)
+    data_overrides: dict[str, int] = opt(factory=dict)  # BioConfig fields, e.g. n_people
     tokenizer: str = "local"  # "local" trains a word-level tokenizer on the corpus; else a hub id or directory
-    model: ModelShape = field(default_factory=ModelShape)
-    stage1: StageConfig = field(default_factory=StageConfig)
-    stage2: StageConfig = field(default_factory=StageConfig)
-    stage3: StageConfig = field(default_factory=StageConfig)
-    lr_scale: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_LR_SCALE))
-    eval: EvalSchedule = field(default_factory=EvalSchedule)
-    methods: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-method options ("scale" = all SCALE)
-    dtype: str = "float32"  # bfloat16 enables autocast on GPU
-    seed: int = 0
+    model: ModelShape = opt(factory=ModelShape)
+    stage1: StageConfig = opt(factory=StageConfig)
+    stage2: StageConfig = opt(factory=StageConfig)
+    stage3: StageConfig = opt(factory=StageConfig)
+    lr_scale: dict[str, float] = opt(factory=lambda: dict(DEFAULT_LR_SCALE))
+    eval: EvalSchedule = opt(factory=EvalSchedule)
+    checkpoint: CheckpointConfig = opt(factory=CheckpointConfig)  # every stage, the method's too
+    methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
+    dtype: str = opt("float32", choices=("float32", "bfloat16"))  # bfloat16: autocast on GPU
+    seed: int = opt(0, ge=0)
 
     def method_options(self, name: str) -> dict[str, Any]:
-        key = "scale" if name.startswith("scale-") else name
-        return dict(self.methods.get(key, {}))
+        """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
+        opts = dict(self.methods.get("scale", {})) if name.startswith("scale-") else {}
+        return opts | dict(self.methods.get(name, {}))
+
+    def check(self, where: str = "") -> None:
+        from .data.biography import BioConfig
+
+        known = {f.name for f in fields(BioConfig)} - {"seed"}
+        for k in self.data_overrides:
+            if k not in known:
+                raise ScaleclError(f"unknown config key {where}data_overrides.{k}; known: {', '.join(sorted(known))}")
+        _check_method_table(self.lr_scale, f"{where}lr_scale", positive=True)
+        _check_method_options(self.methods, f"{where}methods", self.method_options)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -181,64 +231,67 @@ class CorpusConfig:
     name: str = ""  # dataset config name, e.g. kor_Hang ("" = none)
     split: str = "train"
     text_column: str = "text"
-    skip: int = 0
-    take: int = 0  # 0 = every document after `skip`
+    skip: int = opt(0, ge=0)
+    take: int = opt(0, ge=0)  # 0 = every document after `skip`
+
+    def check(self, where: str) -> None:
+        if not self.path.strip():
+            raise ScaleclError(f"{where}path is empty")
 
 
 @dataclass
 class BuiltinCorpusConfig:
     """Sizes of the offline stand-in: biographies rendered in English (old domain) and Korean (new domain)."""
 
-    people: int = 1_200  # per language; the last `heldout` of them form the test split
-    heldout: int = 200
-    texts: int = 5  # biographies per person (different templates and sentence orders)
-    base_korean: int = 100  # further Korean people mixed into the base's pre-training (~5% of its tokens)
-    vocab: int = 2_048  # byte-level BPE trained on both languages
+    people: int = opt(1_200, ge=2)  # per language; the last `heldout` of them form the test split
+    heldout: int = opt(200, ge=1)
+    texts: int = opt(5, ge=1)  # biographies per person (different templates and sentence orders)
+    base_korean: int = opt(100, ge=0)  # further Korean people mixed into the base's pre-training (~5% of its tokens)
+    vocab: int = opt(2_048, ge=300)  # byte-level BPE trained on both languages (256 bytes + specials + merges)
 
 
 @dataclass
 class BaseShape:
     """The small decoder the suite pre-trains on the stand-in's English domain plus a little Korean (base = "builtin")."""
 
-    arch: str = "llama"
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 4
-    ffn: int = 512
-    context: int = 128
+    arch: str = opt("llama", choices=("gpt_neox", "llama"))
+    hidden: int = opt(128, ge=1)
+    layers: int = opt(4, ge=1)
+    heads: int = opt(4, ge=1)
+    kv_heads: int = opt(4, ge=1)
+    ffn: int = opt(512, ge=1)
+    context: int = opt(128, ge=2)
     tie_embeddings: bool = True  # like Llama-3.2-1B
+
+    def check(self, where: str) -> None:
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ScaleclError(f"{where}hidden={self.hidden} must be a multiple of {where}heads={self.heads}, and "
+                               f"heads of {where}kv_heads={self.kv_heads}")
 
 
 @dataclass
 class CptTrainConfig:
     """Continual pre-training of every method: one optimizer, linear decay after a warm-up ratio."""
 
-    steps: int = 300
-    batch: int = 16  # global batch in sequences (all processes and accumulation steps together)
-    micro_batch: int = 0  # sequences per process per forward; 0 = batch / processes (no accumulation)
-    seq_len: int = 128
-    warmup_ratio: float = 0.06
-    schedule: str = "linear"
-    min_lr_ratio: float = 0.1  # cosine only
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    clip: float = 1.0
+    steps: int = opt(300, ge=1)
+    batch: int = opt(16, ge=1)  # global batch in sequences (all processes and accumulation steps together)
+    micro_batch: int = opt(0, ge=0)  # sequences per process per forward; 0 = batch / processes (no accumulation)
+    seq_len: int = opt(128, ge=2)
+    warmup_ratio: float = opt(0.06, ge=0.0, lt=1.0)
+    schedule: str = opt("linear", choices=SCHEDULES)
+    min_lr_ratio: float = opt(0.1, ge=0.0, le=1.0)  # cosine only
+    weight_decay: float = opt(0.0, ge=0.0)
+    beta1: float = opt(0.9, ge=0.0, lt=1.0)
+    beta2: float = opt(0.999, ge=0.0, lt=1.0)
+    eps: float = opt(1e-8, gt=0.0)
+    clip: float = opt(1.0, ge=0.0)
 
 
 @dataclass
 class CptEvalConfig:
-    every: int = 25  # steps between evaluations (step 0 and the last step always)
-    batch: int = 16  # sequences per evaluation forward
-    rep_batch: int = 8  # sequences of the old-domain set whose final hidden states are compared (Fig. 4a)
-
-
-@dataclass
-class CheckpointConfig:
-    every: int = 0  # steps between resumable checkpoints (0 = only the final model)
-    keep: int = 2  # resumable checkpoints kept per run (older ones are deleted)
+    every: int = opt(25, ge=0)  # steps between evaluations (step 0 and the last step always; 0 = only those)
+    batch: int = opt(16, ge=1)  # sequences per evaluation forward
+    rep_batch: int = opt(8, ge=1)  # sequences of the old-domain set whose final hidden states are compared (Fig. 4a)
 
 
 # Paper Table 1: learning rates of continual pre-training on the Korean dataset.
@@ -252,60 +305,185 @@ class CptRunConfig:
 
     base: str = "builtin"  # "builtin" pre-trains `model` on the stand-in's English (+5% Korean) corpus, cached; else hub id / dir
     tokenizer: str = ""  # "" = the base's own (builtin: a BPE trained on the stand-in)
-    builtin: BuiltinCorpusConfig = field(default_factory=BuiltinCorpusConfig)
-    model: BaseShape = field(default_factory=BaseShape)  # builtin base only
-    pretrain: StageConfig = field(default_factory=StageConfig)  # builtin base only
-    data: CorpusConfig = field(default_factory=CorpusConfig)  # new-domain training corpus
-    old_eval: CorpusConfig = field(default_factory=lambda: CorpusConfig(path="builtin:en", split="test"))
-    new_eval: CorpusConfig = field(default_factory=lambda: CorpusConfig(path="builtin:ko", split="test"))
-    train: CptTrainConfig = field(default_factory=CptTrainConfig)
-    lr: dict[str, float] = field(default_factory=lambda: dict(PAPER_CPT_LR))
-    eval: CptEvalConfig = field(default_factory=CptEvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    methods: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-method options ("scale" = all SCALE)
-    dtype: str = "bfloat16"  # bf16 autocast on GPU; CPU always runs fp32
-    seed: int = 0
+    builtin: BuiltinCorpusConfig = opt(factory=BuiltinCorpusConfig)
+    model: BaseShape = opt(factory=BaseShape)  # builtin base only
+    pretrain: StageConfig = opt(factory=StageConfig)  # builtin base only
+    data: CorpusConfig = opt(factory=CorpusConfig)  # new-domain training corpus
+    old_eval: CorpusConfig = opt(factory=lambda: CorpusConfig(path="builtin:en", split="test"))
+    new_eval: CorpusConfig = opt(factory=lambda: CorpusConfig(path="builtin:ko", split="test"))
+    train: CptTrainConfig = opt(factory=CptTrainConfig)
+    lr: dict[str, float] = opt(factory=lambda: dict(PAPER_CPT_LR))
+    eval: CptEvalConfig = opt(factory=CptEvalConfig)
+    checkpoint: CheckpointConfig = opt(factory=CheckpointConfig)
+    methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
+    dtype: str = opt("bfloat16", choices=("float32", "bfloat16"))  # bf16 autocast on GPU; CPU always runs fp32
+    seed: int = opt(0, ge=0)
 
     def method_options(self, name: str) -> dict[str, Any]:
         """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
         opts = dict(self.methods.get("scale", {})) if name.startswith("scale-") else {}
         return opts | dict(self.methods.get(name, {}))
 
+    def check(self, where: str = "") -> None:
+        if not self.base.strip():
+            raise ScaleclError(f"{where}base is empty: 'builtin', a hub id or a local directory")
+        _check_method_table(self.lr, f"{where}lr", positive=True)
+        _check_method_options(self.methods, f"{where}methods", self.method_options)
+
+
+def _check_method_table(table: dict[str, float], where: str, positive: bool) -> None:
+    """Keys of a per-method table (lr, lr_scale) must name methods; values must be positive numbers."""
+    from .methods import method_names
+
+    for k, v in table.items():
+        if k not in method_names():
+            raise ScaleclError(f"unknown method {where}.{k}; methods: {', '.join(method_names())}")
+        if positive and not v > 0:
+            raise ScaleclError(f"{where}.{k} must be > 0, got {v}")
+
+
+def _check_method_options(methods: dict[str, dict], where: str, resolve) -> None:
+    """Every methods.<name> table names a method (or 'scale'), its options get their declared types (in
+    place), and every method's resolved options are valid."""
+    from .methods import REGISTRY, get_method, method_names
+
+    for k, v in methods.items():
+        if k != "scale" and k not in method_names():
+            raise ScaleclError(f"unknown method {where}.{k}; use 'scale' (all SCALE variants) or one of "
+                               f"{', '.join(method_names())}")
+        if not isinstance(v, dict):
+            raise ScaleclError(f"{where}.{k} is a table of options, not a value")
+        methods[k] = REGISTRY["scale-route" if k == "scale" else k].coerce_options(v, f"config key {where}.{k}")
+    for name in method_names():
+        if name in methods or (name.startswith("scale-") and "scale" in methods):
+            get_method(name, **resolve(name))  # types and config-free ranges (sizes need the model: later)
+
 
 PRESET_TYPES: dict[str, type] = {"bio": BioRunConfig, "cpt": CptRunConfig}
 
 
+def _type_name(hint: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
+
+
+def coerce(value: Any, hint: Any, key: str) -> Any:
+    """`value` as the declared type `hint`: command-line text (Raw) is parsed, typed TOML values are checked.
+
+    key names the value in the error ("config key stage1.steps expects an integer, got 'x'").
+
+    bool is never taken for an int (true is not 1 step), and None only where the type allows it.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None or (isinstance(value, Raw) and value.strip().lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return coerce(value, inner[0], key)
+        for a in inner:
+            try:
+                return coerce(value, a, key)
+            except ScaleclError:
+                pass
+        raise ScaleclError(f"{key} expects {' or '.join(_type_name(a) for a in inner)}, got {value!r}")
+    if origin is tuple:
+        items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ScaleclError(f"{key} expects a list, got {value!r}")
+        item_type = args[0] if args else Any
+        return tuple(coerce(Raw(v.strip()) if isinstance(value, Raw) else v, item_type, key) for v in items)
+    if hint is Any:
+        return value  # typed later by its owner (method options: Method.coerce_options)
+    text = value.strip() if isinstance(value, Raw) else None
+    if hint is bool:
+        if text is not None and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if text is not None:
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if text is not None:
+            try:
+                v = float(text)
+                if math.isfinite(v):
+                    return v
+            except ValueError:
+                pass
+        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return str(value)
+    else:
+        raise TypeError(f"unsupported config type {hint!r} for {key}")
+    raise ScaleclError(f"{key} expects {_type_name(hint)}, got {value!r}")
+
+
+def _check_range(value: Any, meta: dict, key: str) -> None:
+    if value is None:
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        raise ScaleclError(f"config key {key} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+    for op, test, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
+                           ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
+        if op in meta and not test(value, meta[op]):
+            raise ScaleclError(f"config key {key} must be {word} {meta[op]:g}, got {value!r}")
+
+
 def _merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
-    """Apply a nested dict of overrides to a dataclass instance, rejecting unknown keys."""
+    """Apply a nested dict of overrides to a dataclass instance: unknown keys, wrong types and bad ranges raise."""
+    hints = typing.get_type_hints(type(obj))
     names = {f.name: f for f in fields(obj)}
     for k, v in updates.items():
         if k not in names:
             raise ScaleclError(f"unknown config key {where}{k}; known: {', '.join(names)}")
-        cur = getattr(obj, k)
-        if hasattr(cur, "__dataclass_fields__"):
+        cur, hint = getattr(obj, k), hints[k]
+        if is_dataclass(cur):
             if not isinstance(v, dict):
                 raise ScaleclError(f"config key {where}{k} is a section, not a value")
             _merge(cur, v, f"{where}{k}.")
-        elif isinstance(cur, dict):
+        elif typing.get_origin(hint) is dict:
             if not isinstance(v, dict):
                 raise ScaleclError(f"config key {where}{k} is a table, not a value")
-            setattr(obj, k, _deep_update(cur, v))
+            setattr(obj, k, _update_table(cur, v, typing.get_args(hint)[1], f"{where}{k}."))
         else:
-            setattr(obj, k, _coerce(v, cur, f"{where}{k}"))
+            value = coerce(v, hint, f"config key {where}{k}")
+            _check_range(value, names[k].metadata, f"{where}{k}")
+            setattr(obj, k, value)
     return obj
 
 
-def _deep_update(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+def _update_table(cur: dict, updates: dict, value_hint: Any, where: str) -> dict:
+    """A per-name table (lr.<method>, methods.<method>.<option>): values typed by the table's value type."""
+    out = dict(cur)
+    for k, v in updates.items():
+        if typing.get_origin(value_hint) is dict:
+            if not isinstance(v, dict):
+                raise ScaleclError(f"config key {where}{k} is a table, not a value")
+            out[k] = _update_table(out.get(k, {}), v, typing.get_args(value_hint)[1], f"{where}{k}.")
+        else:
+            out[k] = coerce(v, value_hint, f"config key {where}{k}")
     return out
 
 
-def _coerce(v: Any, cur: Any, key: str) -> Any:
-    if cur is None or isinstance(v, type(cur)) or (isinstance(cur, float) and isinstance(v, int)):
-        return float(v) if isinstance(cur, float) else v
-    raise ScaleclError(f"config key {key} expects {type(cur).__name__}, got {v!r}")
+def check_config(obj: Any, where: str = "") -> None:
+    """Ranges of every field (presets included) and each section's own cross-field check()."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            check_config(value, f"{where}{f.name}.")
+        else:
+            _check_range(value, f.metadata, f"{where}{f.name}")
+    if hasattr(obj, "check"):
+        obj.check(where)
 
 
 def parse_scalar(text: str) -> Any:
@@ -324,29 +502,33 @@ def parse_scalar(text: str) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """A --set value: a scalar, or a comma list of scalars."""
+    """A --set value of untyped options: a scalar, or a comma list of scalars."""
     if "," in text:
         return [parse_scalar(t) for t in text.split(",") if t]
     return parse_scalar(text)
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
-    """["stage1.steps=100", "methods.scale.hidden_up=64"] -> nested dict."""
+    """["stage1.steps=100", "methods.scale.hidden_up=64"] -> nested dict of Raw texts (typed when merged)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, val = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise ScaleclError(f"--set expects key=value, got {item!r}")
         node = out
-        *parents, leaf = key.strip().split(".")
+        *parents, leaf = [p.strip() for p in key.strip().split(".")]
+        if not all(parents) or not leaf:
+            raise ScaleclError(f"--set key {key!r} has an empty part")
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = parse_value(val.strip())
+            if not isinstance(node, dict):
+                raise ScaleclError(f"--set {item!r}: {p} was given a value before")
+        node[leaf] = Raw(val.strip())
     return out
 
 
 def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type: type | None = None) -> Any:
-    """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a config.
+    """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a checked config.
 
     config_type is the dataclass the file overrides; by default the one registered for `kind`
     (PRESET_TYPES: "bio" -> BioRunConfig, "cpt" -> CptRunConfig).
@@ -364,4 +546,6 @@ def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type
                        for p in resources.files("scalecl.presets").iterdir() if p.name.startswith(f"{kind}_"))
         raise ScaleclError(f"unknown preset {name!r}; choose one of {', '.join(avail)}")
     cfg = _merge(config_type(), tomllib.loads(path.read_text()), "")
-    return _merge(cfg, parse_sets(sets or []), "")
+    cfg = _merge(cfg, parse_sets(sets or []), "")
+    check_config(cfg)
+    return cfg

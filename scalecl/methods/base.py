@@ -7,6 +7,7 @@ and never branches on a method's name.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
@@ -48,16 +49,31 @@ class Method:
         """Extra numbers about the last forward (e.g. Route's routing fractions over the `mask` positions)."""
         return {}
 
+    def position_values(self, model: PreTrainedModel, mask) -> dict[str, Any]:
+        """Per-position numbers of the last forward at the (B, T) `mask` positions, each a 1-D tensor (e.g.
+        Route's decision and router score where a metric is scored); evaluation summarises them."""
+        return {}
+
     def options(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_options(cls, **opts: Any) -> Method:
+    def coerce_options(cls, opts: dict[str, Any], where: str = "") -> dict[str, Any]:
+        """Options converted to their declared types (command-line text parsed, wrong types one clear error)."""
+        from ..config import coerce
+
         known = {f.name for f in fields(cls)}
         unknown = set(opts) - known
         if unknown:
-            raise ScaleclError(f"method {cls.name} has no option(s) {', '.join(sorted(unknown))}")
-        return cls(**opts)
+            raise ScaleclError(f"method {cls.name} has no option(s) {', '.join(sorted(unknown))}; "
+                               f"options: {', '.join(sorted(known)) or 'none'}")
+        hints = typing.get_type_hints(cls)
+        return {k: coerce(v, hints[k], f"{where}.{k}" if where else f"option {k} of {cls.name}")
+                for k, v in opts.items()}
+
+    @classmethod
+    def from_options(cls, **opts: Any) -> Method:
+        return cls(**cls.coerce_options(opts))
 
 
 def method_names() -> list[str]:
