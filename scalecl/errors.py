@@ -1,5 +1,13 @@
-"""One exception type for mistakes a user can make; the CLI turns it into one line and exit code 2."""
+"""Errors the CLI turns into one `error:` line (no traceback) and a non-zero exit code."""
 
 
 class ScaleclError(Exception):
-    """Bad input caught before heavy work (sizes, names, paths)."""
+    """Bad input caught before heavy work (sizes, names, paths): exit code 2."""
+
+    exit_code = 2
+
+
+class TrainingDiverged(ScaleclError):
+    """A non-finite loss or gradient norm: the run stops, nothing is recorded as finished (exit code 1)."""
+
+    exit_code = 1

@@ -2,15 +2,23 @@
 
 Beyond a plain loop it does gradient accumulation, data parallelism (a DistributedDataParallel-wrapped
 model: gradients are synchronised on the last micro-batch of a step only, the logged loss is the mean over
-processes) and exact resumption: `on_save` receives the full training state (optimizer, schedule, RNG and
-the data position) and `resume=` continues from it with the same numbers as an uninterrupted run.
+processes), exact resumption (`on_save` receives the full training state: optimizer, schedule, RNG and the
+data position; `resume=` continues from it with the same numbers as an uninterrupted run), a per-step log
+(loss, learning rate, gradient norm, tokens, seconds) and a guard against divergence: a non-finite loss or
+gradient norm raises TrainingDiverged before any evaluation or checkpoint can record the broken model.
+
+The host reads the device only at sync points (every `sync_every` steps, evaluation and checkpoint steps,
+the last step): on a GPU the loss and gradient norm of the steps in between stay on the device, so the
+loop never waits for the GPU to finish a step before queueing the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import random
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +41,8 @@ from transformers.optimization import (
     get_linear_schedule_with_warmup,
 )
 
+from .errors import TrainingDiverged
+
 
 @dataclass
 class OptimConfig:
@@ -50,13 +60,17 @@ class OptimConfig:
 
 
 def make_optimizer(model: nn.Module, oc: OptimConfig, steps: int):
-    """AdamW over the trainable parameters only (no state for frozen ones); decay on matrices only."""
+    """AdamW over the trainable parameters only (no state for frozen ones); decay on matrices only.
+
+    On CUDA the fused AdamW kernel is used (one launch for all parameters); elsewhere the default.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": oc.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    opt = torch.optim.AdamW(groups, lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps)
+    fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
+    opt = torch.optim.AdamW(groups, lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps, fused=fused or None)
     if oc.schedule == "cosine":
         sched = get_cosine_with_min_lr_schedule_with_warmup(opt, oc.warmup_steps, steps, min_lr_rate=oc.min_lr_ratio)
     elif oc.schedule == "linear":
@@ -91,13 +105,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _process_mean(x: torch.Tensor, parallel: bool) -> float:
+def _process_mean(x: torch.Tensor, parallel: bool) -> torch.Tensor:
     """Mean of a scalar over data-parallel processes (the loss every process logs is the same number)."""
     if parallel:
         x = x.detach().clone()
         dist.all_reduce(x)
         x /= dist.get_world_size()
-    return x.item()
+    return x
+
+
+def _tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens the model reads in a batch: the attention mask's ones, or every input id."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Host batch -> device; on CUDA through pinned memory, so the copy overlaps the running step."""
+    if device.type == "cuda":
+        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def train(
@@ -110,16 +137,19 @@ def train(
     desc: str = "train",
     autocast_dtype: torch.dtype | None = None,
     *,
+    eval_steps: Collection[int] | None = None,
     accum: int = 1,
     save_every: int = 0,
     on_save: Callable[[int, dict[str, Any]], None] | None = None,
+    on_log: Callable[[list[dict[str, Any]]], None] | None = None,
+    sync_every: int = 1,
     resume: dict[str, Any] | None = None,
     stop_at: int | None = None,
 ) -> list[float]:
     """Run `steps` optimizer steps on `batches` (dicts of model inputs incl. labels); returns the losses.
 
-    on_step(step, loss) is called after every step (step 1..steps) and once with step 0 before training,
-    which is where evaluations hook in (not again on resume: step 0 was evaluated by the first run).
+    on_step(step, loss) is called at step 0 before training (not again on resume: the first run evaluated
+    it) and after every step in `eval_steps` (every step when eval_steps is None): evaluations hook in here.
     accum: micro-batches per optimizer step; each is weighted 1/accum, so with equal-sized micro-batches
     the update equals one step on their union. With a DDP-wrapped model, gradients are all-reduced on the
     last micro-batch only (no_sync before), and the logged loss is averaged over processes.
@@ -127,12 +157,17 @@ def train(
     (optimizer, scheduler, RNG, data position, losses so far) passed back as `resume=` continues exactly.
     The data position is `batches.state_dict()` when the iterator has one (load_state_dict restores it);
     otherwise the consumed micro-batches are skipped by drawing them again.
+    on_log(rows) receives one row per step (step, loss, lr, grad_norm, tokens, seconds) at every sync point;
+    `seconds` is the wall time of the sync window divided evenly over its steps.
+    A non-finite loss or gradient norm raises TrainingDiverged at the next sync point, before on_step or
+    on_save can see the model it produced.
     stop_at: stop after this step (a checkpoint is offered to on_save first); the losses so far are returned.
     """
     if accum < 1:
         raise ValueError(f"accum must be >= 1, got {accum}")
     device = next(model.parameters()).device
     parallel = isinstance(model, DistributedDataParallel)  # a plain model trains alone even in a process group
+    world = dist.get_world_size() if parallel else 1
     opt, sched = make_optimizer(model, oc, steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
     start, losses = 0, []
@@ -149,41 +184,80 @@ def train(
     task = progress.add_task(desc, total=steps, completed=start, loss="-") if progress is not None else None
     if on_step is not None and resume is None:
         on_step(0, float("nan"))
+    pending: list[tuple[int, torch.Tensor, torch.Tensor, float, int]] = []  # step, loss, grad norm, lr, tokens
+    window = [time.perf_counter()]
+
+    def sync() -> None:
+        """Read the pending steps' numbers from the device once, check them, log them."""
+        if not pending:
+            return
+        vals = torch.stack([torch.stack([lo.float(), gn.float()]) for _, lo, gn, _, _ in pending]).tolist()
+        now = time.perf_counter()
+        per_step = (now - window[0]) / len(pending)
+        window[0] = now
+        rows = []
+        for (step, _, _, lr, tokens), (loss, gnorm) in zip(pending, vals, strict=True):
+            if not (math.isfinite(loss) and math.isfinite(gnorm)):
+                pending.clear()
+                raise TrainingDiverged(
+                    f"training diverged at step {step}: loss {loss}, gradient norm {gnorm} (lr {lr:g}); "
+                    f"nothing was recorded as finished")
+            losses.append(loss)
+            rows.append({"step": step, "loss": round(loss, 6), "lr": lr, "grad_norm": round(gnorm, 6),
+                         "tokens": tokens * world, "seconds": round(per_step, 6)})
+        pending.clear()
+        if task is not None:
+            progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")
+        if on_log is not None:
+            on_log(rows)
+
     model.train()
     for step in range(start + 1, steps + 1):
+        lr = sched.get_last_lr()[0]  # the rate this step uses
+        tokens = 0
         if accum == 1:
-            batch = {k: v.to(device) for k, v in next(batches).items()}
+            host = next(batches)
+            tokens = _tokens(host)
+            batch = _to_device(host, device)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 loss = model(**batch).loss
             loss.backward()
+            loss = loss.detach()
         else:
-            total = torch.zeros((), device=device)
+            loss = torch.zeros((), device=device)
             for i in range(accum):
-                batch = {k: v.to(device) for k, v in next(batches).items()}
-                sync = i == accum - 1 or not parallel
-                with contextlib.nullcontext() if sync else model.no_sync():
+                host = next(batches)
+                tokens += _tokens(host)
+                batch = _to_device(host, device)
+                sync_grads = i == accum - 1 or not parallel
+                with contextlib.nullcontext() if sync_grads else model.no_sync():
                     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                         micro = model(**batch).loss
                     (micro / accum).backward()
-                total += micro.detach().float()
-            loss = total / accum
+                loss += micro.detach().float() / accum
         if oc.clip:
-            torch.nn.utils.clip_grad_norm_(trainable, oc.clip)
+            gnorm = torch.nn.utils.clip_grad_norm_(trainable, oc.clip)
+        else:
+            gnorm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None])
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(_process_mean(loss, parallel))
-        if task is not None:
-            progress.update(task, advance=1, loss=f"{losses[-1]:.3f}")
-        if on_step is not None:
+        pending.append((step, _process_mean(loss, parallel), gnorm.detach(), lr, tokens))
+        evaluating = on_step is not None and (eval_steps is None or step in eval_steps)
+        stopping = stop_at is not None and step >= stop_at
+        saving = on_save is not None and ((save_every and step % save_every == 0) or stopping)
+        if evaluating or saving or stopping or step == steps or len(pending) >= sync_every:
+            sync()
+        if evaluating:
             on_step(step, losses[-1])
             model.train()
-        stopping = stop_at is not None and step >= stop_at
-        if on_save is not None and ((save_every and step % save_every == 0) or stopping):
+            window[0] = time.perf_counter()  # evaluation time is not training time
+        if saving:
             on_save(step, {
                 "step": step, "losses": list(losses), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "rng": rng_state(), "data": batches.state_dict() if hasattr(batches, "state_dict") else None,
             })
+            window[0] = time.perf_counter()
         if stopping:
             break
     model.eval()
