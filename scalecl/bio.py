@@ -3,12 +3,18 @@
 Stage 1 pre-trains a random-init GPT-NeoX on biographies, stage 2 fine-tunes it on Task 0 QA, stage 3
 applies a method and fine-tunes on Task 1 QA of new people while first-token accuracy on held-out Task 0
 people and on Task 1 people is tracked. Stages 1 and 2 do not depend on the method: each is cached under a
-hash of everything it depends on and reused by every method.
+hash of everything it depends on and reused by every method. Every stage is a run of the run layer
+(scalecl.runlayer): checkpointed, resumable, guarded against divergence; a finished method run is found
+before any stage is built.
+
+Protocol details that follow the reference code (zzz47zzz/spurious-forgetting): every biography text
+starts with a space (" Name ..."); in pre-training the token right after each EOS is not a target (it
+starts an unrelated biography); stages 2 and 3 use AdamW eps 1e-6 with a cosine schedule from lr down to
+0.9 lr (presets); stage 3 is evaluated densely early (the collapse is within ~200 steps).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -20,7 +26,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from .checkpoint import load_model, save_model
+from .checkpoint import load_model, read_meta
 from .config import BioRunConfig, StageConfig
 from .data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from .data.biography import biographies as render_biographies
@@ -29,11 +35,19 @@ from .errors import ScaleclError
 from .evaluate import QATensors, encode_qa, qa_accuracy, qa_batches
 from .methods import get_method, method_names
 from .models import model_from_config, tiny_config
-from .runs import config_hash, pick_device, provenance, write_atomic, write_json
-from .train import OptimConfig, progress_bar, train
+from .runlayer import Run, check_out_dir, fit
+from .runs import config_hash, pick_device, provenance
+from .train import OptimConfig, progress_bar
 
 console = Console()
 METHOD_ORDER = ("fft", "lora", "freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
+# Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
+# caches written by an older format are never reused.
+TEXT_FORMAT = 2
+
+
+def say(text: str) -> None:
+    console.print(text, highlight=False)
 
 
 @dataclass
@@ -45,10 +59,13 @@ class BioData:
     qa: dict[str, QATensors]  # task0_train, task0_heldout, task1
 
 
-def _optim(sc: StageConfig, lr: float | None = None) -> OptimConfig:
+def optim(sc: StageConfig, lr: float | None = None) -> OptimConfig:
     return OptimConfig(lr=lr if lr is not None else sc.lr, weight_decay=sc.weight_decay, beta1=sc.beta1,
                        beta2=sc.beta2, eps=sc.eps, warmup_steps=sc.warmup, schedule=sc.schedule,
                        min_lr_ratio=sc.min_lr_ratio, clip=sc.clip)
+
+
+_optim = optim  # older name, kept for scripts
 
 
 def bio_config(rc: BioRunConfig) -> BioConfig:
@@ -58,12 +75,29 @@ def bio_config(rc: BioRunConfig) -> BioConfig:
         raise ScaleclError(f"biography data: {e}") from None
 
 
-def prepare_data(rc: BioRunConfig, cache: Path) -> BioData:
+def pretrain_texts(people: People, cfg: BioConfig, lo: int, hi: int) -> list[str]:
+    """The pre-training biographies of people [lo, hi), each starting with a space as the reference asserts."""
+    return [" " + t for t in render_biographies(people, cfg, lo, hi)]
+
+
+def open_tokenizer(name: str):
+    """A given tokenizer (hub id or folder), with one clear error offline, naming the local alternative."""
+    try:
+        tokenizer = load_tokenizer(name)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"cannot load tokenizer {name} ({str(e).splitlines()[0][:200]}); offline, use "
+                           f"--tokenizer local (a word-level tokenizer trained on the generated corpus)") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
     """People, tokenizer (trained locally and cached unless one is given) and tokenised QA sets."""
     cfg = bio_config(rc)
     people = generate_people(cfg)
     if rc.tokenizer == "local":
-        tok_dir = cache / f"tokenizer-{config_hash(asdict(cfg))}"
+        tok_dir = cache / f"tokenizer-{config_hash(asdict(cfg), TEXT_FORMAT)}"
         if (tok_dir / "tokenizer.json").exists():
             tokenizer = load_tokenizer(tok_dir)
         else:
@@ -71,12 +105,7 @@ def prepare_data(rc: BioRunConfig, cache: Path) -> BioData:
             tokenizer.save_pretrained(str(tok_dir))
         tok_src = str(tok_dir)
     else:
-        try:
-            tokenizer = load_tokenizer(rc.tokenizer)
-        except (OSError, ValueError) as e:
-            raise ScaleclError(f"cannot load tokenizer {rc.tokenizer}: {e}") from None
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer = tokenizer or open_tokenizer(rc.tokenizer)
         tok_src = rc.tokenizer
     r = ranges(cfg)
     qa = {}
@@ -89,7 +118,11 @@ def prepare_data(rc: BioRunConfig, cache: Path) -> BioData:
 
 
 def packed_batches(docs: list[list[int]], eos: int, context: int, batch: int, seed: int) -> Iterator[dict]:
-    """Biographies + EOS, reshuffled every epoch, concatenated and cut into `context`-token chunks."""
+    """Biographies + EOS, reshuffled every epoch, concatenated and cut into `context`-token chunks.
+
+    The token right after an EOS begins another person's biography, which nothing before it predicts: its
+    label is -100, as in the reference code (its labels mask every position that follows an EOS/pad).
+    """
     rng = np.random.default_rng(seed)
     arrays = [np.asarray(d + [eos], dtype=np.int64) for d in docs]
     while True:
@@ -98,29 +131,36 @@ def packed_batches(docs: list[list[int]], eos: int, context: int, batch: int, se
         chunks = torch.from_numpy(stream[: n * context].reshape(n, context))
         for i in range(0, n - batch + 1, batch):
             ids = chunks[i : i + batch]
-            yield {"input_ids": ids, "labels": ids}
+            labels = ids.clone()
+            labels[:, 1:][ids[:, :-1] == eos] = -100  # (B, T): position t follows an EOS at t - 1
+            yield {"input_ids": ids, "labels": labels}
 
 
-def _base_model_config(rc: BioRunConfig, tokenizer):
+def vocab_rows(rc: BioRunConfig, n_tokens: int) -> int:
+    """Rows of the embedding and head: the tokenizer's size, or model.vocab when it pads beyond it."""
+    if rc.model.vocab and rc.model.vocab < n_tokens:
+        raise ScaleclError(f"model.vocab={rc.model.vocab} is smaller than the tokenizer's {n_tokens} tokens")
+    return rc.model.vocab or n_tokens
+
+
+def base_model_config(rc: BioRunConfig, tokenizer=None):
+    """The stage-1 model's config (with a placeholder vocabulary when no tokenizer is given: sizes only)."""
     m = rc.model
     if m.hidden % m.heads:
         raise ScaleclError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
+    special = {}
+    if tokenizer is not None:
+        special = dict(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)
+    kw = dict(rotary_pct=m.rotary_pct) if m.arch == "gpt_neox" else {}
     return tiny_config(
-        m.arch, vocab_size=len(tokenizer), hidden_size=m.hidden, num_hidden_layers=m.layers,
-        num_attention_heads=m.heads, intermediate_size=m.ffn, max_position_embeddings=m.context,
-        rotary_pct=m.rotary_pct, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        m.arch, vocab_size=vocab_rows(rc, len(tokenizer)) if tokenizer is not None else max(m.vocab, 8),
+        hidden_size=m.hidden, num_hidden_layers=m.layers, num_attention_heads=m.heads, intermediate_size=m.ffn,
+        max_position_embeddings=m.context, **kw, **special,
     )
 
 
-def _stage(cache_dir: Path, build) -> tuple[torch.nn.Module, dict]:
-    """Load a cached stage checkpoint, or build it and cache it with its info (wall time, metrics)."""
-    if (cache_dir / "scalecl.json").exists():
-        meta = json.loads((cache_dir / "scalecl.json").read_text())
-        return load_model(cache_dir), {**meta.get("stage", {}), "cached": True}
-    model, info = build()
-    save_model(model, cache_dir, extra={"stage": info})
-    return model, {**info, "cached": False}
+_base_model_config = base_model_config  # older name, kept for scripts
 
 
 def attribute_priors(qa: QATensors) -> dict[str, float]:
@@ -144,138 +184,204 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}/{k}": round(v, 6) for k, v in d.items()}
 
 
-def run_bio(
-    rc: BioRunConfig, methods: list[str], out: Path, cache: Path, preset_name: str, force: bool = False,
-    device: str | None = None,
-) -> list[dict[str, Any]]:
-    """Run stages 1-2 (cached) and stage 3 for each method; returns one result dict per method."""
+# ---------------------------------------------------------------------------------------------------------
+# runs
+
+
+def method_run(rc: BioRunConfig, method, out: Path, checkpoints: Path, preset_name: str) -> Run:
+    """The stage-3 run of one method, named by everything its numbers depend on."""
+    lr = rc.stage3.lr * rc.lr_scale.get(method.name, 1.0)
+    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale")}
+    h = config_hash(named, method.name, method.options(), lr)
+    name = f"{preset_name}-{method.name}-{h}"
+    identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
+                "config_hash": h}
+    return Run(identity, out / name, checkpoints / "bio" / name, keep=rc.checkpoint.keep)
+
+
+def _stage_run(cache: Path, stage: str, key: str, keep: int) -> Run:
+    """A cached stage: its final model is the cache folder itself; checkpoints beside it until it is done."""
+    name = f"{stage}-{key}"
+    identity = {"experiment": f"bio-{stage}", "name": name, "method": None, "options": {}, "config_hash": key}
+    return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep)
+
+
+def _cached_stage(run: Run, build, batches, sc: StageConfig, *, info, dev, autocast, progress, desc, every,
+                  tokenizer) -> tuple[torch.nn.Module | None, dict]:
+    """Load a finished stage from the cache, or train it (resuming its own checkpoints) and cache it."""
+    meta = read_meta(run.final_dir)
+    if meta is not None:
+        return None, {**meta.get("stage", {}), "cached": True}
+    t = time.perf_counter()
+    res = fit(run, build, batches, sc.steps, optim(sc), device=dev, resume="auto", save_every=every,
+              autocast=autocast, progress=progress, desc=desc, save_kw={"tokenizer": tokenizer}, say=say)
+    stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model)}
+    if res.resumed_from:
+        stage["resumed_from"] = res.resumed_from
+    res.model.cpu()
+    run.finish(None, (res.model, None, {"tokenizer": tokenizer, "extra": {"stage": stage}}))
+    for p in run.checkpoints():  # the cache folder now holds the stage: its checkpoints are spent
+        import shutil
+
+        shutil.rmtree(p, ignore_errors=True)
+    return res.model, {**stage, "cached": False}
+
+
+def check_bio(rc: BioRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path,
+              device: str | None):
+    """Every check that writes nothing: names, device, folders, data sizes, each method's options."""
     for name in methods:
         if name not in method_names():
             raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(METHOD_ORDER)} or all")
     dev = pick_device(device)
+    for path, what in ((out, "--out"), (cache, "--cache"), (checkpoints, "--checkpoints")):
+        check_out_dir(path, what)
+    bio_config(rc)
+    probe = base_model_config(rc)  # sizes only: the vocabulary comes with the tokenizer
+    prepared = {name: get_method(name, **rc.method_options(name)) for name in methods}
+    for m in prepared.values():
+        m.check(probe)
+    return dev, prepared
+
+
+def run_bio(
+    rc: BioRunConfig, methods: list[str], out: Path, cache: Path, preset_name: str, force: bool = False,
+    device: str | None = None, *, checkpoints: Path | None = None, resume: bool = False,
+    stop_after: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run stages 1-2 (cached) and stage 3 for each method; returns one result dict per method.
+
+    Finished method runs are found first: when every asked-for method has finished, no stage is built.
+    """
+    checkpoints = checkpoints if checkpoints is not None else Path("checkpoints")
+    dev, prepared = check_bio(rc, methods, out, cache, checkpoints, device)
+    tokenizer = open_tokenizer(rc.tokenizer) if rc.tokenizer != "local" else None  # fails before any write
+    order = [m for m in METHOD_ORDER if m in methods]
+    runs = {name: method_run(rc, prepared[name], out, checkpoints, preset_name) for name in order}
+    done = {name: runs[name].result() for name in order}
+    todo = [name for name in order if force or done[name] is None]
+    for name in order:
+        if name not in todo:
+            say(f"{name}: finished run found at {runs[name].out_dir} (use --force to rerun)")
+    if not todo:
+        results = [done[n] for n in order]
+        _print_summary(results)
+        return results
+
     started = provenance() | {"device": str(dev)}  # taken at the start: the code that runs is this commit's
     autocast = torch.bfloat16 if rc.dtype == "bfloat16" and dev.type == "cuda" else None
-    bio_config(rc)  # data sizes checked before anything runs
     cache = cache / "bio"
     t0 = time.perf_counter()
     with console.status("generating biographies and tokenizer"):
-        data = prepare_data(rc, cache)
+        data = prepare_data(rc, cache, tokenizer)
     data_s = time.perf_counter() - t0
-    base_cfg = _base_model_config(rc, data.tokenizer)
-    prepared = {name: get_method(name, **rc.method_options(name)) for name in methods}
-    for m in prepared.values():
-        m.check(base_cfg)  # every method's options checked before any training
-    console.print(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,}, "
-                  f"QA task0 {len(data.qa['task0_train']):,} / held-out {len(data.qa['task0_heldout']):,} / "
-                  f"task1 {len(data.qa['task1']):,} ({data_s:.1f} s)", highlight=False)
+    base_cfg = base_model_config(rc, data.tokenizer)
+    say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows {base_cfg.vocab_size:,}), "
+        f"QA task0 {len(data.qa['task0_train']):,} / held-out {len(data.qa['task0_heldout']):,} / "
+        f"task1 {len(data.qa['task1']):,} ({data_s:.1f} s)")
 
-    k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed)
+    k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT)
     k2 = config_hash(k1, rc.stage2)
     heldout = data.qa["task0_heldout"]
+    every = rc.checkpoint.every
+    results = []
     with progress_bar() as progress:
+        stage_kw = dict(dev=dev, autocast=autocast, progress=progress, every=every, tokenizer=data.tokenizer)
+
         def build1():
-            torch.manual_seed(rc.seed)
-            model = model_from_config(base_cfg, seed=rc.seed).to(dev)
-            lo, hi = ranges(data.cfg).pretrain
-            docs = encode_plain(data.tokenizer, render_biographies(data.people, data.cfg, lo, hi))
-            t = time.perf_counter()
-            losses = train(model, packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context,
-                                                 rc.stage1.batch, rc.seed), rc.stage1.steps, _optim(rc.stage1),
-                           progress=progress, desc="stage 1: pre-train", autocast_dtype=autocast)
-            return model.cpu(), {"wall_s": round(time.perf_counter() - t, 1), "final_loss": losses[-1],
-                                 "params": sum(p.numel() for p in model.parameters())}
+            return model_from_config(base_cfg, seed=rc.seed)
 
-        s1_model, s1 = _stage(cache / f"stage1-{k1}", build1)
-
-        def build2():
-            model = s1_model.to(dev)
-            t = time.perf_counter()
-            losses = train(model, qa_batches(data.qa["task0_train"], rc.stage2.batch, rc.seed), rc.stage2.steps,
-                           _optim(rc.stage2), progress=progress, desc="stage 2: Task 0 QA", autocast_dtype=autocast)
-            acc = qa_accuracy(model, heldout, rc.eval.batch)
-            return model.cpu(), {"wall_s": round(time.perf_counter() - t, 1), "final_loss": losses[-1],
-                                 "task0_heldout": acc, "task0_train": qa_accuracy(model, data.qa["task0_train"],
-                                                                                  rc.eval.batch)}
-
-        _, s2 = _stage(cache / f"stage2-{k2}", build2)
-        console.print(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
-                      f"(prior {attribute_priors(heldout)['pooled']:.3f})"
-                      + (" [cached]" if s2["cached"] else ""), highlight=False)
-        results = []
-        for name in [m for m in METHOD_ORDER if m in methods]:
-            results.append(_run_method(rc, data, prepared[name], cache / f"stage2-{k2}", out, preset_name,
-                                       {"data_s": round(data_s, 1), "stage1": s1, "stage2": s2}, force, dev,
-                                       started,
-                                       autocast, progress))
+        lo, hi = ranges(data.cfg).pretrain
+        docs = encode_plain(data.tokenizer, pretrain_texts(data.people, data.cfg, lo, hi))
+        s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
+        _, s1 = _cached_stage(
+            _stage_run(cache, "stage1", k1, rc.checkpoint.keep), build1, s1_batches, rc.stage1,
+            info=lambda m: {"params": sum(p.numel() for p in m.parameters())}, desc="stage 1: pre-train", **stage_kw)
+        s2_run = _stage_run(cache, "stage2", k2, rc.checkpoint.keep)
+        _, s2 = _cached_stage(
+            s2_run, lambda: load_model(cache / f"stage1-{k1}"), qa_batches(data.qa["task0_train"], rc.stage2.batch,
+                                                                          rc.seed),
+            rc.stage2, info=lambda m: {"task0_heldout": qa_accuracy(m, heldout, rc.eval.batch),
+                                       "task0_train": qa_accuracy(m, data.qa["task0_train"], rc.eval.batch)},
+            desc="stage 2: Task 0 QA", **stage_kw)
+        say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
+            f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
+        stages = {"data_s": round(data_s, 1), "stage1": s1, "stage2": s2}
+        for name in order:
+            if name not in todo:
+                results.append(done[name])
+                continue
+            r = _run_method(rc, data, prepared[name], runs[name], s2_run.final_dir, preset_name, stages, force,
+                            resume, stop_after, dev, started, autocast, progress)
+            if r is not None:
+                results.append(r)
     _print_summary(results)
     return results
 
 
-def _run_method(rc, data: BioData, method, stage2_dir: Path, out: Path, preset_name: str, stages: dict,
-                force: bool, dev, started: dict, autocast, progress) -> dict[str, Any]:
+def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_name: str, stages: dict,
+                force: bool, resume: bool, stop_after: int | None, dev, started: dict, autocast,
+                progress) -> dict[str, Any] | None:
     name = method.name
-    run_dir = out / f"{preset_name}-{name}-{config_hash(asdict(rc), name, method.options())}"
-    if (run_dir / "result.json").exists() and not force:
-        console.print(f"{name}: finished run found at {run_dir} (use --force to rerun)", highlight=False)
-        return json.loads((run_dir / "result.json").read_text())
-    model = method.apply(load_model(stage2_dir)).to(dev)
+    lr = rc.stage3.lr * rc.lr_scale.get(name, 1.0)
+    t0_slice = _slice(data.qa["task0_heldout"], rc.eval.slice_people)
+    t1_slice = _slice(data.qa["task1"], rc.eval.slice_people)
+
+    def build():
+        torch.manual_seed(rc.seed)  # methods with random initialisation (rnd blocks) draw from here
+        return method.apply(load_model(stage2_dir))
+
+    def evaluate(model, step: int, loss: float) -> dict[str, Any]:
+        rec = {"step": step, "loss": None if step == 0 else round(loss, 6)}
+        for split, qa in (("task0", t0_slice), ("task1", t1_slice)):
+            rec |= _flat(split, qa_accuracy(model, qa, rc.eval.batch, method=method))
+        # routing over every token of the Task 0 slice (kept under its old name for older plots)
+        rec |= {k.removeprefix("task0/"): v for k, v in rec.items() if k in ("task0/route_preserve",
+                                                                              "task0/route_adapt")}
+        return rec
+
+    save_kw = {"tokenizer": data.tokenizer, "base_model": str(stage2_dir)}
+    res = fit(run, build, qa_batches(data.qa["task1"], rc.stage3.batch, rc.seed + 3), rc.stage3.steps,
+              optim(rc.stage3, lr), method=method, device=dev, evaluate=evaluate,
+              eval_steps=rc.eval.steps(rc.stage3.steps), resume=resume, force=force,
+              save_every=rc.checkpoint.every, stop_at=stop_after, autocast=autocast, progress=progress,
+              desc=f"stage 3: {name}", save_kw=save_kw, say=say)
+    if not res.complete:
+        return None
+    model = res.model
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_total = sum(p.numel() for p in model.parameters())
-    console.print(f"{name}: {method.describe()} — trainable {n_train:,} / {n_total:,}", highlight=False)
-    lr = rc.stage3.lr * rc.lr_scale.get(name, 1.0)
-    t0_slice, t1_slice = _slice(data.qa["task0_heldout"], rc.eval.slice_people), _slice(data.qa["task1"],
-                                                                                          rc.eval.slice_people)
-    eval_steps = set(rc.eval.steps(rc.stage3.steps))
-    lines: list[str] = []
-    records: list[dict] = []
-    run_dir.mkdir(parents=True, exist_ok=True)
-    live = run_dir / "metrics.jsonl.partial"  # streamed while running; renamed when the run finishes
-
-    def stats(mask):
-        return method.metrics(model, mask)
-
-    def on_step(step: int, loss: float) -> None:
-        if step not in eval_steps:
-            return
-        rec = {"step": step, "loss": None if step == 0 else round(loss, 6)}
-        rec |= _flat("task0", qa_accuracy(model, t0_slice, rc.eval.batch, stats=stats))
-        route = {k: v for k, v in rec.items() if k.startswith("task0/route")}
-        rec |= _flat("task1", qa_accuracy(model, t1_slice, rc.eval.batch, stats=stats))
-        rec |= {k.removeprefix("task0/"): v for k, v in route.items()}  # routing on the Task 0 slice
-        records.append(rec)
-        lines.append(json.dumps(rec))
-        write_atomic(live, "\n".join(lines) + "\n")
-
-    t = time.perf_counter()
-    train(model, qa_batches(data.qa["task1"], rc.stage3.batch, rc.seed + 3), rc.stage3.steps,
-          _optim(rc.stage3, lr), on_step=on_step, progress=progress, desc=f"stage 3: {name}", autocast_dtype=autocast)
-    wall = time.perf_counter() - t
     final = {"task0_heldout": qa_accuracy(model, data.qa["task0_heldout"], rc.eval.batch, exact=True),
              "task1": qa_accuracy(model, data.qa["task1"], rc.eval.batch, exact=True)}
-    t0 = [r["task0/acc"] for r in records]
-    t1 = [r["task1/acc"] for r in records]
+    t0 = [r["task0/acc"] for r in res.records]
+    t1 = [r["task1/acc"] for r in res.records]
     result = {
         "experiment": "bio", "preset": preset_name, "method": name, "method_options": method.options(),
         "description": method.describe(), "lr": lr, "trainable_params": n_train, "total_params": n_total,
         "config": asdict(rc), "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
+        "vocab": {"tokenizer": len(data.tokenizer), "model": model.config.vocab_size},
         "provenance": started | {"finished": provenance()["date"]},
         "wall_s": {"data": stages["data_s"], "stage1": stages["stage1"]["wall_s"], "stage2": stages["stage2"]["wall_s"],
-                   "stage3": round(wall, 1)},
+                   "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
         "stages_cached": {"stage1": stages["stage1"]["cached"], "stage2": stages["stage2"]["cached"]},
         "stage2": {k: v for k, v in stages["stage2"].items() if k != "cached"},
-        "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]), "task1": attribute_priors(data.qa["task1"])},
+        "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
+                   "task1": attribute_priors(data.qa["task1"])},
         "summary": {"task0_start": t0[0], "task0_end": t0[-1], "task0_min": min(t0), "task1_start": t1[0],
-                    "task1_end": t1[-1]},
+                    "task1_end": t1[-1], "final_loss": res.losses[-1]},
         "final": final,
+        "checkpoint": str(run.final_dir),
     }
-    write_atomic(run_dir / "metrics.jsonl", "\n".join(lines) + "\n")
-    live.unlink(missing_ok=True)
-    write_json(run_dir / "result.json", result)
-    console.print(f"{name}: wrote {run_dir}", highlight=False)
+    if res.resumed_from:
+        result["resumed_from_step"] = res.resumed_from
+    run.finish(result, (model.cpu(), method, save_kw))
+    say(f"{name}: wrote {run.out_dir}; final model {run.final_dir}")
     return result
 
 
 def _print_summary(results: list[dict]) -> None:
+    if not results:
+        return
     table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices during "
                         "training, full ranges at the end)")
     table.add_column("method", no_wrap=True)

@@ -24,7 +24,7 @@ err_console = Console(stderr=True)
 
 
 def user_errors(fn):
-    """Turn a ScaleclError into one red line on stderr and exit code 2 (no traceback)."""
+    """Turn a ScaleclError into one red line on stderr and its exit code (2: bad input, 1: the run failed)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -32,7 +32,7 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except ScaleclError as e:
             err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(e.exit_code) from None
 
     return wrapper
 
@@ -211,41 +211,67 @@ def train_bio(
     ),
     sets: list[str] = typer.Option(
         [], "--set", help="Override a preset value, e.g. --set stage1.steps=2000 --set methods.scale.hidden_up=64 "
-        "--set lr_scale.scale-route=5 (repeatable).",
+        "--set lr_scale.scale-route=5 --set model.vocab=50304 (repeatable). Every key, type and range is checked "
+        "before anything runs.",
     ),
     tokenizer: str | None = typer.Option(
         None, "--tokenizer",
-        help="A hub id or directory of a real tokenizer; default: a word-level tokenizer trained locally on the corpus.",
+        help="'local' (a word-level tokenizer trained on the generated corpus; the tiny and cpu presets' default), "
+        "or a hub id or folder of a real tokenizer (the paper preset's default: EleutherAI/pythia-160m).",
     ),
-    out: Path = typer.Option(Path("results/bio"), "--out", help="Folder for run outputs (one subfolder per run)."),
+    out: Path = typer.Option(Path("runs/bio"), "--out", help="Folder for run results (one subfolder per run: "
+                             "metrics.jsonl, train_log.jsonl, result.json). The committed reference runs are in "
+                             "results/bio."),
     cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for cached data, tokenizer and stage 1-2 checkpoints."),
-    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config exists."),
+    checkpoints: Path = typer.Option(Path("checkpoints"), "--checkpoints",
+                                     help="Folder for model checkpoints (<folder>/bio/<run>/step-N and final)."),
+    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config "
+                               "exists (its own checkpoints are discarded)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue each unfinished run from its latest checkpoint "
+                                "(see checkpoint.every). Stages 1-2 always resume their own checkpoints."),
+    stop_after: int | None = typer.Option(
+        None, "--stop-after", help="Stop stage 3 after this step with a checkpoint (e.g. to fit a job time limit); "
+        "--resume continues."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
     from .bio import METHOD_ORDER, run_bio
     from .config import load_preset
 
+    if stop_after is not None and stop_after < 1:
+        raise ScaleclError(f"--stop-after must be a positive step, got {stop_after}")
     rc = load_preset("bio", preset, sets + ([f"tokenizer={tokenizer}"] if tokenizer else []))
     methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
-    results = run_bio(rc, methods, out, cache, preset, force=force, device=device)
-    console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
+    results = run_bio(rc, methods, out, cache, preset, force=force, device=device, checkpoints=checkpoints,
+                      resume=resume, stop_after=stop_after)
+    console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run; "
+                  f"`scalecl plot --results {out}` draws them", highlight=False)
 
 
 @app.command()
 @user_errors
 def plot(
-    results: Path = typer.Option(Path("results"), "--results", help="Results folder to read (searched recursively)."),
-    out: Path = typer.Option(Path("paper_figures"), "--out", help="Folder for figures (PNG + PDF) and tables (CSV/MD/TeX)."),
+    results: list[Path] = typer.Option(
+        [], "--results", help="Results folder to read, searched recursively (repeatable). Default: runs (your runs) "
+        "and results (the committed reference runs), those that exist; for the same preset and method the newest "
+        "run is drawn."),
+    out: Path = typer.Option(Path("runs/figures"), "--out", help="Folder for figures (PNG + PDF) and tables "
+                             "(CSV/MD/TeX). The committed figures: --results results --out paper_figures."),
 ) -> None:
-    """Rebuild the paper's figures and tables from the results folder (nothing trains)."""
+    """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from .report import plot_all
+    from .runlayer import check_out_dir
 
-    if not results.is_dir():
-        raise ScaleclError(f"results folder {results} does not exist")
-    written = plot_all(results, out)
+    roots = results or [p for p in (Path("runs"), Path("results")) if p.is_dir()]
+    if not roots:
+        raise ScaleclError("no results folder: run an experiment first, or give --results FOLDER")
+    for r in roots:
+        if not r.is_dir():
+            raise ScaleclError(f"results folder {r} does not exist")
+    check_out_dir(out)
+    written = plot_all(roots, out)
     if not written:
-        raise ScaleclError(f"no finished runs (result.json) found under {results}")
+        raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}")
     for p in written:
         console.print(f"wrote {p}", highlight=False)
 
@@ -314,11 +340,15 @@ def train_cpt(
         [], "--set", help="Override a preset value, e.g. --set train.steps=100 --set lr.fft=1e-4 "
         "--set data.path=./my_corpus --set methods.scale.hidden_up=64 (repeatable).",
     ),
-    out: Path = typer.Option(Path("results/cpt"), "--out", help="Folder for run outputs (metrics.jsonl + result.json per run)."),
+    out: Path = typer.Option(Path("runs/cpt"), "--out", help="Folder for run results (metrics.jsonl, train_log.jsonl, "
+                             "result.json per run). The committed reference runs are in results/cpt."),
     cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the stand-in corpus, tokenizer and pre-trained base."),
-    checkpoints: Path = typer.Option(Path("runs"), "--checkpoints", help="Folder for model checkpoints (<folder>/cpt/<run>/)."),
-    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config exists."),
-    resume: bool = typer.Option(False, "--resume", help="Continue each run from its latest checkpoint (step 0 if none)."),
+    checkpoints: Path = typer.Option(Path("checkpoints"), "--checkpoints",
+                                     help="Folder for model checkpoints (<folder>/cpt/<run>/step-N and final)."),
+    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config "
+                               "exists (its own checkpoints are discarded)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue each unfinished run from its latest checkpoint "
+                                "(step 0 if none)."),
     stop_after: int | None = typer.Option(
         None, "--stop-after", help="Stop after this step with a checkpoint (e.g. to fit a job time limit); --resume continues."
     ),
@@ -382,25 +412,31 @@ def eval_ppl(
 @app.command()
 @user_errors
 def study(
-    name: str = typer.Argument(..., help="init (Fig. 5: W21,W22 init pairs, Preserve), l_fp (Fig. 6: Adapt), "
-                               "collab (Fig. 7: attn vs mlp W12, Adapt at l_fp = L/2)."),
-    preset: str = typer.Option("cpu", "--preset", help="A train-cpt preset: tiny, cpu or paper."),
+    name: str = typer.Argument(..., help="CPT: init (Fig. 5: W21,W22 init pairs, Preserve), l_fp (Fig. 6: Adapt), "
+                               "collab (Fig. 7: attn vs mlp W12, Adapt at l_fp = L/2). Biography, SCALE-Route: tau "
+                               "(router threshold), router (what it compares), vocab (embedding/head rows)."),
+    preset: str = typer.Option("cpu", "--preset", help="A preset of the study's experiment: tiny, cpu or paper."),
     values: str | None = typer.Option(
-        None, "--values", help="Values to sweep, ';'-separated (init: 'svd,zero;zero,rnd'; collab: 'attn;mlp'); "
-        "l_fp also takes a range '0..4'. Default: the paper's set (l_fp: 0..L).",
+        None, "--values", help="Values to sweep, ';'-separated (init: 'svd,zero;zero,rnd'; collab: 'attn;mlp'; tau: "
+        "'-1;0.9'); an integer range 'a..b' also works (l_fp, vocab). Default: the study's set (l_fp: 0..L; tau: "
+        "-1;0;0.5;0.9;0.99; router: logit;centered;prob; vocab: 0;50304). Every value is checked before the first run.",
     ),
     sets: list[str] = typer.Option([], "--set", help="Override a preset value for every run (repeatable)."),
-    out: Path = typer.Option(Path("results/studies"), "--out", help="Folder for the study's runs (<out>/<name>/...)."),
-    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the stand-in corpus and cached base."),
-    checkpoints: Path = typer.Option(Path("runs/studies"), "--checkpoints", help="Folder for the runs' final models."),
+    out: Path = typer.Option(Path("runs/studies"), "--out", help="Folder for the study's runs (<out>/<name>/...). "
+                             "The committed reference studies are in results/studies."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for cached corpora, stages and bases."),
+    checkpoints: Path = typer.Option(Path("checkpoints"), "--checkpoints", help="Folder for the runs' models."),
     force: bool = typer.Option(False, "--force", help="Rerun values whose finished run exists."),
+    resume: bool = typer.Option(False, "--resume", help="Continue unfinished runs from their latest checkpoint."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda ... (default: cuda if available)."),
 ) -> None:
-    """Run a preliminary study of paper Sec. 3 as a sweep of train-cpt runs (then `scalecl plot`)."""
+    """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
     from .study import run_study
 
-    results = run_study(name, preset, values, sets, out, cache, checkpoints, force=force, device=device)
-    console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot` draws the figure")
+    results = run_study(name, preset, values, sets, out, cache, checkpoints, force=force, device=device,
+                        resume=resume)
+    console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot --results {out.parent}` draws the figure",
+                  highlight=False)
 
 
 def _planned(name: str, issue: str):

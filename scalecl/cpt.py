@@ -23,13 +23,9 @@ the numbers an uninterrupted run would have produced.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +34,7 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from .checkpoint import load_model, save_model
+from .checkpoint import load_model, read_meta
 from .config import CorpusConfig, CptRunConfig, StageConfig
 from .data.bilingual import FOLDERS, BilingualConfig, write_corpus
 from .data.corpus import CorpusSpec, PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
@@ -47,42 +43,13 @@ from .errors import ScaleclError
 from .methods import get_method, method_names
 from .models import load_base_config, load_base_model, model_from_config, tiny_config
 from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
-from .runs import config_hash, pick_device, provenance, write_atomic, write_json
-from .train import OptimConfig, progress_bar, train
+from .runlayer import Dist, Run, check_out_dir, fit, init_distributed
+from .runs import config_hash, pick_device, provenance
+from .train import OptimConfig, progress_bar
 
 console = Console()
 METHOD_ORDER = ("fft", "lora", "freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
 BUILTIN = "builtin"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# processes
-
-
-@dataclass(frozen=True)
-class Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-def init_distributed() -> Dist:
-    """Join the process group torchrun / accelerate launch set up (WORLD_SIZE > 1); a no-op otherwise."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Dist()
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(hours=3))  # rank 0 may pre-train the builtin base
-    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -157,29 +124,32 @@ def _tokenizer(rc: CptRunConfig, root: Path | None):
 def _pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, dev, autocast,
                    d: Dist, progress) -> tuple[Path, dict]:
     """The builtin base: a small decoder pre-trained on the stand-in's base corpus (English training split plus
-    a little Korean of other people, see scalecl.data.bilingual), cached."""
+    a little Korean of other people, see scalecl.data.bilingual), cached. Rank 0 trains it (resuming its own
+    checkpoints after a kill); the other processes wait."""
     key = config_hash(asdict(rc.builtin), tok_src, rc.model, rc.pretrain, rc.seed)
     path = cache / "cpt" / f"base-{key}"
-    if d.main and not (path / "scalecl.json").exists():
-        config = _builtin_model_config(rc, len(tokenizer), tokenizer)
-        model = model_from_config(config, seed=rc.seed).to(dev)
+    identity = {"experiment": "cpt-base", "name": f"base-{key}", "method": None, "options": {}, "config_hash": key}
+    run = Run(identity, None, cache / "cpt" / "checkpoints" / f"base-{key}", final_dir=path, keep=rc.checkpoint.keep)
+    info = None
+    if d.main and read_meta(path) is None:
         spec = corpus_spec(CorpusConfig(path="builtin:base", split="train"), root)
         chunks = PackedChunks(lambda: iter_texts(spec), tokenizer, rc.model.context, loop=True, name="base corpus")
+        config = _builtin_model_config(rc, len(tokenizer), tokenizer)
         t = time.perf_counter()
-        torch.manual_seed(rc.seed)
-        losses = train(model, RankBatches(chunks, rc.pretrain.batch), rc.pretrain.steps, _optim(rc.pretrain),
-                       progress=progress, desc="pre-train base", autocast_dtype=autocast)
-        info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": losses[-1], "epochs_completed": chunks.epoch,
-                "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
-                "params": sum(p.numel() for p in model.parameters())}
-        save_model(model.cpu(), path, base_model="builtin (pre-trained on the stand-in's base corpus)",
-                   tokenizer=tokenizer, extra={"stage": info})
+        res = fit(run, lambda: model_from_config(config, seed=rc.seed), RankBatches(chunks, rc.pretrain.batch),
+                  rc.pretrain.steps, _optim(rc.pretrain), device=dev, resume="auto", save_every=rc.checkpoint.every,
+                  autocast=autocast, progress=progress, desc="pre-train base", save_kw={"tokenizer": tokenizer})
+        info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1],
+                "epochs_completed": chunks.epoch, "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
+                "params": sum(p.numel() for p in res.model.parameters())}
+        run.finish(None, (res.model.cpu(), None, {"tokenizer": tokenizer, "extra": {"stage": info},
+                                                  "base_model": "builtin (pre-trained on the stand-in's base corpus)"}))
+        for p in run.checkpoints():
+            shutil.rmtree(p, ignore_errors=True)
         info["cached"] = False
-    else:
-        info = None
     d.barrier()
     if info is None:
-        info = {**json.loads((path / "scalecl.json").read_text()).get("stage", {}), "cached": True}
+        info = {**(read_meta(path) or {}).get("stage", {}), "cached": True}
     return path, info
 
 
@@ -237,91 +207,56 @@ def _evaluate(ctx: Context, model, method, step: int, loss: float) -> dict[str, 
     return rec
 
 
-def _latest_checkpoint(root: Path) -> Path | None:
-    done = sorted(p for p in root.glob("step-*") if (p / "trainer_state.pt").exists())
-    return done[-1] if done else None
+def method_run(rc: CptRunConfig, method, out: Path, checkpoints: Path, preset: str, d: Dist = Dist()) -> Run:
+    """The run of one method, named by everything its numbers depend on (not checkpointing, not other
+    methods' options or rates)."""
+    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr")}
+    h = config_hash(named, method.name, method.options(), rc.lr[method.name])
+    name = f"{preset}-{method.name}-{h}"
+    identity = {"experiment": "cpt", "name": name, "method": method.name, "options": method.options(),
+                "config_hash": h}
+    return Run(identity, out / name, checkpoints / "cpt" / name, keep=rc.checkpoint.keep, main=d.main)
 
 
-def _run_method(ctx: Context, method, force: bool, resume: bool, stop_after: int | None) -> dict[str, Any] | None:
+def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_after: int | None
+                ) -> dict[str, Any] | None:
     rc, d, name = ctx.rc, ctx.d, method.name
-    named = {k: v for k, v in asdict(rc).items() if k != "checkpoint"}  # checkpointing does not change results
-    run_name = f"{ctx.preset}-{name}-{config_hash(named, name, method.options())}"
-    run_dir, ckpt_root = ctx.out / run_name, ctx.checkpoints / "cpt" / run_name
-    if (run_dir / "result.json").exists() and not force:
-        ctx.say(f"{name}: finished run found at {run_dir} (use --force to rerun)")
-        return json.loads((run_dir / "result.json").read_text())
-    start = _latest_checkpoint(ckpt_root) if resume else None
-    state = None
-    if start is not None:
-        state = torch.load(start / "trainer_state.pt", weights_only=False)
-        model = load_model(start / "model")
-        ctx.say(f"{name}: resuming from {start} (step {state['step']})")
-    else:
-        if resume:
-            ctx.say(f"{name}: no checkpoint under {ckpt_root}; starting from step 0")
-        torch.manual_seed(rc.seed)
-        model = method.apply(ctx.load_base())
-    model = model.to(ctx.dev)
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    n_total = sum(p.numel() for p in model.parameters())
     lr = rc.lr[name]
-    ctx.say(f"{name}: {method.describe()} — trainable {n_train:,} / {n_total:,}, lr {lr:g}")
     t_cfg = rc.train
     micro = t_cfg.micro_batch or t_cfg.batch // d.world
     accum = t_cfg.batch // (micro * d.world)
-    wrapped = model
-    if d.world > 1:
+
+    def build():
+        torch.manual_seed(rc.seed)
+        return method.apply(ctx.load_base())
+
+    def wrap(model):
+        if d.world == 1:
+            return model
         from torch.nn.parallel import DistributedDataParallel
 
-        wrapped = DistributedDataParallel(model, device_ids=[ctx.dev.index] if ctx.dev.type == "cuda" else None)
+        return DistributedDataParallel(model, device_ids=[ctx.dev.index] if ctx.dev.type == "cuda" else None)
+
     chunks = PackedChunks(lambda: iter_texts(ctx.train_spec), ctx.tokenizer, t_cfg.seq_len, loop=True,
                           name="training corpus")
-    batches = RankBatches(chunks, micro, d.world, d.rank)
     oc = OptimConfig(lr=lr, weight_decay=t_cfg.weight_decay, beta1=t_cfg.beta1, beta2=t_cfg.beta2, eps=t_cfg.eps,
                      warmup_steps=round(t_cfg.warmup_ratio * t_cfg.steps), schedule=t_cfg.schedule,
                      min_lr_ratio=t_cfg.min_lr_ratio, clip=t_cfg.clip)
     every = rc.eval.every or t_cfg.steps
     eval_steps = set(range(0, t_cfg.steps + 1, every)) | {t_cfg.steps}
-    records: list[dict] = list(state["records"]) if state else []
-    timing = dict(state["timing"]) if state else {"train_s": 0.0, "eval_s": 0.0}
-    live = run_dir / "metrics.jsonl.partial"  # streamed while running; renamed when the run finishes
-
-    def write_live() -> None:
-        if d.main:
-            write_atomic(live, "".join(json.dumps(r) + "\n" for r in records))
-
-    if state is not None:
-        write_live()
-    clock = [time.perf_counter()]
-
-    def on_step(step: int, loss: float) -> None:
-        if step not in eval_steps:
-            return
-        t = time.perf_counter()
-        timing["train_s"] += t - clock[0]
-        records.append(_evaluate(ctx, model, method, step, loss))
-        write_live()
-        clock[0] = time.perf_counter()
-        timing["eval_s"] += clock[0] - t
-
-    def on_save(step: int, tstate: dict) -> None:
-        timing["train_s"] += time.perf_counter() - clock[0]
-        clock[0] = time.perf_counter()
-        if d.main:
-            _save_checkpoint(ckpt_root, step, model, method, ctx, tstate | {"records": records, "timing": timing})
-        d.barrier()
-
-    losses = train(wrapped, batches, t_cfg.steps, oc, on_step=on_step, progress=ctx.progress, desc=f"cpt: {name}",
-                   autocast_dtype=ctx.autocast, accum=accum, save_every=rc.checkpoint.every, on_save=on_save,
-                   resume=state, stop_at=stop_after)
-    if len(losses) < t_cfg.steps:
-        ctx.say(f"{name}: stopped after step {len(losses)}; continue with --resume")
+    save_kw = {"base_model": ctx.base_source, "tokenizer": ctx.tokenizer}
+    res = fit(run, build, RankBatches(chunks, micro, d.world, d.rank), t_cfg.steps, oc, method=method, device=ctx.dev,
+              evaluate=lambda m, step, loss: _evaluate(ctx, m, method, step, loss), eval_steps=eval_steps,
+              resume=resume, force=force, save_every=rc.checkpoint.every, stop_at=stop_after, accum=accum,
+              autocast=ctx.autocast, wrap=wrap, d=d, progress=ctx.progress, desc=f"cpt: {name}", save_kw=save_kw,
+              say=ctx.say)
+    if not res.complete:
         return None
-    timing["train_s"] += time.perf_counter() - clock[0]
-    final_dir = ckpt_root / "final"
+    model, records = res.model, res.records
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_total = sum(p.numel() for p in model.parameters())
     result = None
     if d.main:
-        save_model(model, final_dir, method, base_model=ctx.base_source, tokenizer=ctx.tokenizer)
         first, last = records[0], records[-1]
         result = {
             "experiment": "cpt", "preset": ctx.preset, "method": name, "method_options": method.options(),
@@ -336,37 +271,21 @@ def _run_method(ctx: Context, method, force: bool, resume: bool, stop_after: int
                      "rep_batch": list(ctx.rep_ids.shape)},
             "provenance": provenance() | {"device": str(ctx.dev)},
             "wall_s": {"data": round(ctx.data_s, 1), "base": ctx.base_info.get("wall_s"),
-                       "train": round(timing["train_s"], 1), "eval": round(timing["eval_s"], 1)},
+                       "train": res.timing["train_s"], "eval": res.timing["eval_s"]},
             "summary": {"old_ppl_start": first["old/ppl"], "old_ppl_end": last["old/ppl"],
                         "old_ppl_max": max(r["old/ppl"] for r in records),
                         "new_ppl_start": first["new/ppl"], "new_ppl_end": last["new/ppl"],
                         "rep_cos_start": first["rep_cos"], "rep_cos_end": last["rep_cos"],
-                        "rep_cos_min": min(r["rep_cos"] for r in records), "final_loss": losses[-1]},
+                        "rep_cos_min": min(r["rep_cos"] for r in records), "final_loss": res.losses[-1]},
             "final": last,
-            "checkpoint": str(final_dir),
+            "checkpoint": str(run.final_dir),
         }
-        write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-        live.unlink(missing_ok=True)
-        write_json(run_dir / "result.json", result)
-        ctx.say(f"{name}: wrote {run_dir}; final model {final_dir}")
+        if res.resumed_from:
+            result["resumed_from_step"] = res.resumed_from
+        run.finish(result, (model, method, save_kw))
+        ctx.say(f"{name}: wrote {run.out_dir}; final model {run.final_dir}")
     d.barrier()
     return result
-
-
-def _save_checkpoint(root: Path, step: int, model, method, ctx: Context, state: dict) -> None:
-    """step-N/model (a scalecl checkpoint) + step-N/trainer_state.pt, which is written last: its presence
-    marks the checkpoint complete. Only the newest checkpoint.keep are kept."""
-    path = root / f"step-{step:07d}"
-    if path.exists():
-        shutil.rmtree(path)
-    save_model(model, path / "model", method, base_model=ctx.base_source, tokenizer=ctx.tokenizer)
-    fd, tmp = tempfile.mkstemp(prefix=".trainer_state.", dir=path)
-    os.close(fd)
-    torch.save(state, tmp)
-    os.replace(tmp, path / "trainer_state.pt")
-    done = sorted(p for p in root.glob("step-*") if (p / "trainer_state.pt").exists())
-    for old in done[: max(len(done) - max(ctx.rc.checkpoint.keep, 1), 0)]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -374,27 +293,17 @@ def _save_checkpoint(root: Path, step: int, model, method, ctx: Context, state: 
 
 
 def _validate(rc: CptRunConfig, methods: list[str], d: Dist) -> None:
-    """Every check that needs no download and writes nothing."""
+    """Checks across keys that need no download and write nothing (each key's type and range: load_preset)."""
     for name in methods:
         if name not in method_names():
             raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(METHOD_ORDER)} or all")
         if name not in rc.lr:
             raise ScaleclError(f"no learning rate for {name}: set lr.{name}")
     t = rc.train
-    if t.steps < 1 or t.batch < 1 or t.micro_batch < 0:
-        raise ScaleclError(f"train.steps and train.batch must be positive, got steps={t.steps}, batch={t.batch}")
     micro = t.micro_batch or t.batch // d.world
     if micro < 1 or t.batch % (micro * d.world):
         raise ScaleclError(f"train.batch={t.batch} must be a multiple of micro_batch x processes = "
                            f"{t.micro_batch or '(batch / processes)'} x {d.world}")
-    if t.schedule not in ("linear", "cosine", "constant"):
-        raise ScaleclError(f"train.schedule must be linear, cosine or constant, got {t.schedule!r}")
-    if not 0.0 <= t.warmup_ratio < 1.0:
-        raise ScaleclError(f"train.warmup_ratio must lie in [0, 1), got {t.warmup_ratio}")
-    if rc.dtype not in ("float32", "bfloat16"):
-        raise ScaleclError(f"dtype must be float32 or bfloat16, got {rc.dtype!r}")
-    if rc.eval.every < 0 or rc.eval.batch < 1 or rc.eval.rep_batch < 1:
-        raise ScaleclError("eval.every must be >= 0, eval.batch and eval.rep_batch >= 1")
 
 
 def run_cpt(
@@ -414,38 +323,64 @@ def _status(d: Dist, text: str):
     return console.status(text) if d.main else contextlib.nullcontext()
 
 
-def _run_cpt(d: Dist, rc: CptRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path,
-             preset_name: str, force: bool, resume: bool, stop_after: int | None, device: str | None) -> list[dict]:
+@dataclass
+class Checked:
+    """What check_cpt resolved: device, methods, the base's config, the builtin corpus config (if used)."""
+
+    dev: torch.device
+    prepared: dict[str, Any]
+    base_cfg: Any
+    bilingual: BilingualConfig | None
+
+
+def check_cpt(rc: CptRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path,
+              device: str | None, d: Dist = Dist()) -> Checked:
+    """Every check that writes nothing: names, device, folders, corpora, the base's config, each method's sizes."""
     _validate(rc, methods, d)
     if d.world > 1 and device in (None, "cuda") and torch.cuda.is_available():
         device = f"cuda:{d.local_rank}"  # one GPU per process
     dev = pick_device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    autocast = torch.bfloat16 if rc.dtype == "bfloat16" and dev.type == "cuda" else None
+    for path, what in ((out, "--out"), (cache, "--cache"), (checkpoints, "--checkpoints")):
+        check_out_dir(path, what)
     corpora = {"data": rc.data, "old_eval": rc.old_eval, "new_eval": rc.new_eval}
-    t0 = time.perf_counter()
-    # 1. checks before anything is written: user corpora, base config, sizes, method options
     uses_builtin = rc.base == BUILTIN or any(c.path.startswith(f"{BUILTIN}:") for c in corpora.values())
     for where, cc in corpora.items():
         if cc.path.startswith(f"{BUILTIN}:"):
             _check_builtin_spec(cc, where)
         else:
             check_corpus(corpus_spec(cc, None))
-    if uses_builtin:
-        bil = _bilingual(rc)
-    if rc.base == BUILTIN:
-        base_cfg = _builtin_model_config(rc, rc.builtin.vocab)
-    else:
-        base_cfg = load_base_config(rc.base)
+    bil = _bilingual(rc) if uses_builtin else None
+    base_cfg = _builtin_model_config(rc, rc.builtin.vocab) if rc.base == BUILTIN else load_base_config(rc.base)
     n_pos = max_positions(base_cfg)
     if n_pos is not None and rc.train.seq_len > n_pos:
         raise ScaleclError(f"train.seq_len={rc.train.seq_len} exceeds the model's {n_pos} positions")
-    if rc.train.seq_len < 2:
-        raise ScaleclError(f"train.seq_len must be at least 2, got {rc.train.seq_len}")
     prepared = {name: get_method(name, **rc.method_options(name)) for name in methods}
     for m in prepared.values():
         m.check(base_cfg)
+    return Checked(dev, prepared, base_cfg, bil)
+
+
+def _run_cpt(d: Dist, rc: CptRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path,
+             preset_name: str, force: bool, resume: bool, stop_after: int | None, device: str | None) -> list[dict]:
+    t0 = time.perf_counter()
+    # 1. checks before anything is written, and the finished runs (found before anything is built)
+    checked = check_cpt(rc, methods, out, cache, checkpoints, device, d)
+    dev, prepared, bil = checked.dev, checked.prepared, checked.bilingual
+    uses_builtin = bil is not None
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    autocast = torch.bfloat16 if rc.dtype == "bfloat16" and dev.type == "cuda" else None
+    order = [m for m in METHOD_ORDER if m in methods]
+    runs = {name: method_run(rc, prepared[name], out, checkpoints, preset_name, d) for name in order}
+    done = {name: runs[name].result() for name in order}
+    todo = [name for name in order if force or done[name] is None]
+    for name in order:
+        if name not in todo and d.main:
+            console.print(f"{name}: finished run found at {runs[name].out_dir} (use --force to rerun)", highlight=False)
+    if not todo:  # nothing to train: no corpus, base or evaluation set is built
+        if d.main:
+            _print_summary([done[n] for n in order])
+        return [done[n] for n in order] if d.main else []
 
     # 2. the builtin corpus (generated once), tokenizer, base model
     root = builtin_root(rc, cache) if uses_builtin else None
@@ -493,8 +428,9 @@ def _run_cpt(d: Dist, rc: CptRunConfig, methods: list[str], out: Path, cache: Pa
         ctx.say(f"{base_line}; vocab {len(tokenizer):,}; old-domain eval {ctx.timings['old_tokens']:,} tokens, "
                 f"new-domain eval {ctx.timings['new_tokens']:,} tokens (seq {seq}); {d.world} process(es)")
         results = []
-        for name in [m for m in METHOD_ORDER if m in methods]:
-            r = _run_method(ctx, prepared[name], force, resume, stop_after)
+        for name in order:
+            r = done[name] if name not in todo else _run_method(ctx, prepared[name], runs[name], force, resume,
+                                                                  stop_after)
             if r is not None:
                 results.append(r)
     if not d.main:

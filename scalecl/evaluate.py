@@ -68,10 +68,13 @@ def qa_batches(qa: QATensors, batch_size: int, seed: int) -> Iterator[dict[str, 
             yield qa_train_batch(qa, order[i : i + batch_size])
 
 
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
 @torch.no_grad()
 def qa_accuracy(
     model: nn.Module, qa: QATensors, batch_size: int = 256, exact: bool = False,
-    stats: Callable[[torch.Tensor], dict[str, float]] | None = None,
+    stats: Callable[[torch.Tensor], dict[str, float]] | None = None, method=None,
 ) -> dict[str, float]:
     """Hard and soft first-token accuracy, pooled and per attribute (and greedy exact match if asked).
 
@@ -80,7 +83,15 @@ def qa_accuracy(
     teacher forcing, which is exactly when greedy decoding reproduces the answer.
     stats(mask) is called after every batch with its (B, T) mask of real tokens (e.g. a method's routing
     fractions); its numbers are averaged over the batches, weighted by the number of real tokens.
+    method: a method whose `metrics(model, mask)` are recorded the same way over every real token, and whose
+    `position_values(model, mask)` are recorded at the scored position alone (the last prompt token, whose
+    output is the answer's first token): booleans as a fraction ("answer/<key>"), numbers as mean and
+    quantiles ("answer/<key>/mean", "answer/<key>/q05" ... "q95"). For SCALE-Route these are the routing
+    decision and the router's cosine where the metric is decided.
     """
+    if method is not None and stats is None:
+        stats = lambda mask: method.metrics(model, mask)  # noqa: E731
+    at_answer: dict[str, list[torch.Tensor]] = {}
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -101,6 +112,11 @@ def qa_accuracy(
             for k, v in stats(mask.bool()).items():
                 extra[k] = extra.get(k, 0.0) + v * n
             weight += n
+        if method is not None:
+            answer = torch.zeros_like(mask, dtype=torch.bool)
+            answer[rows, pl - 1] = True
+            for k, v in method.position_values(model, answer).items():
+                at_answer.setdefault(k, []).append(v.detach().cpu())
         hard.append((first.argmax(-1) == target).cpu())
         soft.append(first.softmax(-1)[rows, target].cpu())
         if exact:
@@ -115,6 +131,15 @@ def qa_accuracy(
     if exact:
         out["exact_match"] = em_t.mean().item()
     out |= {k: v / max(weight, 1) for k, v in extra.items()}
+    for k, parts in at_answer.items():
+        v = torch.cat(parts)
+        if v.dtype == torch.bool:
+            out[f"answer/{k}"] = v.float().mean().item()
+        else:
+            v = v.double()
+            out[f"answer/{k}/mean"] = v.mean().item()
+            qs = torch.quantile(v, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+            out |= {f"answer/{k}/q{round(100 * q):02d}": x for q, x in zip(QUANTILES, qs, strict=True)}
     for a, name in enumerate(qa.attributes):
         sel = qa.attribute == a
         if sel.any():

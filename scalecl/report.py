@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from .errors import ScaleclError  # noqa: E402
 from .runs import write_atomic  # noqa: E402
 
 METHOD_ORDER = ("fft", "lora", "freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
@@ -24,30 +26,53 @@ PAPER_FIG8 = ("paper (Pythia-160M, 100k people): FFT and LLaMA Pro Task 0 fall t
               "SCALE-Route stays at 100% for 4,000 steps and ends at 36.9%")
 
 
-def load_runs(results: Path, experiment: str, study: str | None = None) -> pd.DataFrame:
+def _roots(results: Path | Sequence[Path]) -> list[Path]:
+    return [Path(results)] if isinstance(results, str | Path) else [Path(r) for r in results]
+
+
+def _study_of(f: Path) -> str | None:
+    """The study a result belongs to: the folder after the last 'studies' in its path (.../studies/<study>/<run>)."""
+    parts = f.resolve().parts[:-2]
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == "studies" and i + 1 < len(parts):
+            return parts[i + 1]
+    return None
+
+
+def read_result(f: Path) -> dict:
+    """A result.json, or one clear error naming the file."""
+    try:
+        r = json.loads(Path(f).read_text())
+        if not isinstance(r, dict) or "experiment" not in r:
+            raise ValueError("not a scalecl result (no 'experiment')")
+        return r
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"unreadable result {f}: {str(e).splitlines()[0][:120]}; remove its run folder or rerun it") from None
+
+
+def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None = None) -> pd.DataFrame:
     """One row per finished run (result.json) of an experiment; the newest run per (preset, method) kept.
 
-    Study sweeps live under `<results>/studies/<study>/`: they are left out of the main figures and, with
-    `study=`, loaded alone (one row per run, since their method options differ).
+    Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and, with `study=`,
+    loaded alone (one row per run, since their options differ). Several results folders may be given.
     """
     rows = []
-    for f in sorted(Path(results).rglob("result.json")):
-        parts = f.relative_to(results).parts
-        in_study = parts[0] == "studies" if len(parts) > 1 else False
-        if in_study != (study is not None) or (study is not None and parts[1] != study):
-            continue
-        r = json.loads(f.read_text())
-        if r.get("experiment") != experiment:
-            continue
-        rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
-                     "date": r.get("provenance", {}).get("date", ""), "result": r})
+    for root in _roots(results):
+        for f in sorted(root.rglob("result.json")):
+            if _study_of(f) != study:
+                continue
+            r = read_result(f)
+            if r.get("experiment") != experiment:
+                continue
+            rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
+                         "date": r.get("provenance", {}).get("date", ""), "result": r})
     if not rows:
         return pd.DataFrame(columns=["dir", "preset", "method", "date", "result"])
-    df = pd.DataFrame(rows).sort_values("date")
+    df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
         df = df.drop_duplicates(["preset", "method"], keep="last")
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
-    return df.sort_values(["preset", "order"]).reset_index(drop=True)
+    return df.sort_values(["preset", "order"], kind="stable").reset_index(drop=True)
 
 
 def load_metrics(run_dir: Path) -> pd.DataFrame:
@@ -322,8 +347,11 @@ def table2(results: Path) -> pd.DataFrame:
     from .harness import PAPER_ROWS
 
     rows = []
-    for f in sorted(Path(results).rglob("run.json")):
-        run = json.loads(f.read_text())
+    for f in sorted(f for root in _roots(results) for f in root.rglob("run.json")):
+        try:
+            run = json.loads(f.read_text())
+        except (OSError, ValueError):
+            raise ScaleclError(f"unreadable harness result {f}; remove it or rerun eval-harness") from None
         if "scores" not in run:
             continue
         method = run.get("method")

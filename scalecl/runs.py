@@ -24,6 +24,10 @@ def config_hash(*parts: Any, n: int = 10) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:n]
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same folder and rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,6 +35,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are for everyone the umask allows
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -88,6 +93,20 @@ def tune_cpu_allocator() -> bool:
 
 
 def pick_device(name: str | None = None) -> torch.device:
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The device to run on (default: cuda if available); a device this machine lacks is one clear error."""
+    if not name:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from .errors import ScaleclError
+
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ScaleclError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ScaleclError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__})")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ScaleclError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type not in ("cpu", "mps"):
+        raise ScaleclError(f"unsupported device {name!r}: use cpu, cuda or cuda:N")
+    return dev

@@ -1,65 +1,116 @@
-"""The preliminary studies of paper Sec. 3 as one-command sweeps over continual pre-training runs.
+"""Studies as one-command sweeps: each value is an ordinary `train-cpt` or `train-bio` run.
 
+Continual pre-training (paper Sec. 3):
   init:   (W21, W22) initialisation pairs with SCALE-Preserve (Fig. 5)
   l_fp:   number of function-preserving lower layers with SCALE-Adapt (Fig. 6)
   collab: collaborative module, attention vs MLP, with SCALE-Adapt at l_fp = L/2 (Fig. 7)
+Biography, SCALE-Route (issue #12: what decides Route on this task), each on the cached stages 1-2:
+  tau:    the router's threshold; -1 always takes the preserve/adapt average, 0.99 almost never
+  router: what the router compares (raw logits as the paper, logits centred over the vocabulary, softmax
+          probabilities)
+  vocab:  rows of the embedding and head (0 = the tokenizer's; 50304 = Pythia's padded vocabulary); each
+          value is its own stages 1-2
 
-Every run is an ordinary `train-cpt` run (same cached base, same data), written under
-`<out>/<study>/`, which `scalecl plot` turns into the figure.
+Every value's config is resolved and checked (keys, types, ranges, the method's sizes) before the first
+run starts, so a bad value fails in seconds, not after the values before it trained. Runs are written under
+`<out>/<study>/` and drawn by `scalecl plot`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import load_preset
 from .errors import ScaleclError
 
-STUDIES = {
-    "init": ("scale-preserve", "init", "zero,rnd;rnd,zero;svd,svd;svd,zero"),
-    "l_fp": ("scale-adapt", "l_fp", None),  # default: 0..L
-    "collab": ("scale-adapt", "collab", "attn;mlp"),
-}
+
+@dataclass(frozen=True)
+class Study:
+    experiment: str  # "cpt" or "bio"
+    method: str
+    key: str  # the --set key swept
+    default: str | None  # ';'-separated values; None: computed from the model (l_fp: 0..L)
+    extra: Callable[[Any], list[str]] = lambda rc: []  # further --set values fixed by the study
 
 
 def _layers(rc) -> int:
-    if rc.base == "builtin":
+    if getattr(rc, "base", "builtin") == "builtin":
         return rc.model.layers
     from .models import load_base_config
 
     return load_base_config(rc.base).num_hidden_layers
 
 
+STUDIES: dict[str, Study] = {
+    "init": Study("cpt", "scale-preserve", "methods.scale-preserve.init", "zero,rnd;rnd,zero;svd,svd;svd,zero"),
+    "l_fp": Study("cpt", "scale-adapt", "methods.scale-adapt.l_fp", None),
+    "collab": Study("cpt", "scale-adapt", "methods.scale-adapt.collab", "attn;mlp",
+                    extra=lambda rc: [f"methods.scale-adapt.l_fp={_layers(rc) // 2}"]),
+    "tau": Study("bio", "scale-route", "methods.scale-route.tau", "-1;0;0.5;0.9;0.99"),
+    "router": Study("bio", "scale-route", "methods.scale-route.router", "logit;centered;prob"),
+    "vocab": Study("bio", "scale-route", "model.vocab", "0;50304"),
+}
+
+
 def study_values(study: str, rc, values: str | None) -> list[str]:
-    """The swept values as --set strings; l_fp accepts a range 'a..b'."""
+    """The swept values as --set strings; a range 'a..b' of integers is expanded."""
     if study not in STUDIES:
         raise ScaleclError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
-    method, key, default = STUDIES[study]
-    text = values or default or f"0..{_layers(rc)}"
-    if study == "l_fp" and ".." in text:
+    text = values or STUDIES[study].default or f"0..{_layers(rc)}"
+    if ".." in text:
         lo, _, hi = text.partition("..")
         try:
             return [str(v) for v in range(int(lo), int(hi) + 1)]
         except ValueError:
-            raise ScaleclError(f"l_fp values must be integers or a range a..b, got {text!r}") from None
-    return [v.strip() for v in text.split(";") if v.strip()]
+            raise ScaleclError(f"{study} values must be integers or a range a..b, got {text!r}") from None
+    vals = [v.strip() for v in text.split(";") if v.strip()]
+    if not vals:
+        raise ScaleclError(f"no values to sweep in {text!r}")
+    return vals
+
+
+def study_configs(study: str, preset: str, values: str | None, sets: list[str]) -> tuple[Study, list[str], list]:
+    """(study, values, one resolved config per value): every key, type and range checked."""
+    if study not in STUDIES:
+        raise ScaleclError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
+    s = STUDIES[study]
+    rc = load_preset(s.experiment, preset, sets)
+    vals = study_values(study, rc, values)
+    configs = []
+    for v in vals:
+        try:
+            configs.append(load_preset(s.experiment, preset, sets + s.extra(rc) + [f"{s.key}={v}"]))
+        except ScaleclError as e:
+            raise ScaleclError(f"{study} value {v!r}: {e}") from None
+    return s, vals, configs
 
 
 def run_study(
     study: str, preset: str, values: str | None, sets: list[str], out: Path, cache: Path, checkpoints: Path,
-    force: bool = False, device: str | None = None,
+    force: bool = False, device: str | None = None, resume: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run one CPT run per swept value; returns their result dicts."""
-    from .cpt import run_cpt
+    """Run one run per swept value (after checking all of them); returns their result dicts."""
+    s, vals, configs = study_configs(study, preset, values, sets)
+    if s.experiment == "cpt":
+        from .cpt import check_cpt, run_cpt
 
-    rc = load_preset("cpt", preset, sets)
-    method, key, _ = STUDIES.get(study, (None, None, None))
-    vals = study_values(study, rc, values)
-    extra = [f"methods.{method}.l_fp={_layers(rc) // 2}"] if study == "collab" else []
-    configs = [load_preset("cpt", preset, sets + extra + [f"methods.{method}.{key}={v}"]) for v in vals]
-    results = []
+        for v, cfg in zip(vals, configs, strict=True):
+            _labelled(v, study, lambda cfg=cfg: check_cpt(cfg, [s.method], out / study, cache, checkpoints, device))
+        return [r for cfg in configs for r in run_cpt(cfg, [s.method], out / study, cache, checkpoints, preset,
+                                                       force=force, resume=resume, device=device)]
+    from .bio import check_bio, run_bio
+
     for v, cfg in zip(vals, configs, strict=True):
-        results += run_cpt(cfg, [method], out / study, cache, checkpoints / study / v.replace(",", "-"),
-                           preset, force=force, device=device)
-    return results
+        _labelled(v, study, lambda cfg=cfg: check_bio(cfg, [s.method], out / study, cache, checkpoints, device))
+    return [r for cfg in configs for r in run_bio(cfg, [s.method], out / study, cache, preset, force=force,
+                                                   device=device, checkpoints=checkpoints, resume=resume)]
+
+
+def _labelled(value: str, study: str, check: Callable[[], Any]) -> None:
+    try:
+        check()
+    except ScaleclError as e:
+        raise ScaleclError(f"{study} value {value!r}: {e}") from None

@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 import scalecl.bio as bio
+import scalecl.runlayer as runlayer
 from scalecl.cli import app
 from scalecl.config import load_preset
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
@@ -26,26 +27,27 @@ FAST = ["--set", "stage1.steps=30", "--set", "stage2.steps=5", "--set", "stage3.
 def calls():
     """Record every training stage that runs (by its progress description)."""
     seen: list[str] = []
-    real = bio.train
+    real = runlayer.train
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("desc", ""))
         return real(*args, **kwargs)
 
-    bio.train = spy
+    runlayer.train = spy
     yield seen
-    bio.train = real
+    runlayer.train = real
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bio")
-    return root / "out", root / "cache"
+    return root / "out", root / "cache", root / "ckpt"
 
 
 def invoke(dirs, *args):
-    out, cache = dirs
-    res = runner.invoke(app, ["train-bio", "--preset", "tiny", "--out", str(out), "--cache", str(cache), *FAST, *args])
+    out, cache, ckpt = dirs
+    res = runner.invoke(app, ["train-bio", "--preset", "tiny", "--out", str(out), "--cache", str(cache),
+                              "--checkpoints", str(ckpt), *FAST, *args])
     assert res.exit_code == 0, res.output
     return res
 
@@ -62,13 +64,17 @@ def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
     assert calls[3:] == ["stage 3: scale-route"]  # stages 1-2 came from the cache: no stage-1 step ran
     assert "biography: hard first-token accuracy" in res.output.replace("\n", " ")
 
-    out, _ = dirs
+    out = dirs[0]
     for method in ("fft", "scale-route"):
         d = run_dir(out, method)
-        assert sorted(p.name for p in d.iterdir()) == ["metrics.jsonl", "result.json"]
+        assert sorted(p.name for p in d.iterdir()) == ["metrics.jsonl", "result.json", "train_log.jsonl"]
         lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
         rc = load_preset("bio", "tiny", FAST[1::2])
         assert [r["step"] for r in lines] == rc.eval.steps(12) == [0, 3, 6, 12]
+        log = [json.loads(x) for x in (d / "train_log.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in log] == list(range(1, 13))
+        assert all(r["grad_norm"] > 0 and r["tokens"] > 0 and r["lr"] > 0 for r in log)
+        assert [r["loss"] for r in lines[1:]] == [log[s - 1]["loss"] for s in (3, 6, 12)]
         for r in lines:
             for split in ("task0", "task1"):
                 assert 0.0 <= r[f"{split}/acc"] <= 1.0 and 0.0 <= r[f"{split}/soft_acc"] <= 1.0
@@ -79,7 +85,8 @@ def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
         result = json.loads((d / "result.json").read_text())
         assert result["method"] == method and result["preset"] == "tiny"
         assert result["config"]["stage1"]["steps"] == 30
-        assert set(result["wall_s"]) == {"data", "stage1", "stage2", "stage3"}
+        assert set(result["wall_s"]) == {"data", "stage1", "stage2", "stage3", "stage3_eval"}
+        assert result["run"]["name"] == d.name and result["run"]["method"] == method
         assert result["stages_cached"] == {"stage1": method != "fft", "stage2": method != "fft"}
         assert result["summary"]["task0_start"] == lines[0]["task0/acc"]
         assert result["summary"]["task0_min"] == min(r["task0/acc"] for r in lines)
@@ -108,6 +115,7 @@ def test_finished_run_is_skipped_unless_forced(dirs, calls):
     (["--set", "stage1.steps"], "--set expects key=value"),
     (["--method", "sgd"], "unknown method 'sgd'"),
     (["--tokenizer", "/no/such/tokenizer"], "cannot load tokenizer"),
+    (["--tokenizer", "/no/such/tokenizer"], "--tokenizer local"),
     (["--set", "methods.llama-pro.n=3"], "positive divisor"),
 ])
 def test_bad_input_one_line(tmp_path, args, msg):
@@ -182,11 +190,11 @@ def test_same_seed_same_stage1(tmp_path):
     blobs = []
     for _ in range(2):
         torch.manual_seed(rc.seed)
-        m = model_from_config(bio._base_model_config(rc, data.tokenizer), seed=rc.seed)
+        m = model_from_config(bio.base_model_config(rc, data.tokenizer), seed=rc.seed)
         from scalecl.evaluate import qa_batches
         from scalecl.train import train
 
-        train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), 3, bio._optim(rc.stage1))
+        train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), 3, bio.optim(rc.stage1))
         blobs.append(b"".join(p.detach().numpy().tobytes() for p in m.parameters()))
     assert blobs[0] == blobs[1]
 

@@ -1,0 +1,441 @@
+"""The run layer: one implementation of what every experiment's training run must guarantee.
+
+Every training run of the suite (a biography stage or method, a continual pre-training run, each value
+of a study, the pre-training of a cached base) is a `Run` trained by `fit`. What that gives, once:
+
+- **Naming and skipping.** A run is named by its resolved config (`run_name`); a finished run (its
+  `result.json` readable) is found before any expensive work and skipped unless forced.
+- **Files that never lie.** While training, evaluations stream to `metrics.jsonl.partial` and the per-step
+  log (loss, learning rate, gradient norm, tokens/s) to `train_log.jsonl.partial`. `finish` writes the final
+  model, then `metrics.jsonl`, `train_log.jsonl`, and `result.json` last: a run is finished exactly when
+  `result.json` exists. A diverged run (non-finite loss) stops with TrainingDiverged and records nothing
+  as finished.
+- **Checkpoints that resume exactly and safely.** `checkpoints/<experiment>/<run>/step-N/` holds the model
+  (a suite checkpoint) and the training state as safetensors + JSON (`scalecl.state`, no pickle), plus the
+  run's identity (experiment, name, method, options, config hash): `--resume` refuses a checkpoint of
+  another method or configuration. A checkpoint is written into a hidden temporary sibling and renamed
+  into place when complete, so a process killed at any moment leaves either the previous checkpoints or
+  the new one, never half of one; temporaries of killed processes are removed when the run starts again.
+- **Divergence and data.** Nothing is deleted that the suite did not write; `--force` removes only the
+  run's own checkpoints and result before starting over.
+
+Processes: under torchrun every process runs the same code; only the main process (rank 0) writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from torch import nn
+
+from .errors import ScaleclError
+from .runs import config_hash, write_atomic, write_json
+from .state import JSON_NAME, load_state, save_state
+from .train import OptimConfig, train
+
+console = Console()
+STEP_DIR = re.compile(r"^step-(\d{7,})$")
+TMP_PREFIX = ".tmp-"  # hidden temporaries of this layer: .tmp-<name>-<random>
+
+
+# ---------------------------------------------------------------------------------------------------------
+# processes
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a torchrun / accelerate launch job (rank 0 of 1 when run alone)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def init_distributed() -> Dist:
+    """Join the process group torchrun / accelerate launch set up (WORLD_SIZE > 1); a no-op otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(hours=3))  # rank 0 may pre-train a cached base
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# crash points: kill -9 at a named moment (tests of the guarantees above; SCALECL_CRASH_AT=name[:n])
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process the n-th time `name` is reached, when SCALECL_CRASH_AT=name[:n] asks for it.
+
+    The windows where a kill is most dangerous (between writing a checkpoint's model and its state, between
+    the final files) are too short to hit with a timer; tests name them instead. Unset, this is one dict
+    lookup.
+    """
+    want = os.environ.get("SCALECL_CRASH_AT")
+    if not want:
+        return
+    target, _, nth = want.partition(":")
+    if target != name:
+        return
+    _CRASH_HITS[name] = _CRASH_HITS.get(name, 0) + 1
+    if _CRASH_HITS[name] >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_CRASH_HITS: dict[str, int] = {}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# folders
+
+
+def check_out_dir(path: Path, what: str = "--out") -> None:
+    """Fail early (one line, nothing written) when `path` cannot be a folder we write into."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ScaleclError(f"{what} {path} is a file, not a folder")
+    for parent in p.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ScaleclError(f"{what} {path} lies under {parent}, which is a file")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ScaleclError(f"{what} {path}: {parent} is not writable")
+            break
+
+
+def _replace_dir(tmp: Path, dest: Path) -> None:
+    """Rename a complete temporary folder onto dest (moving a previous dest aside first, then removing it)."""
+    old = None
+    if dest.exists():
+        old = dest.with_name(f"{TMP_PREFIX}{dest.name}-old-{os.getpid()}")
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _tmp_dir(dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dest.name}-", dir=dest.parent))
+
+
+def run_name(prefix: str, *parts: Any) -> str:
+    """`<prefix>-<hash>`: the hash of everything the run's numbers depend on (never of where files go)."""
+    return f"{prefix}-{config_hash(*parts)}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a run
+
+
+@dataclass
+class Run:
+    """One training run's files: results in `out_dir`, checkpoints in `ckpt_root`, the final model in
+    `final_dir` (default ckpt_root/final). `identity` is recorded in every checkpoint and the result."""
+
+    identity: dict[str, Any]  # experiment, name, method, options, config_hash
+    out_dir: Path | None
+    ckpt_root: Path
+    final_dir: Path | None = None
+    keep: int = 2
+    main: bool = True
+    trackers: list[Any] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.final_dir is None:
+            self.final_dir = self.ckpt_root / "final"
+
+    @property
+    def name(self) -> str:
+        return self.identity["name"]
+
+    # -- finished runs --------------------------------------------------------------------------------
+
+    def result(self) -> dict[str, Any] | None:
+        """The finished run's result, or None. An unreadable result.json is an error, not a silent rerun."""
+        if self.out_dir is None:
+            return None
+        f = self.out_dir / "result.json"
+        if not f.exists():
+            return None
+        try:
+            result = json.loads(f.read_text())
+            if not isinstance(result, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            raise ScaleclError(f"{f} is unreadable ({type(e).__name__}); remove it or use --force to rerun") from None
+        return result
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a folder named step-N holding a training state)."""
+        if not self.ckpt_root.is_dir():
+            return []
+        found = [p for p in self.ckpt_root.iterdir() if STEP_DIR.match(p.name) and (p / JSON_NAME).exists()]
+        return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+    def clean_temporaries(self) -> None:
+        """Remove hidden temporaries a killed process of this run left (only this layer's names for this run)."""
+        spots = [(self.ckpt_root, TMP_PREFIX), (self.final_dir.parent, f"{TMP_PREFIX}{self.final_dir.name}-")]
+        for root, prefix in spots:
+            if root.is_dir():
+                for p in root.iterdir():
+                    if p.name.startswith(prefix) and p.is_dir():
+                        shutil.rmtree(p, ignore_errors=True)
+
+    def begin(self, *, resume: bool | str, force: bool, say: Callable[[str], None]) -> tuple[Path, dict] | None:
+        """Decide where training starts: (checkpoint, state) to resume from, or None for step 0.
+
+        Without --resume, existing checkpoints of this run are refused (so that progress is never thrown away
+        silently); --force removes them (and the run's result) first. resume="auto" (cached stages, whose
+        name is their content) resumes when it can, silently starts from 0 otherwise.
+        """
+        if self.main:
+            self.clean_temporaries()
+        found = self.checkpoints()
+        if force and self.main:
+            for p in found:
+                shutil.rmtree(p)
+            if self.out_dir is not None:
+                (self.out_dir / "result.json").unlink(missing_ok=True)
+            found = []
+        if not found:
+            if resume and resume != "auto":
+                say(f"{self.name}: no checkpoint under {self.ckpt_root}; starting from step 0")
+            return None
+        if not resume:
+            step = int(STEP_DIR.match(found[-1].name).group(1))
+            raise ScaleclError(f"{self.name} has checkpoints up to step {step} in {self.ckpt_root}: --resume continues "
+                               f"it, --force starts it over")
+        path = found[-1]
+        state = load_state(path)
+        theirs = state.get("run", {})
+        for key in ("experiment", "name", "method", "options", "config_hash"):
+            if _jsonable(theirs.get(key)) != _jsonable(self.identity.get(key)):
+                raise ScaleclError(f"checkpoint {path} belongs to another run ({key} {theirs.get(key)!r}, this run "
+                                   f"has {self.identity.get(key)!r}); refusing to resume from it")
+        say(f"{self.name}: resuming from {path} (step {state['step']})")
+        return path, state
+
+    def save_checkpoint(self, step: int, model: nn.Module, method, state: dict[str, Any],
+                        save_kw: dict[str, Any]) -> Path:
+        """step-N/model + step-N/trainer_state.*, written into a temporary folder renamed when complete."""
+        from .checkpoint import save_model
+
+        dest = self.ckpt_root / f"step-{step:07d}"
+        tmp = _tmp_dir(dest)
+        try:
+            save_model(model, tmp / "model", method, **save_kw)
+            crash_point("checkpoint-model-written")
+            save_state(tmp, state | {"run": self.identity})
+            crash_point("checkpoint-state-written")
+            _replace_dir(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        crash_point("checkpoint-renamed")
+        done = self.checkpoints()
+        for old in done[: max(len(done) - self.keep, 0)]:
+            shutil.rmtree(old, ignore_errors=True)
+        return dest
+
+    def load_checkpoint_model(self, path: Path, method) -> nn.Module:
+        """The model of a checkpoint, checked to be of this run's method and options."""
+        from .checkpoint import load_model, read_meta
+
+        meta = read_meta(path / "model") or {}
+        want = (method.name, method.options()) if method is not None else (None, {})
+        got = (meta.get("method"), meta.get("options", {}))
+        if _jsonable(got) != _jsonable(want):
+            raise ScaleclError(f"checkpoint {path} holds a {got[0] or 'plain'} model with options {got[1]}, this run "
+                               f"trains {want[0] or 'a plain model'} with {want[1]}; refusing to resume from it")
+        return load_model(path / "model")
+
+    # -- records and logs -------------------------------------------------------------------------------
+
+    def _partial(self, stem: str) -> Path | None:
+        return None if self.out_dir is None or not self.main else self.out_dir / f"{stem}.jsonl.partial"
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Records from a resumed state; the step log cut back to the checkpoint's step (a killed process may
+        have logged steps after it, and may have left a half-written last line)."""
+        self.records = list(state["records"]) if state else []
+        if self._partial("metrics") is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
+            log = self._partial("train_log")
+            keep = []
+            if state and log.exists():
+                for line in log.read_text().splitlines():
+                    with contextlib.suppress(ValueError):
+                        row = json.loads(line)
+                        if isinstance(row, dict) and row.get("step", 0) <= state["step"]:
+                            keep.append(line + "\n")
+            write_atomic(log, "".join(keep))
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """One evaluation: kept, streamed to metrics.jsonl.partial, sent to the trackers."""
+        self.records.append(rec)
+        if self._partial("metrics") is not None:
+            write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
+            for t in self.trackers:
+                t.log({k: v for k, v in rec.items() if isinstance(v, int | float) and k != "step"}, step=rec["step"])
+
+    def log_steps(self, rows: list[dict[str, Any]]) -> None:
+        """Per-step rows appended to train_log.jsonl.partial and sent to the trackers."""
+        path = self._partial("train_log")
+        if path is None:
+            return
+        with open(path, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        for t in self.trackers:
+            for r in rows:
+                t.log({f"train/{k}": v for k, v in r.items() if k != "step"}, step=r["step"])
+
+    # -- the end ----------------------------------------------------------------------------------------
+
+    def finish(self, result: dict[str, Any] | None, final: tuple[nn.Module, Any, dict[str, Any]] | None) -> None:
+        """Final model (if any), then metrics.jsonl and train_log.jsonl, then result.json (the finished mark)."""
+        if not self.main:
+            return
+        if final is not None:
+            from .checkpoint import save_model
+
+            model, method, save_kw = final
+            tmp = _tmp_dir(self.final_dir)
+            try:
+                save_model(model, tmp / "model", method, **save_kw)
+                _replace_dir(tmp / "model", self.final_dir)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            crash_point("final-model-written")
+        if self.out_dir is None:
+            return
+        write_atomic(self.out_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.records))
+        log = self._partial("train_log")
+        if log.exists():
+            os.replace(log, self.out_dir / "train_log.jsonl")
+        crash_point("metrics-written")
+        write_json(self.out_dir / "result.json", {"run": self.identity} | (result or {}))
+        self._partial("metrics").unlink(missing_ok=True)
+        for t in self.trackers:
+            t.finish()
+
+
+def _jsonable(x: Any) -> Any:
+    """Compare options the way they are stored (tuples and lists alike)."""
+    return json.loads(json.dumps(x, sort_keys=True, default=str))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# training a run
+
+
+@dataclass
+class Fit:
+    """What `fit` hands back: the trained model, its losses and evaluation records, and whether it finished."""
+
+    model: nn.Module
+    losses: list[float]
+    records: list[dict[str, Any]]
+    timing: dict[str, float]
+    complete: bool
+    resumed_from: int = 0
+
+
+def fit(
+    run: Run,
+    build: Callable[[], nn.Module],
+    batches: Iterator[dict[str, torch.Tensor]],
+    steps: int,
+    oc: OptimConfig,
+    *,
+    method=None,
+    device: torch.device,
+    evaluate: Callable[[nn.Module, int, float], dict[str, Any]] | None = None,
+    eval_steps: Collection[int] = (),
+    resume: bool | str = False,
+    force: bool = False,
+    save_every: int = 0,
+    stop_at: int | None = None,
+    accum: int = 1,
+    autocast: torch.dtype | None = None,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
+    d: Dist = Dist(),
+    progress=None,
+    desc: str = "train",
+    save_kw: dict[str, Any] | None = None,
+    say: Callable[[str], None] = lambda s: console.print(s, highlight=False),
+    sync_every: int = 1,
+) -> Fit:
+    """Train one run from step 0 or its latest checkpoint, evaluating at eval_steps and checkpointing.
+
+    build() makes the model of step 0 (e.g. method.apply(base)); when resuming, the checkpoint's model is
+    loaded instead (checked to be of the same method and options). evaluate(model, step, loss) returns one
+    record. The model is moved to `device` and, with `wrap`, wrapped for data parallelism.
+    """
+    save_kw = save_kw or {}
+    start = run.begin(resume=resume, force=force, say=say) if d.main else None
+    if d.world > 1:  # every process resumes from what rank 0 decided
+        box = [None if start is None else str(start[0])]
+        dist.broadcast_object_list(box, src=0)
+        start = None if box[0] is None else (Path(box[0]), load_state(box[0]))
+    state = start[1] if start else None
+    model = run.load_checkpoint_model(start[0], method) if start else build()
+    model = model.to(device)
+    wrapped = wrap(model) if wrap is not None else model
+    run.restore(state)
+    timing = dict(state["timing"]) if state else {"train_s": 0.0, "eval_s": 0.0}
+    clock = [time.perf_counter()]
+
+    def on_step(step: int, loss: float) -> None:
+        t = time.perf_counter()
+        timing["train_s"] += t - clock[0]
+        if evaluate is not None:
+            run.record(evaluate(model, step, loss))
+        clock[0] = time.perf_counter()
+        timing["eval_s"] += clock[0] - t
+
+    def on_save(step: int, tstate: dict[str, Any]) -> None:
+        timing["train_s"] += time.perf_counter() - clock[0]
+        clock[0] = time.perf_counter()
+        if d.main:
+            run.save_checkpoint(step, model, method, tstate | {"records": run.records, "timing": timing}, save_kw)
+        d.barrier()
+
+    losses = train(wrapped, batches, steps, oc, on_step=on_step, progress=progress, desc=desc, autocast_dtype=autocast,
+                   eval_steps=set(eval_steps), accum=accum, save_every=save_every, on_save=on_save,
+                   on_log=run.log_steps, sync_every=sync_every, resume=state, stop_at=stop_at)
+    timing["train_s"] += time.perf_counter() - clock[0]
+    complete = len(losses) >= steps
+    if not complete:
+        say(f"{run.name}: stopped after step {len(losses)}; continue with --resume")
+    return Fit(model, losses, run.records, {k: round(v, 1) for k, v in timing.items()}, complete,
+               int(state["step"]) if state else 0)
