@@ -35,8 +35,8 @@ from .errors import ScaleclError
 from .evaluate import QATensors, encode_qa, qa_accuracy, qa_batches
 from .methods import get_method, method_names
 from .models import model_from_config, tiny_config
-from .runlayer import Run, check_out_dir, fit
-from .runs import config_hash, pick_device, provenance
+from .runlayer import Run, atomic_dir, check_out_dir, fit
+from .runs import TMP_PREFIX, config_hash, pick_device, provenance, remove_temporaries
 from .train import OptimConfig, progress_bar
 
 console = Console()
@@ -102,11 +102,15 @@ def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
             tokenizer = load_tokenizer(tok_dir)
         else:
             tokenizer = train_bio_tokenizer(people)
-            tokenizer.save_pretrained(str(tok_dir))
+            vocab_rows(rc, len(tokenizer))  # a bad model.vocab fails before the cache is written
+            remove_temporaries(cache, f"{TMP_PREFIX}{tok_dir.name}-")
+            with atomic_dir(tok_dir) as tmp:
+                tokenizer.save_pretrained(str(tmp))
         tok_src = str(tok_dir)
     else:
         tokenizer = tokenizer or open_tokenizer(rc.tokenizer)
         tok_src = rc.tokenizer
+    vocab_rows(rc, len(tokenizer))
     r = ranges(cfg)
     qa = {}
     for name, (a, b) in (("task0_train", r.task0_train), ("task0_heldout", r.task0_heldout), ("task1", r.task1)):
@@ -247,7 +251,7 @@ def check_bio(rc: BioRunConfig, methods: list[str], out: Path, cache: Path, chec
 def run_bio(
     rc: BioRunConfig, methods: list[str], out: Path, cache: Path, preset_name: str, force: bool = False,
     device: str | None = None, *, checkpoints: Path | None = None, resume: bool = False,
-    stop_after: int | None = None,
+    stop_after: int | None = None, report_to: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Run stages 1-2 (cached) and stage 3 for each method; returns one result dict per method.
 
@@ -312,7 +316,7 @@ def run_bio(
                 results.append(done[name])
                 continue
             r = _run_method(rc, data, prepared[name], runs[name], s2_run.final_dir, preset_name, stages, force,
-                            resume, stop_after, dev, started, autocast, progress)
+                            resume, stop_after, dev, started, autocast, progress, report_to)
             if r is not None:
                 results.append(r)
     _print_summary(results)
@@ -321,7 +325,7 @@ def run_bio(
 
 def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_name: str, stages: dict,
                 force: bool, resume: bool, stop_after: int | None, dev, started: dict, autocast,
-                progress) -> dict[str, Any] | None:
+                progress, report_to: tuple[str, ...] = ()) -> dict[str, Any] | None:
     name = method.name
     lr = rc.stage3.lr * rc.lr_scale.get(name, 1.0)
     t0_slice = _slice(data.qa["task0_heldout"], rc.eval.slice_people)
@@ -345,7 +349,8 @@ def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_na
               optim(rc.stage3, lr), method=method, device=dev, evaluate=evaluate,
               eval_steps=rc.eval.steps(rc.stage3.steps), resume=resume, force=force,
               save_every=rc.checkpoint.every, stop_at=stop_after, autocast=autocast, progress=progress,
-              desc=f"stage 3: {name}", save_kw=save_kw, say=say)
+              desc=f"stage 3: {name}", save_kw=save_kw, say=say, report_to=report_to,
+              config={"method": name, "options": method.options(), "lr": lr, **asdict(rc)})
     if not res.complete:
         return None
     model = res.model

@@ -6,21 +6,55 @@ import functools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from .errors import ScaleclError
 
+console = Console()
+err_console = Console(stderr=True)
+
+
+def print_error(message: str) -> None:
+    """One `error:` line on stderr, whatever the message carries (newlines, rich markup)."""
+    err_console.print(f"[red]error:[/red] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True)
+
+
+class _OneLineErrors(TyperGroup):
+    """Click's own usage errors (a bad option value, a missing option, an unknown command) as one `error:` line
+    and exit code 2, like the suite's own errors, instead of a boxed usage message."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            print_error("aborted")
+            sys.exit(1)
+        except typer.TyperException as e:  # click's errors, as typer vendors them
+            if type(e).__name__ == "NoArgsIsHelpError" or not hasattr(e, "format_message"):
+                e.show()  # `scalecl` alone: the help text
+                sys.exit(getattr(e, "exit_code", 2))
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+            print_error(f"{e.format_message()}{hint}")
+            sys.exit(getattr(e, "exit_code", 2))
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="SCALE: width-upscaled continual learning of LLMs, with baselines, benchmarks and the paper's figures.",
 )
-console = Console()
-err_console = Console(stderr=True)
 
 
 def user_errors(fn):
@@ -31,7 +65,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except ScaleclError as e:
-            err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            print_error(str(e))
             raise typer.Exit(e.exit_code) from None
 
     return wrapper
@@ -43,7 +77,7 @@ def _csv(value: str) -> tuple[str, ...]:
 
 def _build_base(model: str | None, random_config: str | None, seed: int):
     """Resolve --model / --random-config into (config, loader) so sizes are checked before weights load."""
-    from .models import load_base_config, load_base_model, model_from_config, tiny_config
+    from .models import arch_of, load_base_config, load_base_model, model_from_config, tiny_config
 
     if (model is None) == (random_config is None):
         raise ScaleclError("give exactly one of --model (hub id or directory) and --random-config")
@@ -55,7 +89,17 @@ def _build_base(model: str | None, random_config: str | None, seed: int):
             raise ScaleclError(f"config file {random_config} does not exist")
         from transformers import AutoConfig
 
-        config = AutoConfig.for_model(**json.loads(Path(random_config).read_text()))
+        try:
+            spec = json.loads(Path(random_config).read_text())
+            if not isinstance(spec, dict) or "model_type" not in spec:
+                raise ValueError("no 'model_type'")
+        except (OSError, ValueError) as e:
+            raise ScaleclError(f"config file {random_config} is not a JSON transformers config ({e})") from None
+        arch_of(type("C", (), {"model_type": spec["model_type"]}))  # unsupported families fail here, by name
+        try:
+            config = AutoConfig.for_model(**spec)
+        except (TypeError, ValueError) as e:
+            raise ScaleclError(f"config file {random_config}: {str(e).splitlines()[0]}") from None
     else:
         config = tiny_config(random_config)
     return config, lambda: model_from_config(config, seed=seed), f"random:{random_config}"
@@ -88,8 +132,10 @@ def upscale(
     from .checkpoint import save_model
     from .config import ScaleConfig
     from .methods import get_method
+    from .runlayer import check_out_dir
     from .summary import param_counts
 
+    check_out_dir(out)
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
                       init=_csv(init), tau=tau)  # validates names and ranges first
     method = get_method(f"scale-{cfg.variant}", **{k: v for k, v in cfg.to_dict().items() if k != "variant"})
@@ -163,8 +209,10 @@ def prepare(
 
     from .checkpoint import save_model
     from .methods import get_method
+    from .runlayer import check_out_dir
     from .summary import param_counts
 
+    check_out_dir(out)
     method = get_method(method_name, **_method_options(method_name, options))
     config, load, source = _build_base(model, random_config, seed)
     method.check(config)  # every size check before the weights load
@@ -185,7 +233,8 @@ def budgets() -> None:
 
     rows = paper_budgets()
     for setting in dict.fromkeys(r.setting for r in rows):  # one table per setting, in order
-        table = Table(title=f"trainable parameters: {setting}")
+        vocab = next(r.vocab for r in rows if r.setting == setting)
+        table = Table(title=f"trainable parameters: {setting} (embedding and head: {vocab:,} rows)")
         table.add_column("method (options)", overflow="fold")
         for col in ("trainable", "total", "%"):
             table.add_column(col, justify="right", no_wrap=True)
@@ -233,17 +282,23 @@ def train_bio(
         None, "--stop-after", help="Stop stage 3 after this step with a checkpoint (e.g. to fit a job time limit); "
         "--resume continues."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+    report_to: str = typer.Option(
+        "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
+        "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
+        "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
     from .bio import METHOD_ORDER, run_bio
     from .config import load_preset
+    from .runlayer import check_report_to
 
     if stop_after is not None and stop_after < 1:
         raise ScaleclError(f"--stop-after must be a positive step, got {stop_after}")
+    trackers = check_report_to(report_to)
     rc = load_preset("bio", preset, sets + ([f"tokenizer={tokenizer}"] if tokenizer else []))
     methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
     results = run_bio(rc, methods, out, cache, preset, force=force, device=device, checkpoints=checkpoints,
-                      resume=resume, stop_after=stop_after)
+                      resume=resume, stop_after=stop_after, report_to=trackers)
     console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run; "
                   f"`scalecl plot --results {out}` draws them", highlight=False)
 
@@ -354,17 +409,23 @@ def train_cpt(
     ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available; "
                                       "under torchrun cuda:LOCAL_RANK)."),
+    report_to: str = typer.Option(
+        "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
+        "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
+        "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
     from .config import load_preset
     from .cpt import METHOD_ORDER, run_cpt
+    from .runlayer import check_report_to
 
+    trackers = check_report_to(report_to)
     rc = load_preset("cpt", preset, sets)
     methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
     if stop_after is not None and stop_after < 1:
         raise ScaleclError(f"--stop-after must be a positive step, got {stop_after}")
     results = run_cpt(rc, methods, out, cache, checkpoints, preset, force=force, resume=resume,
-                      stop_after=stop_after, device=device)
+                      stop_after=stop_after, device=device, report_to=trackers)
     if results:
         console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
 
@@ -397,6 +458,19 @@ def eval_ppl(
 
     if skip < 0 or take < 0 or batch < 1:
         raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
+    if out is not None:
+        from .runlayer import check_out_dir
+
+        if out.is_dir():
+            raise ScaleclError(f"--out {out} is a folder; give a file name for the JSON record")
+        check_out_dir(out.parent, "--out")
+        if out.exists():  # replace only a record this command wrote
+            try:
+                ours = {"ppl", "model", "dataset"} <= set(json.loads(out.read_text()))
+            except (OSError, ValueError, TypeError):
+                ours = False
+            if not ours:
+                raise ScaleclError(f"--out {out} exists and is not a record written by eval-ppl; not overwriting it")
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
     r = run_eval(model, spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
     if out is not None:
@@ -429,12 +503,17 @@ def study(
     force: bool = typer.Option(False, "--force", help="Rerun values whose finished run exists."),
     resume: bool = typer.Option(False, "--resume", help="Continue unfinished runs from their latest checkpoint."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda ... (default: cuda if available)."),
+    report_to: str = typer.Option(
+        "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
+        "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
+        "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
 ) -> None:
     """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
+    from .runlayer import check_report_to
     from .study import run_study
 
     results = run_study(name, preset, values, sets, out, cache, checkpoints, force=force, device=device,
-                        resume=resume)
+                        resume=resume, report_to=check_report_to(report_to))
     console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot --results {out.parent}` draws the figure",
                   highlight=False)
 

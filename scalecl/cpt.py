@@ -218,8 +218,8 @@ def method_run(rc: CptRunConfig, method, out: Path, checkpoints: Path, preset: s
     return Run(identity, out / name, checkpoints / "cpt" / name, keep=rc.checkpoint.keep, main=d.main)
 
 
-def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_after: int | None
-                ) -> dict[str, Any] | None:
+def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_after: int | None,
+                report_to: tuple[str, ...] = ()) -> dict[str, Any] | None:
     rc, d, name = ctx.rc, ctx.d, method.name
     lr = rc.lr[name]
     t_cfg = rc.train
@@ -249,7 +249,8 @@ def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_
               evaluate=lambda m, step, loss: _evaluate(ctx, m, method, step, loss), eval_steps=eval_steps,
               resume=resume, force=force, save_every=rc.checkpoint.every, stop_at=stop_after, accum=accum,
               autocast=ctx.autocast, wrap=wrap, d=d, progress=ctx.progress, desc=f"cpt: {name}", save_kw=save_kw,
-              say=ctx.say)
+              say=ctx.say, report_to=report_to,
+              config={"method": name, "options": method.options(), "lr": lr, **asdict(rc)})
     if not res.complete:
         return None
     model, records = res.model, res.records
@@ -309,11 +310,13 @@ def _validate(rc: CptRunConfig, methods: list[str], d: Dist) -> None:
 def run_cpt(
     rc: CptRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path, preset_name: str,
     force: bool = False, resume: bool = False, stop_after: int | None = None, device: str | None = None,
+    report_to: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Continual pre-training of each method from the same base; returns one result dict per method run."""
     d = init_distributed()
     try:
-        return _run_cpt(d, rc, methods, out, cache, checkpoints, preset_name, force, resume, stop_after, device)
+        return _run_cpt(d, rc, methods, out, cache, checkpoints, preset_name, force, resume, stop_after, device,
+                        report_to)
     finally:
         if d.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -361,7 +364,8 @@ def check_cpt(rc: CptRunConfig, methods: list[str], out: Path, cache: Path, chec
 
 
 def _run_cpt(d: Dist, rc: CptRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path,
-             preset_name: str, force: bool, resume: bool, stop_after: int | None, device: str | None) -> list[dict]:
+             preset_name: str, force: bool, resume: bool, stop_after: int | None, device: str | None,
+             report_to: tuple[str, ...] = ()) -> list[dict]:
     t0 = time.perf_counter()
     # 1. checks before anything is written, and the finished runs (found before anything is built)
     checked = check_cpt(rc, methods, out, cache, checkpoints, device, d)
@@ -430,7 +434,7 @@ def _run_cpt(d: Dist, rc: CptRunConfig, methods: list[str], out: Path, cache: Pa
         results = []
         for name in order:
             r = done[name] if name not in todo else _run_method(ctx, prepared[name], runs[name], force, resume,
-                                                                  stop_after)
+                                                                  stop_after, report_to)
             if r is not None:
                 results.append(r)
     if not d.main:
@@ -462,18 +466,22 @@ def eval_ppl(
     model_path: str, spec_cfg: CorpusConfig, seq_len: int | None, batch: int, cache: Path, tokenizer: str | None = None,
     device: str | None = None,
 ) -> dict[str, Any]:
-    """Perplexity of a saved checkpoint (scalecl or plain transformers) on a dataset slice."""
-    from .checkpoint import read_meta
+    """Perplexity of a saved checkpoint (scalecl or plain transformers) on a dataset slice.
+
+    Everything that can be wrong with the input (model folder, its config, the tokenizer, the dataset, the
+    sequence length, the device) is checked before the builtin corpus is generated or weights are loaded.
+    """
+    from transformers import AutoConfig
 
     if not Path(model_path).is_dir():
         raise ScaleclError(f"model path {model_path} does not exist or is not a directory")
-    meta = read_meta(model_path)
-    from transformers import AutoConfig
-
-    if meta is not None:
-        config = AutoConfig.from_pretrained(model_path)
-    else:
-        config = load_base_config(model_path)
+    try:
+        meta = read_meta(model_path)
+        config = AutoConfig.from_pretrained(model_path) if meta is not None else load_base_config(model_path)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"{model_path} is not a readable checkpoint ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    dev = pick_device(device)
     n_pos = max_positions(config)
     if seq_len is None:
         seq_len = min(n_pos or 2048, 2048)
@@ -481,23 +489,25 @@ def eval_ppl(
         raise ScaleclError(f"--seq-len {seq_len} exceeds the model's {n_pos} positions")
     if seq_len < 2:
         raise ScaleclError(f"--seq-len must be at least 2, got {seq_len}")
-    root = None
-    if spec_cfg.path.startswith(f"{BUILTIN}:"):
-        _check_builtin_spec(spec_cfg, "dataset")
-        rc = CptRunConfig()
-        root = builtin_root(rc, cache)
-        write_corpus(root, _bilingual(rc), rc.builtin.vocab)
-    else:
-        check_corpus(corpus_spec(spec_cfg, None))
-    spec = corpus_spec(spec_cfg, root)
     src = tokenizer or model_path
     try:
         tok = load_tokenizer(src)
     except (OSError, ValueError) as e:
         raise ScaleclError(f"cannot load a tokenizer from {src} (pass --tokenizer): {str(e).splitlines()[0]}") from None
+    root = None
+    if spec_cfg.path.startswith(f"{BUILTIN}:"):
+        _check_builtin_spec(spec_cfg, "dataset")
+        rc = CptRunConfig()
+        bil = _bilingual(rc)
+        check_out_dir(cache, "--cache")
+        root = builtin_root(rc, cache)
+        write_corpus(root, bil, rc.builtin.vocab)
+    else:
+        check_corpus(corpus_spec(spec_cfg, None))
+    spec = corpus_spec(spec_cfg, root)
     t = time.perf_counter()
     chunks = eval_chunks(spec, tok, seq_len, "dataset")
-    model = load_model(model_path).to(pick_device(device))
+    model = load_model(model_path).to(dev)
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
     r = perplexity(model, chunks, batch, stats=stats)

@@ -170,4 +170,13 @@ def load_base_config(name_or_path: str) -> PretrainedConfig:
 def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """A plain pre-trained model from a hub id or a local directory."""
     load_base_config(name_or_path)
-    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).eval()
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).eval()
+    except (OSError, ValueError, RuntimeError) as e:  # incl. safetensors' errors on a damaged file
+        raise ScaleclError(f"cannot load the weights of {name_or_path} ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}); is the checkpoint complete (truncated?)") from None
+    except Exception as e:
+        if type(e).__name__ == "SafetensorError":
+            raise ScaleclError(f"cannot load the weights of {name_or_path}: {e}; the file looks truncated or damaged"
+                               ) from None
+        raise

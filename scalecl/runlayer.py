@@ -43,14 +43,13 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-from .errors import ScaleclError
-from .runs import config_hash, write_atomic, write_json
+from .errors import ScaleclError, TrainingDiverged
+from .runs import TMP_PREFIX, config_hash, remove_temporaries, write_atomic, write_json
 from .state import JSON_NAME, load_state, save_state
 from .train import OptimConfig, train
 
 console = Console()
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
-TMP_PREFIX = ".tmp-"  # hidden temporaries of this layer: .tmp-<name>-<random>
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -144,9 +143,74 @@ def _tmp_dir(dest: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dest.name}-", dir=dest.parent))
 
 
+@contextlib.contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """Fill a temporary sibling of `dest`; it replaces dest only when the block completes (else it is removed)."""
+    tmp = _tmp_dir(dest)
+    try:
+        yield tmp
+        _replace_dir(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def run_name(prefix: str, *parts: Any) -> str:
     """`<prefix>-<hash>`: the hash of everything the run's numbers depend on (never of where files go)."""
     return f"{prefix}-{config_hash(*parts)}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# experiment trackers (accelerate's integrations; nothing hand-written)
+
+REPORT_TO = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}  # -> module
+
+
+def check_report_to(names: str | Collection[str] | None) -> tuple[str, ...]:
+    """`--report-to` as a tuple of tracker names, each installed: one clear error otherwise, before any work."""
+    import importlib.util
+
+    items = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names or [])
+    items = [n for n in items if n and n != "none"]
+    for n in items:
+        if n not in REPORT_TO:
+            raise ScaleclError(f"--report-to {n!r}: choose none or any of {', '.join(REPORT_TO)}")
+        if importlib.util.find_spec(REPORT_TO[n]) is None:
+            raise ScaleclError(f"--report-to {n}: the {REPORT_TO[n]} package is not installed (pip install "
+                               f"{REPORT_TO[n]})")
+    return tuple(dict.fromkeys(items))
+
+
+def _flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> flat {a.b.c: scalar} (trackers take scalars as hyperparameters)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat_config(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, bool | int | float | str) or v is None else str(v)
+    return out
+
+
+def open_trackers(names: tuple[str, ...], run_name: str, logging_dir: Path, config: dict[str, Any]) -> list[Any]:
+    """Started accelerate trackers for one run, its resolved config stored as hyperparameters."""
+    if not names:
+        return []
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    trackers = []
+    for n in names:
+        cls = LOGGER_TYPE_TO_CLASS[n]
+        if n == "tensorboard":
+            t = cls(run_name, logging_dir)  # events in <run dir>/tensorboard/<run name>
+        elif n == "mlflow":
+            t = cls(experiment_name="scalecl", logging_dir=str(logging_dir), run_name=run_name)
+        else:  # wandb, trackio: one project, one run per scalecl run
+            t = cls("scalecl", name=run_name)
+        t.start()
+        t.store_init_configuration({k: v for k, v in _flat_config(config).items() if v is not None})
+        trackers.append(t)
+    return trackers
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,6 +254,7 @@ class Run:
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as e:
             raise ScaleclError(f"{f} is unreadable ({type(e).__name__}); remove it or use --force to rerun") from None
+        self.tidy()  # a process killed right after writing result.json may have left partial files
         return result
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -250,16 +315,11 @@ class Run:
         from .checkpoint import save_model
 
         dest = self.ckpt_root / f"step-{step:07d}"
-        tmp = _tmp_dir(dest)
-        try:
+        with atomic_dir(dest) as tmp:
             save_model(model, tmp / "model", method, **save_kw)
             crash_point("checkpoint-model-written")
             save_state(tmp, state | {"run": self.identity})
             crash_point("checkpoint-state-written")
-            _replace_dir(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         crash_point("checkpoint-renamed")
         done = self.checkpoints()
         for old in done[: max(len(done) - self.keep, 0)]:
@@ -289,6 +349,7 @@ class Run:
         self.records = list(state["records"]) if state else []
         if self._partial("metrics") is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            remove_temporaries(self.out_dir)  # half-written files of a killed process
             write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
             log = self._partial("train_log")
             keep = []
@@ -305,8 +366,10 @@ class Run:
         self.records.append(rec)
         if self._partial("metrics") is not None:
             write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
+            values = {f"eval/{k}": v for k, v in rec.items()
+                      if isinstance(v, int | float) and not isinstance(v, bool) and k != "step"}
             for t in self.trackers:
-                t.log({k: v for k, v in rec.items() if isinstance(v, int | float) and k != "step"}, step=rec["step"])
+                t.log(values, step=rec["step"])
 
     def log_steps(self, rows: list[dict[str, Any]]) -> None:
         """Per-step rows appended to train_log.jsonl.partial and sent to the trackers."""
@@ -317,7 +380,12 @@ class Run:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
         for t in self.trackers:
             for r in rows:
-                t.log({f"train/{k}": v for k, v in r.items() if k != "step"}, step=r["step"])
+                t.log({f"train/{k}": v for k, v in r.items() if k not in ("step", "seconds")}, step=r["step"])
+
+    def close_trackers(self) -> None:
+        for t in self.trackers:
+            t.finish()
+        self.trackers = []
 
     # -- the end ----------------------------------------------------------------------------------------
 
@@ -329,24 +397,28 @@ class Run:
             from .checkpoint import save_model
 
             model, method, save_kw = final
-            tmp = _tmp_dir(self.final_dir)
-            try:
+            with atomic_dir(self.final_dir) as tmp:
                 save_model(model, tmp / "model", method, **save_kw)
-                _replace_dir(tmp / "model", self.final_dir)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                for f in (tmp / "model").iterdir():  # the checkpoint's files, one level up
+                    os.replace(f, tmp / f.name)
+                (tmp / "model").rmdir()
             crash_point("final-model-written")
         if self.out_dir is None:
             return
         write_atomic(self.out_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.records))
         log = self._partial("train_log")
-        if log.exists():
-            os.replace(log, self.out_dir / "train_log.jsonl")
+        write_atomic(self.out_dir / "train_log.jsonl", log.read_text() if log.exists() else "")
         crash_point("metrics-written")
         write_json(self.out_dir / "result.json", {"run": self.identity} | (result or {}))
-        self._partial("metrics").unlink(missing_ok=True)
-        for t in self.trackers:
-            t.finish()
+        self.tidy()
+        self.close_trackers()
+
+    def tidy(self) -> None:
+        """Remove what only an unfinished run needs (partial files, temporaries) once result.json exists."""
+        if self.main and self.out_dir is not None and (self.out_dir / "result.json").exists():
+            for stem in ("metrics", "train_log"):
+                self._partial(stem).unlink(missing_ok=True)
+            remove_temporaries(self.out_dir)
 
 
 def _jsonable(x: Any) -> Any:
@@ -394,6 +466,8 @@ def fit(
     save_kw: dict[str, Any] | None = None,
     say: Callable[[str], None] = lambda s: console.print(s, highlight=False),
     sync_every: int = 1,
+    report_to: tuple[str, ...] = (),
+    config: dict[str, Any] | None = None,
 ) -> Fit:
     """Train one run from step 0 or its latest checkpoint, evaluating at eval_steps and checkpointing.
 
@@ -430,12 +504,24 @@ def fit(
             run.save_checkpoint(step, model, method, tstate | {"records": run.records, "timing": timing}, save_kw)
         d.barrier()
 
-    losses = train(wrapped, batches, steps, oc, on_step=on_step, progress=progress, desc=desc, autocast_dtype=autocast,
-                   eval_steps=set(eval_steps), accum=accum, save_every=save_every, on_save=on_save,
-                   on_log=run.log_steps, sync_every=sync_every, resume=state, stop_at=stop_at)
+    if d.main and run.out_dir is not None:
+        run.trackers = open_trackers(report_to, run.name, run.out_dir / "tensorboard", config or {})
+    try:
+        losses = train(wrapped, batches, steps, oc, on_step=on_step, progress=progress, desc=desc,
+                       autocast_dtype=autocast, eval_steps=set(eval_steps), accum=accum, save_every=save_every,
+                       on_save=on_save, on_log=run.log_steps, sync_every=sync_every, resume=state, stop_at=stop_at)
+    except TrainingDiverged as e:
+        run.close_trackers()
+        ckpts = run.checkpoints()
+        where = f"last good checkpoint {ckpts[-1]}" if ckpts else "no checkpoint had been written"
+        raise TrainingDiverged(f"{run.name}: {e}; {where}") from None
+    except BaseException:
+        run.close_trackers()
+        raise
     timing["train_s"] += time.perf_counter() - clock[0]
     complete = len(losses) >= steps
     if not complete:
+        run.close_trackers()
         say(f"{run.name}: stopped after step {len(losses)}; continue with --resume")
     return Fit(model, losses, run.records, {k: round(v, 1) for k, v in timing.items()}, complete,
                int(state["step"]) if state else 0)

@@ -28,10 +28,23 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+TMP_PREFIX = ".tmp-"  # every temporary file or folder the suite writes starts so (removed after a kill)
+
+
+def remove_temporaries(folder: Path, prefix: str = TMP_PREFIX) -> None:
+    """Remove the suite's temporaries directly in `folder` (left there by a process killed mid-write)."""
+    import shutil
+
+    if Path(folder).is_dir():
+        for p in Path(folder).iterdir():
+            if p.name.startswith(prefix):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same folder and rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

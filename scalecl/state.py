@@ -89,7 +89,7 @@ def save_state(folder: str | os.PathLike, state: Any) -> None:
     doc = json.dumps({"format": 1, "state": _encode(state, tensors)})
     for name, write in ((TENSORS_NAME, lambda p: st.save_file(tensors, p)),
                         (JSON_NAME, lambda p: Path(p).write_text(doc))):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{name}-", dir=folder)
         os.close(fd)
         try:
             write(tmp)

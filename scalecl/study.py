@@ -90,7 +90,7 @@ def study_configs(study: str, preset: str, values: str | None, sets: list[str]) 
 
 def run_study(
     study: str, preset: str, values: str | None, sets: list[str], out: Path, cache: Path, checkpoints: Path,
-    force: bool = False, device: str | None = None, resume: bool = False,
+    force: bool = False, device: str | None = None, resume: bool = False, report_to: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Run one run per swept value (after checking all of them); returns their result dicts."""
     s, vals, configs = study_configs(study, preset, values, sets)
@@ -100,13 +100,15 @@ def run_study(
         for v, cfg in zip(vals, configs, strict=True):
             _labelled(v, study, lambda cfg=cfg: check_cpt(cfg, [s.method], out / study, cache, checkpoints, device))
         return [r for cfg in configs for r in run_cpt(cfg, [s.method], out / study, cache, checkpoints, preset,
-                                                       force=force, resume=resume, device=device)]
+                                                       force=force, resume=resume, device=device,
+                                                       report_to=report_to)]
     from .bio import check_bio, run_bio
 
     for v, cfg in zip(vals, configs, strict=True):
         _labelled(v, study, lambda cfg=cfg: check_bio(cfg, [s.method], out / study, cache, checkpoints, device))
     return [r for cfg in configs for r in run_bio(cfg, [s.method], out / study, cache, preset, force=force,
-                                                   device=device, checkpoints=checkpoints, resume=resume)]
+                                                   device=device, checkpoints=checkpoints, resume=resume,
+                                                   report_to=report_to)]
 
 
 def _labelled(value: str, study: str, check: Callable[[], Any]) -> None:

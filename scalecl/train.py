@@ -157,8 +157,9 @@ def train(
     (optimizer, scheduler, RNG, data position, losses so far) passed back as `resume=` continues exactly.
     The data position is `batches.state_dict()` when the iterator has one (load_state_dict restores it);
     otherwise the consumed micro-batches are skipped by drawing them again.
-    on_log(rows) receives one row per step (step, loss, lr, grad_norm, tokens, seconds) at every sync point;
-    `seconds` is the wall time of the sync window divided evenly over its steps.
+    on_log(rows) receives one row per step (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s) at every
+    sync point; `seconds` is the wall time of the sync window divided evenly over its steps (all processes'
+    tokens count).
     A non-finite loss or gradient norm raises TrainingDiverged at the next sync point, before on_step or
     on_save can see the model it produced.
     stop_at: stop after this step (a checkpoint is offered to on_save first); the losses so far are returned.
@@ -204,7 +205,8 @@ def train(
                     f"nothing was recorded as finished")
             losses.append(loss)
             rows.append({"step": step, "loss": round(loss, 6), "lr": lr, "grad_norm": round(gnorm, 6),
-                         "tokens": tokens * world, "seconds": round(per_step, 6)})
+                         "tokens": tokens * world, "seconds": round(per_step, 6),
+                         "tokens_per_s": round(tokens * world / per_step, 1) if per_step > 0 else None})
         pending.clear()
         if task is not None:
             progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")

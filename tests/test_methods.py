@@ -170,6 +170,15 @@ def test_paper_budgets(budget_rows):
     assert rows["Pythia-160M", "llama-pro"].trainable == 4 * 7_087_872
     assert rows["Llama-3.2-1B", "scale-adapt"].trainable > rows["Llama-3.2-1B", "scale-preserve"].trainable
     assert pythia_160m_config().num_hidden_layers == 12 and llama_32_1b_config().num_hidden_layers == 16
+    # the biography budget is the bio paper preset's model: Pythia's shape with its 50,304 padded rows in force
+    assert {r.vocab for r in budget_rows if r.setting.startswith("biography")} == {50_304}
+    scale = rows["Pythia-160M", "scale-preserve"]
+    assert scale.options == {"hidden_up": 128, "ffn_up": 128}  # the preset's options
+    assert rows["Pythia-160M", "scale-route"].options == {"hidden_up": 128, "ffn_up": 128, "l_fp": 11}
+    # SCALE's new embedding and head columns count 128 x vocabulary rows each (untied)
+    smaller = trainable_counts(pythia_160m_config().__class__(**{**pythia_160m_config().to_dict(), "vocab_size": 1000}),
+                               "scale-preserve", hidden_up=128, ffn_up=128)[0]
+    assert scale.trainable - smaller == 2 * 128 * (50_304 - 1000)
 
 
 runner = CliRunner()

@@ -237,11 +237,15 @@ def train_bpe_tokenizer(texts, vocab_size: int = 2048):
 
 def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Path:
     """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept."""
-    from ..runs import write_atomic, write_json
+    from ..runlayer import atomic_dir
+    from ..runs import remove_temporaries, write_atomic, write_json
 
     root = Path(root)
     if (root / "corpus.json").exists():
         return root
+    for folder in (root, *(root / f for f in (*LANGUAGES, "base"))):  # a killed earlier attempt's temporaries
+        remove_temporaries(folder)
+
     def write(folder: str, split: str, docs: list[str]) -> None:
         write_atomic(root / folder / f"{split}.jsonl",
                      "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
@@ -257,7 +261,8 @@ def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Pa
     order = np.random.default_rng([cfg.seed, 3]).permutation(len(mix))
     write("base", "train", [mix[i] for i in order.tolist()])
     tok = train_bpe_tokenizer(parts["en"]["train"] + parts["ko"]["train"] + parts["ko"].get("base", []), vocab_size)
-    tok.save_pretrained(str(root / "tokenizer"))
+    with atomic_dir(root / "tokenizer") as tmp:
+        tok.save_pretrained(str(tmp))
     write_json(root / "corpus.json", {"config": asdict(cfg), "vocab_size": vocab_size, "splits": stats,
                                       "note": "synthetic stand-in (scalecl.data.bilingual), not FineWeb"})
     return root

@@ -23,6 +23,8 @@ EOS_TOKEN = "<eos>"
 PAD_TOKEN = "<pad>"
 UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN, UNK_TOKEN)  # ids 0, 1, 2 of a trained tokenizer
+# files of which a tokenizer folder holds at least one (fast, SentencePiece, BPE vocab/merges)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
 
 
 class AnswerTokenizationError(ValueError):
@@ -85,13 +87,19 @@ def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: object) -> Pr
     name = os.path.expanduser(os.fspath(name_or_path))
     if _looks_local(name) and not Path(name).is_dir():
         raise FileNotFoundError(f"tokenizer directory {name!r} does not exist")
+    if Path(name).is_dir() and not any((Path(name) / f).exists() for f in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer from config.json alone (2 tokens; text encodes to nothing)
+        raise FileNotFoundError(f"{name!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
+        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise FileNotFoundError(
             f"could not load a tokenizer from {name!r}: it is neither a directory with tokenizer files "
-            f"nor a hub id available here (offline? not downloaded?). Cause: {err}"
+            f"nor a hub id available here (offline? not downloaded?). Cause: {cause}"
         ) from err
+    if not tokenizer("a b", add_special_tokens=False)["input_ids"]:
+        raise ValueError(f"tokenizer {name!r} encodes text to nothing: its vocabulary files are missing or empty")
     if tokenizer.eos_token is None:
         raise ValueError(f"tokenizer {name!r} has no EOS token; the QA answers need one")
     if tokenizer.pad_token is None:

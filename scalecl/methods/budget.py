@@ -33,12 +33,35 @@ def llama_32_1b_config() -> LlamaConfig:
     )
 
 
+def biography_paper_config() -> GPTNeoXConfig:
+    """The `bio` paper preset's model as it runs: Pythia-160M's shape with the rows its vocabulary has in force
+    (model.vocab = 50,304: the Pythia tokenizer, padded as Pythia pads it). The embedding and head columns that
+    SCALE adds scale with those rows, so a budget counted with another vocabulary would not be this run's."""
+    from ..bio import base_model_config
+    from ..config import load_preset
+
+    rc = load_preset("bio", "paper")
+    if not rc.model.vocab:
+        raise ValueError("the bio paper preset must fix model.vocab for its budget to be known without a tokenizer")
+    return base_model_config(rc)
+
+
+def _biography_methods() -> list[tuple[str, dict[str, Any]]]:
+    """The methods the paper ran on the biography task, with the bio paper preset's options."""
+    from ..config import load_preset
+
+    rc = load_preset("bio", "paper")
+    return [("fft", {})] + [(m, rc.method_options(m)) for m in ("llama-pro", "scale-preserve", "scale-adapt",
+                                                                "scale-route")]
+
+
 class BudgetRow(NamedTuple):
     setting: str
     method: str
     trainable: int
     total: int
     options: dict[str, Any]
+    vocab: int = 0  # rows of the embedding and head in force
 
 
 def trainable_counts(config: PretrainedConfig, method_name: str, **opts: Any) -> tuple[int, int]:
@@ -52,16 +75,11 @@ def trainable_counts(config: PretrainedConfig, method_name: str, **opts: Any) ->
     return count_parameters(model, trainable_only=True), count_parameters(model)
 
 
-# The paper's two settings (Sec. 5; spec/method.md sections 3-4). SCALE's collab is left at its default.
-PAPER_SETTINGS: dict[str, tuple[Any, list[tuple[str, dict[str, Any]]]]] = {
-    "biography / Pythia-160M": (pythia_160m_config, [
-        ("fft", {}),
-        ("llama-pro", {"n": 4}),  # 12 -> 16 layers
-        ("scale-preserve", {"hidden_up": 128, "ffn_up": 128}),
-        ("scale-adapt", {"hidden_up": 128, "ffn_up": 128, "l_fp": 11}),
-        ("scale-route", {"hidden_up": 128, "ffn_up": 128, "l_fp": 11}),  # W12 trains in the 12th layer only
-    ]),
-    "Korean CPT / Llama-3.2-1B": (llama_32_1b_config, [
+# The paper's two settings (Sec. 5; spec/method.md sections 3-4). SCALE's collab is left at its default. The
+# biography setting is read from the bio paper preset (its vocabulary and options are the ones that run).
+PAPER_SETTINGS: dict[str, tuple[Any, Any]] = {
+    "biography / Pythia-160M": (biography_paper_config, _biography_methods),
+    "Korean CPT / Llama-3.2-1B": (llama_32_1b_config, lambda: [
         ("fft", {}),
         ("lora", {"rank": 256}),
         ("freeze", {"k": 3}),
@@ -78,7 +96,7 @@ def paper_budgets() -> list[BudgetRow]:
     rows = []
     for setting, (make_config, methods) in PAPER_SETTINGS.items():
         config = make_config()
-        for name, opts in methods:
+        for name, opts in methods():
             trainable, total = trainable_counts(config, name, **opts)
-            rows.append(BudgetRow(setting, name, trainable, total, opts))
+            rows.append(BudgetRow(setting, name, trainable, total, opts, config.vocab_size))
     return rows
