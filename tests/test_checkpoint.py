@@ -292,3 +292,96 @@ def test_a_method_checkpoint_is_not_a_base(ckpts, tmp_path):
                                   str(tmp_path / "x")])
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert res.exit_code == 2 and len(lines) == 1 and "not a plain model" in lines[0], res.output
+
+
+# ---------------------------------------------------------------------------------------------------------
+# lm-eval's own CLI on saved checkpoints: SCALE with trust_remote_code, LoRA with peft=
+
+
+_LM_EVAL_CLI = "sys.argv = ['lm_eval', *sys.argv[1:]]\nfrom lm_eval.__main__ import cli_evaluate\ncli_evaluate()\n"
+WORDS = "red green blue cat dog sun moon tree river stone bird fish".split()
+
+
+@pytest.fixture(scope="module")
+def harness_env(tmp_path_factory) -> dict:
+    """A local multiple-choice task, a tokenizer over its words, and trained-looking SCALE-Route and LoRA
+    checkpoints of one tiny base (their trainable tensors randomised, so neither equals the base)."""
+    from scalecl.data.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("lm_eval")
+    (root / "tasks").mkdir()
+    rows = [{"question": f"Which {WORDS[i % 12]} {WORDS[(i * 5) % 12]}?",
+             "choices": [WORDS[(i + k) % 12] for k in (1, 4, 7)], "label": i % 3} for i in range(8)]
+    (root / "tasks" / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "tasks" / "local_mc.yaml").write_text(
+        f"task: local_mc\ndataset_path: json\ndataset_name: null\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {root / 'tasks' / 'mc.jsonl'}\n  cache_dir: {root / 'hf_cache'}\noutput_type: multiple_choice\n"
+        'test_split: test\ndoc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_target: "{{label}}"\n'
+        'doc_to_choice: "{{choices}}"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n'
+    )
+    tok = train_tokenizer(["Question: Answer: ?", *WORDS])
+    base = model_from_config(tiny_config("llama", vocab_size=len(tok), num_hidden_layers=2), seed=0)
+    paths = {"base": save_model(base, root / "base", tokenizer=tok)}
+    for name, opts in (("scale-route", {**SCALE, "l_fp": 1, "tau": 0.5}), ("lora", {"rank": 4})):
+        method = get_method(name, **opts)
+        torch.manual_seed(0)
+        model = method.apply(load_model(paths["base"]))
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(0.3 * torch.randn_like(p))
+        paths[name] = save_model(model, root / name, method, base_model="random:tiny", tokenizer=tok)
+    return {"root": root, "tasks": root / "tasks", "tok": tok, "paths": paths}
+
+
+def _lm_eval_cli(env: dict, model_args: str, name: str) -> dict:
+    out = env["root"] / "cli" / name
+    res = run_clean(_LM_EVAL_CLI, "--model", "hf", "--model_args", model_args, "--tasks", "local_mc",
+                    "--include_path", str(env["tasks"]), "--limit", "8", "--batch_size", "4", "--device", "cpu",
+                    "--output_path", str(out), "--log_samples", cwd=env["root"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    (results,) = out.rglob("results_*.json")
+    (samples,) = out.rglob("samples_local_mc_*.jsonl")
+    lls = [[float(r[0][0]) for r in json.loads(line)["resps"]] for line in samples.read_text().splitlines()]
+    return {"scores": json.loads(results.read_text())["results"]["local_mc"], "lls": torch.tensor(lls)}
+
+
+def _lls(env: dict, name: str) -> torch.Tensor:
+    """(docs, choices) log-likelihoods of a checkpoint, through lm-eval in this process."""
+    from scalecl import harness
+
+    sel, tm = harness.resolve_tasks("local_mc", [env["tasks"]])
+    r = harness.evaluate_model(load_model(env["paths"][name]), env["tok"], sel, tm, limit=8, batch_size=4,
+                               bootstrap_iters=0, log_samples=True)
+    return torch.tensor([[float(x[0][0]) for x in s["resps"]] for s in r["samples"]["local_mc"]])
+
+
+def _ours(env: dict, name: str) -> dict:
+    """`scalecl eval-harness` scores, and per-choice log-likelihoods of the same model in process."""
+    out = env["root"] / "ours"
+    res = runner.invoke(app, ["eval-harness", "--model", str(env["paths"][name]), "--tasks", "local_mc",
+                              "--include-path", str(env["tasks"]), "--limit", "8", "--batch-size", "4",
+                              "--device", "cpu", "--bootstrap-iters", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    (run,) = [d for d in out.iterdir() if d.name.startswith(f"{name}-")]
+    scores = json.loads((run / "lm_eval_results.json").read_text())["results"]["local_mc"]
+    return {"scores": scores, "lls": _lls(env, name)}
+
+
+@pytest.mark.slow  # two lm_eval CLI processes (each indexes lm-eval's built-in tasks)
+def test_lm_eval_cli_scores_equal_scalecl_eval_harness(harness_env):
+    """lm_eval --model hf: pretrained=DIR,trust_remote_code=True (SCALE) and pretrained=BASE,peft=DIR (LoRA)
+    score exactly as `scalecl eval-harness`, with the same per-choice log-likelihoods (1e-5), which differ
+    from the base model's (so an ignored adapter or a wrong model would show)."""
+    paths = harness_env["paths"]
+    runs = {
+        "scale-route": f"pretrained={paths['scale-route']},trust_remote_code=True",
+        "lora": f"pretrained={paths['lora'] / 'base'},peft={paths['lora']}",
+    }
+    base = _lls(harness_env, "base")
+    for name, model_args in runs.items():
+        cli, ours = _lm_eval_cli(harness_env, model_args, name), _ours(harness_env, name)
+        for metric in ("acc,none", "acc_norm,none"):
+            assert cli["scores"][metric] == ours["scores"][metric], (name, metric)
+        torch.testing.assert_close(cli["lls"], ours["lls"], atol=1e-5, rtol=0)
+        assert (ours["lls"] - base).abs().max() > 1e-2, name

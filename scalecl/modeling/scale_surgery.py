@@ -152,7 +152,7 @@ class _ConstantHook:
 
     @staticmethod
     def _trains(refs: list[tuple[nn.Module, str]]) -> bool:
-        return any(getattr(m, n).requires_grad for m, n in refs)
+        return any(m._parameters[n].requires_grad for m, n in refs)  # (module, name): follows replacements
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
         emb = kwargs.get("inputs_embeds")
