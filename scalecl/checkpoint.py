@@ -17,6 +17,7 @@ scale (scale-preserve/adapt/route): a transformers folder with remote code.
 lora: peft's own format.
   adapter_config.json, adapter_model.safetensors, README.md   written by peft's save_pretrained; the config's
                      base_model_name_or_path is the base's hub id or absolute folder
+  config.json        the base's config (what the model runs at: AutoConfig and max-length lookups work)
   base/              the base model (plain layout) when it is not on disk elsewhere (e.g. a random-init base)
 every layout:
   scalecl.json       how it was built: method and options, the base config, the base's source, the files written
@@ -86,7 +87,10 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
         raise ScaleclError(f"output folder {out_dir} is a file")
     _clean_stale_siblings(where)
     if out.is_dir() and any(out.iterdir()):
-        meta = read_meta(out)
+        try:
+            meta = read_meta(out)
+        except ValueError:  # an unreadable scalecl.json: not something to replace blindly
+            meta = None
         if meta is None:
             raise ScaleclError(f"output folder {out_dir} is not empty and holds no scalecl checkpoint; nothing was "
                                f"written (give a new or empty folder)")
@@ -315,6 +319,9 @@ def _write_lora(model, folder: Path, out: Path, base_model: str | None, tokenize
         model.save_pretrained(str(folder), save_embedding_layers=False)
     finally:
         cfg.base_model_name_or_path, cfg.init_lora_weights = saved
+    # the base's config, so that config readers (max length, sizes) work; plain from_pretrained(dir) then
+    # looks for base weights beside the adapter and raises, instead of fetching the recorded base
+    model.get_base_model().config.to_json_file(str(folder / "config.json"))
     return source
 
 

@@ -168,7 +168,10 @@ def test_plain_transformers_loads_right_or_raises(ckpts, loaded_elsewhere):
         if c["method"].startswith("scale-"):  # transformers' own class at the widened sizes: it refuses the tensors
             assert r.get("error", "").startswith("RuntimeError") and "mismatched" in r["error"], (name, r)
             continue
-        # FFT, Freeze and LLaMA Pro are plain models; LoRA: transformers applies the adapter via peft
+        if c["method"] == "lora":  # config.json (the base's) but no base weights beside the adapter: refused
+            assert r.get("error", "").startswith("OSError") and "model.safetensors" in r["error"], (name, r)
+            continue
+        # FFT, Freeze and LLaMA Pro are plain models
         assert "error" not in r, (name, r["error"][-500:])
         assert r["diff"] <= TOL, (name, r)
         assert r["layer_idx"] == list(range(len(r["layer_idx"])))  # LLaMA Pro's renumbered KV-cache slots survive
@@ -207,7 +210,8 @@ def test_checkpoint_layouts(ckpts):
     cfg = json.loads((lora / "adapter_config.json").read_text())
     assert cfg["base_model_name_or_path"] == str((lora / "base").resolve()) and cfg["r"] == 4
     assert {p.name for p in (lora / "base").iterdir()} >= {"config.json", "model.safetensors"}
-    assert not (lora / "model.safetensors").exists() and not (lora / "config.json").exists()
+    assert not (lora / "model.safetensors").exists()  # the base's weights are in base/, never beside the adapter
+    assert json.loads((lora / "config.json").read_text())["hidden_size"] == 64  # the base's config
     meta = json.loads((lora / "scalecl.json").read_text())
     assert meta["layout"] == "lora" and meta["format_version"] == 2
     assert meta["files"] == sorted(p.name for p in lora.iterdir())
