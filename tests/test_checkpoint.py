@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch as st
 import torch
 from conftest import ARCH_CASES, make_base, random_batch, train_steps
 from typer.testing import CliRunner
@@ -151,6 +153,15 @@ def loaded_elsewhere(ckpts) -> dict:
             jobs.append({"name": name, "dir": c["dir"], "ref": c["ref"], "how": "remote"})
         if c["method"] == "lora":
             jobs.append({"name": name, "dir": c["dir"], "ref": c["ref"], "how": "peft"})
+    # strictness: a SCALE checkpoint missing one tensor must not load with a fresh one in its place
+    src = Path(ckpts["made"]["llama-gqa-untied-scale-adapt"]["dir"])
+    corrupt = ckpts["root"] / "corrupt"
+    shutil.copytree(src, corrupt)
+    tensors = st.load_file(str(src / "model.safetensors"))
+    del tensors["model.layers.2.self_attn.o_proj.w12"]
+    st.save_file(tensors, str(corrupt / "model.safetensors"))
+    jobs.append({"name": "corrupt", "dir": str(corrupt), "ref": ckpts["made"]["llama-gqa-untied-scale-adapt"]["ref"],
+                 "how": "remote"})
     work = ckpts["root"] / "work"
     work.mkdir()
     (work / "jobs.json").write_text(json.dumps(jobs))
@@ -194,6 +205,12 @@ def test_scale_remote_code_equals_load_model(ckpts, loaded_elsewhere):
         opts = c["model"].scalecl_meta["options"]
         assert r["router"] == opts["router"] and r["spec"]["embed_init"] == opts["embed_init"], name
         assert r["spec"]["tau"] == opts["tau"] and r["spec"]["variant"] == c["method"].removeprefix("scale-")
+
+
+def test_remote_code_loading_is_strict(loaded_elsewhere):
+    """A tensor missing from the checkpoint is an error, never a newly initialised block."""
+    err = loaded_elsewhere["corrupt/remote"].get("error", "")
+    assert err.startswith("ValueError") and "does not match its config.json" in err and "o_proj.w12" in err, err
 
 
 def test_lora_loads_with_peft(ckpts, loaded_elsewhere):

@@ -70,8 +70,8 @@ def test_foreign_folder_survives_every_command(cmd, foreign, lora_ckpt, monkeypa
     for overwrite in ([], ["--overwrite"]):
         assert "not empty and holds no scalecl checkpoint" in one_error_line(
             runner.invoke(app, [*args, "--out", str(foreign), *overwrite]))
-    monkeypatch.chdir(foreign / "notes")
-    for out in (".", "..", str(foreign.parent)):
+    for cwd, out in ((foreign, "."), (foreign / "notes", ".."), (foreign / "notes", str(foreign.parent))):
+        monkeypatch.chdir(cwd)
         assert "current folder or contains it" in one_error_line(runner.invoke(app, [*args, "--out", out, "--overwrite"]))
     assert tree(foreign) == before
     assert sorted(p.name for p in foreign.parent.iterdir()) == parent  # no temporary sibling left behind

@@ -23,9 +23,6 @@ from transformers import GPTNeoXForCausalLM, LlamaForCausalLM, PretrainedConfig
 from .scale_arch import ARCHS
 from .scale_surgery import ScaleSpec, widen
 
-# config fields the widening changes; their base values are stored in config.scale["base_sizes"]
-SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
-
 
 class _ScaleModel:
     """Mixin over a transformers CausalLM class: build the base shape, widen it, load strictly."""

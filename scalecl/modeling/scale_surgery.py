@@ -23,6 +23,8 @@ from .scale_layers import PathState, SplitNorm, UpEmbedding, UpHead, UpLinear
 
 # kwargs of a decoder block whose batch dimension must follow the hidden states when Route forks
 _BATCHED_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
+# config fields the widening changes (checkpoints record their base values to rebuild the base shape)
+SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,7 @@ def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = Tr
     tied = bool(getattr(config, "tie_word_embeddings", False))
     set_submodule(model, arch.head, UpHead(model.get_submodule(arch.head), hu, state, emb.weight_up if tied else None))
 
-    base_sizes = {k: getattr(config, k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                                  "intermediate_size") if hasattr(config, k)}
+    base_sizes = {k: getattr(config, k) for k in SIZE_KEYS if hasattr(config, k)}
     config.hidden_size = d + hu
     config.num_attention_heads += n_new
     if hasattr(config, "num_key_value_heads"):
