@@ -80,7 +80,7 @@ def main() -> None:
             times[k].append(step(f))
     med = {k: statistics.median(v) for k, v in times.items()}
     t = time.perf_counter()
-    head._gram = None
+    head._gram.clear()  # drop the cached Gram matrix
     head.gram()
     gram_s = time.perf_counter() - t
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -1,16 +1,43 @@
 """Save any model the suite builds (plain, baseline, upscaled) and load it back through one function.
 
-Layout of a checkpoint directory:
+Every checkpoint also loads with plain transformers / peft / lm-eval, or refuses loudly; none loads as a
+model of the wrong function. Layouts (`layout` in scalecl.json):
+
+plain (base models, fft, freeze, llama-pro): a standard transformers folder.
   model.safetensors  weights (shared/tied tensors stored once)
-  config.json        the transformers config of the model as it runs (widened sizes for SCALE)
-  scalecl.json       how it was built: method name and options, the base config, where the base came from
-  tokenizer files    when a tokenizer was given
+  config.json        the model's transformers config (LLaMA Pro: the deeper layer count)
+scale (scale-preserve/adapt/route): a transformers folder with remote code.
+  model.safetensors  weights
+  config.json        the widened config (widened sizes, its family's model_type) plus `auto_map` and `scale`
+                     (spec, base sizes)
+  modeling_scale.py, scale_surgery.py, scale_layers.py, scale_arch.py
+                     scalecl's own SCALE model code (scalecl/modeling), copied verbatim: it needs only torch and
+                     transformers, so `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)` works
+                     without scalecl; without trust_remote_code transformers raises (size mismatch)
+lora: peft's own format.
+  adapter_config.json, adapter_model.safetensors, README.md   written by peft's save_pretrained; the config's
+                     base_model_name_or_path is the base's hub id or absolute folder
+  config.json        the base's config (what the model runs at: AutoConfig and max-length lookups work)
+  base/              the base model (plain layout) when it is not on disk elsewhere (e.g. a random-init base)
+every layout:
+  scalecl.json       how it was built: method and options, the base config, the base's source, the files written
+  tokenizer files    when a tokenizer was given (LoRA: also in base/)
+
+Writing never deletes anything the suite did not write. A folder that is not empty and holds no scalecl.json
+is refused; an existing checkpoint is replaced only with overwrite=True, and only if it holds nothing but what
+the suite wrote. Everything is written to a hidden temporary sibling `.{name}.tmp-{pid}-{random}` and renamed
+into place when complete; a replaced checkpoint is first renamed to `.{name}.old-{pid}-{random}` and removed
+after the new one is in place. A crash leaves the old or the new checkpoint plus at most such a sibling, which
+the next save to the same place removes (or, if the crash fell between the two renames, renames back).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,8 +51,121 @@ from transformers.initialization import no_init_weights
 from .errors import ScaleclError
 from .methods import Method, get_method
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 META_FILE = "scalecl.json"
+LORA_BASE_DIR = "base"
+# what format 1 checkpoints (no file list in scalecl.json) may hold: weights, config, meta and tokenizer files
+_V1_FILES = re.compile(r"model\.safetensors|config\.json|scalecl\.json|generation_config\.json|tokenizer.*|"
+                       r"special_tokens_map\.json|added_tokens\.json|vocab\.\w+|merges\.txt|spiece\.model|"
+                       r"chat_template\.\w+|sentencepiece\.bpe\.model")
+_PLAIN_METHODS = (None, "fft", "freeze", "llama-pro")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where a checkpoint may be written
+
+
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Refuse, in one line and before any work, an output folder whose writing could lose the user's data.
+
+    Refused: the current folder or one of its ancestors, a file, a path under a file, a symbolic link, a
+    non-empty folder that is not a scalecl checkpoint, and an existing checkpoint unless overwrite=True (and
+    then still if it holds files the suite did not write). An empty folder is filled. Stale temporary
+    siblings of earlier crashed saves are cleaned up here.
+    """
+    out = Path(out_dir).expanduser()
+    where = Path(os.path.abspath(out))
+    real, cwd = where.resolve(), Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        raise ScaleclError(f"output folder {out_dir} is the current folder or contains it: give a new or empty folder")
+    for parent in real.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ScaleclError(f"output folder {out_dir} lies under {parent}, which is a file")
+    if out.is_symlink():
+        raise ScaleclError(f"output folder {out_dir} is a symbolic link: give the folder itself")
+    if out.exists() and not out.is_dir():
+        raise ScaleclError(f"output folder {out_dir} is a file")
+    _clean_stale_siblings(where)
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            meta = read_meta(out)
+        except ValueError:  # an unreadable scalecl.json: not something to replace blindly
+            meta = None
+        if meta is None:
+            raise ScaleclError(f"output folder {out_dir} is not empty and holds no scalecl checkpoint; nothing was "
+                               f"written (give a new or empty folder)")
+        if not overwrite:
+            raise ScaleclError(f"output folder {out_dir} holds a scalecl checkpoint; pass --overwrite "
+                               f"(overwrite=True) to replace it")
+        foreign = _foreign_entries(out, meta)
+        if foreign:
+            raise ScaleclError(f"output folder {out_dir} holds files scalecl did not write ({', '.join(foreign[:3])}); "
+                               f"move them away to replace the checkpoint")
+    return where
+
+
+def _foreign_entries(folder: Path, meta: dict[str, Any]) -> list[str]:
+    """Top-level entries of a checkpoint folder that the suite did not write."""
+    names = sorted(p.name for p in folder.iterdir())
+    if "files" in meta:
+        return [n for n in names if n not in set(meta["files"])]
+    return [n for n in names if not _V1_FILES.fullmatch(n)]
+
+
+def _sibling_re(out: Path) -> re.Pattern:
+    return re.compile(rf"\.{re.escape(out.name)}\.(tmp|old)-(\d+)-\w+")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # left behind by an earlier save of this very process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_stale_siblings(out: Path) -> None:
+    """Remove `.{name}.tmp-*` / `.{name}.old-*` left by a crashed save; restore an `.old` whose replacement never landed."""
+    if not out.parent.is_dir():
+        return
+    pattern = _sibling_re(out)
+    for p in sorted(out.parent.iterdir()):
+        m = pattern.fullmatch(p.name)
+        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m[2])):
+            continue
+        if m[1] == "old" and not out.exists():
+            os.rename(p, out)  # the crash fell between moving the old checkpoint aside and moving the new one in
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished temporary folder to `out`, moving an existing checkpoint aside first."""
+    if out.is_dir() and any(out.iterdir()):  # an existing checkpoint, cleared for replacement by check_out_dir
+        old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            os.rename(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        os.replace(tmp, out)  # onto a missing or empty folder
+    except OSError:
+        if not out.is_dir() or any(out.iterdir()):
+            raise
+        out.rmdir()
+        os.replace(tmp, out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Saving
 
 
 def save_model(
@@ -35,38 +175,162 @@ def save_model(
     base_model: str | None = None,
     tokenizer=None,
     extra: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
 ) -> Path:
-    """Write a checkpoint atomically (temp dir + rename): nothing half-written is left on failure."""
-    out = Path(out_dir)
+    """Write a checkpoint atomically (temp sibling + rename); nothing the suite did not write is ever touched.
+
+    method: what built the model (None: inferred for SCALE and LoRA models, else a plain model).
+    base_model: where the base came from (hub id, folder or a description such as "random:llama"); a LoRA
+    checkpoint records it for peft, and stores the base itself when it is not a hub id or plain folder.
+    overwrite: replace an existing checkpoint of the suite at out_dir (never anything else).
+    """
+    out = check_out_dir(out_dir, overwrite)
+    method = _resolve_method(model, method)
+    layout = "scale" if getattr(model, "scale_spec", None) is not None else "lora" if _is_peft(model) else "plain"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
-        # methods that change the structure record the config of the model they started from
-        base_config = getattr(model, "scalecl_base_config", None)
-        meta = {
+        meta: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "method": method.name if method else None,
             "options": method.options() if method else {},
+            "layout": layout,
             "base_model": base_model,
-            "base_config": base_config or model.config.to_dict(),
+            "base_config": _base_config_of(model, method),
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             **(extra or {}),
         }
-        st.save_model(model, str(tmp / "model.safetensors"))
-        model.config.to_json_file(str(tmp / "config.json"))
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
+        if layout == "scale":
+            _write_scale(model, tmp)
+        elif layout == "lora":
+            meta["lora_base"] = _write_lora(model, tmp, out, base_model, tokenizer)
+        else:
+            _write_plain(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        meta["files"] = sorted({p.name for p in tmp.iterdir()} | {META_FILE})
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
+        _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
+def _is_peft(model) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def _resolve_method(model, method: Method | None) -> Method | None:
+    """The method that built `model`: checked against the model when given, inferred for SCALE and LoRA."""
+    from .methods.scale import ScaleMethod
+
+    is_scale, is_lora = getattr(model, "scale_spec", None) is not None, _is_peft(model)
+    if method is None:
+        if is_scale:
+            cfg = model.scale_config.to_dict()
+            return get_method(f"scale-{cfg.pop('variant')}", **cfg)
+        if is_lora:
+            c = model.peft_config["default"]
+            return get_method("lora", rank=c.r, alpha=c.lora_alpha, dropout=c.lora_dropout)
+        return None
+    if isinstance(method, ScaleMethod) != is_scale or (method.name == "lora") != is_lora:
+        raise ScaleclError(f"method {method.name} does not match the model given to save_model "
+                           f"({'SCALE' if is_scale else 'LoRA' if is_lora else 'plain'} model)")
+    return method
+
+
+def _base_config_of(model, method: Method | None) -> dict[str, Any]:
+    """The config the checkpoint is rebuilt from: the one the method started from, else the model's own."""
+    base = getattr(model, "scalecl_base_config", None)
+    if method is not None and base:
+        return base
+    if getattr(model, "scale_spec", None) is not None:  # loaded through remote code: undo the widening
+        d = {k: v for k, v in model.config.to_dict().items() if k not in ("scale", "auto_map", "architectures")}
+        d.update(model.scale_base_sizes)
+        return d
+    return (model.get_base_model() if _is_peft(model) else model).config.to_dict()
+
+
+def _write_plain(model: PreTrainedModel, folder: Path) -> None:
+    folder.mkdir(exist_ok=True)
+    st.save_model(model, str(folder / "model.safetensors"))
+    model.config.to_json_file(str(folder / "config.json"))
+
+
+def _write_scale(model: PreTrainedModel, folder: Path) -> None:
+    """Weights, the remote-code config and the standalone model code (copied verbatim)."""
+    from . import modeling
+    from .modeling.modeling_scale import remote_config
+
+    st.save_model(model, str(folder / "model.safetensors"))
+    remote_config(model).to_json_file(str(folder / "config.json"), use_diff=False)
+    src = Path(modeling.__file__).parent
+    for name in modeling.REMOTE_CODE_FILES:
+        shutil.copyfile(src / name, folder / name)
+
+
+def _lora_base_source(base_model: str | None, out: Path) -> str | None:
+    """The LoRA base as peft should record it (hub id or absolute folder), or None if it must be stored."""
+    from .models import _HUB_ID
+
+    if not base_model:
+        return None
+    p = Path(base_model).expanduser()
+    if p.is_dir():
+        real = p.resolve()
+        if real == out.resolve() or out.resolve() in real.parents:
+            return None  # replaced by this very save
+        meta = read_meta(real)
+        plain = (real / "config.json").is_file() and (meta is None or meta.get("method") in _PLAIN_METHODS)
+        return str(real) if plain else None
+    if _HUB_ID.match(base_model) and not p.exists():
+        return base_model
+    return None
+
+
+def _plain_base_of(model) -> PreTrainedModel:
+    """The LoRA model's base as a plain transformers model sharing its tensors (the LoRA layers left out)."""
+    inner = model.get_base_model()
+    config = AutoConfig.for_model(**model.scalecl_base_config) if getattr(model, "scalecl_base_config", None) \
+        else copy.deepcopy(inner.config)
+    sd = {k.replace(".base_layer.", "."): v for k, v in inner.state_dict().items() if ".lora_" not in k}
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype)
+    plain.load_state_dict(sd, strict=True, assign=True)
+    return plain
+
+
+def _write_lora(model, folder: Path, out: Path, base_model: str | None, tokenizer) -> str:
+    """peft's adapter files; the base itself into base/ unless it is a hub id or a plain folder. Returns the base."""
+    source = _lora_base_source(base_model, out)
+    if source is None:
+        _write_plain(_plain_base_of(model), folder / LORA_BASE_DIR)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(folder / LORA_BASE_DIR))
+        source = str(out / LORA_BASE_DIR)  # where it will be once the checkpoint is in place
+    cfg = model.peft_config["default"]
+    saved = cfg.base_model_name_or_path, cfg.init_lora_weights
+    try:  # a fresh build from this config starts at the base function; the weights overwrite it anyway
+        cfg.base_model_name_or_path, cfg.init_lora_weights = source, True
+        model.save_pretrained(str(folder), save_embedding_layers=False)
+    finally:
+        cfg.base_model_name_or_path, cfg.init_lora_weights = saved
+    # the base's config, so that config readers (max length, sizes) work; plain from_pretrained(dir) then
+    # looks for base weights beside the adapter and raises, instead of fetching the recorded base
+    model.get_base_model().config.to_json_file(str(folder / "config.json"))
+    return source
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+
+
 def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The scalecl.json of a checkpoint folder, or None for a folder the suite did not write."""
     f = Path(path) / META_FILE
     return json.loads(f.read_text()) if f.exists() else None
 
@@ -75,7 +339,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
     """Load any checkpoint the suite wrote (or a plain transformers directory), ready to use (eval mode).
 
     The model is rebuilt from the recorded base config and method options, then the weights are loaded
-    strictly, so every parameter name and shape must match.
+    strictly, so every parameter name and shape must match. A LoRA checkpoint in peft's format loads its
+    base (base/, else the recorded folder or hub id) and then the adapter weights.
     """
     p = Path(path)
     if not p.is_dir():
@@ -84,23 +349,95 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
     if meta is None:  # a plain transformers checkpoint
         return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32).eval()
     method = get_method(meta["method"], **meta["options"]) if meta.get("method") else None
-    # Every checkpoint is rebuilt the same way: the recorded base config, then the method's structure
-    # (without its initialisation), then the saved weights, loaded strictly.
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(
-            AutoConfig.for_model(**meta["base_config"]), dtype=getattr(torch, meta.get("dtype", "float32"))
-        )
-    model.tie_weights()  # skeletons built without init are not tied yet
-    if method is not None:
-        model = method.apply(model, init_weights=False)
-    missing, unexpected = st.load_model(model, str(p / "model.safetensors"), strict=False)
-    if missing or unexpected:
-        raise ScaleclError(
-            f"checkpoint {path} does not match its recorded method: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
-        )
+    if meta.get("layout") == "lora":
+        model = _load_lora(p, meta, method)
+    else:
+        # Every checkpoint is rebuilt the same way: the recorded base config, then the method's structure
+        # (without its initialisation), then the saved weights, loaded strictly.
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.for_model(**meta["base_config"]), dtype=getattr(torch, meta.get("dtype", "float32"))
+            )
+        model.tie_weights()  # skeletons built without init are not tied yet
+        if method is not None:
+            model = method.apply(model, init_weights=False)
+        missing, unexpected = st.load_model(model, str(p / "model.safetensors"), strict=False)
+        if missing or unexpected:
+            raise ScaleclError(
+                f"checkpoint {path} does not match its recorded method: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+            )
     model.scalecl_meta = meta
     if dtype is not None:
         model = model.to(dtype)
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel:
+    """Base model, LoRA re-applied from the recorded options, adapter weights loaded strictly."""
+    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+    source = str(p / LORA_BASE_DIR) if (p / LORA_BASE_DIR).is_dir() else meta.get("lora_base")
+    if not source:
+        raise ScaleclError(f"LoRA checkpoint {p} records no base model")
+    dtype = getattr(torch, meta.get("dtype", "float32"))
+    if Path(source).is_dir():
+        base = load_model(source, dtype=dtype)
+    else:
+        try:
+            base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        except (OSError, ValueError) as e:
+            raise ScaleclError(f"cannot load the base {source} of LoRA checkpoint {p} ({type(e).__name__})") from None
+    want = {k: meta["base_config"].get(k) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")}
+    got = {k: getattr(base.config, k, None) for k in want}
+    if got != want:
+        raise ScaleclError(f"base {source} of LoRA checkpoint {p} is not the model it was trained on: {got} vs {want}")
+    model = method.apply(base, init_weights=False)
+    sd = st.load_file(str(p / "adapter_model.safetensors"))
+    expected = set(get_peft_model_state_dict(model, save_embedding_layers=False))
+    if set(sd) != expected:
+        raise ScaleclError(f"LoRA checkpoint {p} does not match its recorded options: missing "
+                           f"{sorted(expected - set(sd))[:3]}, unexpected {sorted(set(sd) - expected)[:3]}")
+    set_peft_model_state_dict(model, sd)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Export as a plain transformers model
+
+
+def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write a checkpoint as a plain transformers model: LoRA merged into its base, other plain methods copied.
+
+    SCALE cannot be folded into the base's shape (split norms, new heads): refused, since its checkpoints
+    already load with `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise ScaleclError(f"model path {path} does not exist or is not a directory")
+    meta = read_meta(p) or {}
+    name = meta.get("method")
+    if name and name.startswith("scale-"):
+        raise ScaleclError(f"{name} cannot be merged into a plain model of the base's shape (split norms, new heads); "
+                           f"its checkpoint already loads with AutoModelForCausalLM.from_pretrained(DIR, "
+                           f"trust_remote_code=True)")
+    out = check_out_dir(out_dir, overwrite)
+    model = load_model(p)
+    if name == "lora":
+        from .methods.lora import merge_lora
+
+        model = merge_lora(model)
+    tokenizer = _checkpoint_tokenizer(p)
+    source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
+    return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,
+                      overwrite=overwrite)
+
+
+def _checkpoint_tokenizer(p: Path):
+    """The tokenizer saved in a checkpoint folder, if any."""
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(p))

@@ -124,12 +124,22 @@ def upscale(
     collab: str = typer.Option("attn,mlp", "--collab", help="Modules whose W12 trains in collaborative layers: attn, mlp or attn,mlp."),
     init: str = typer.Option("svd,zero", "--init", help="Initialisation of W21,W22: each zero, rnd or svd (paper Fig. 5)."),
     tau: float = typer.Option(0.9, "--tau", help="Route's cosine threshold in [-1, 1] (the paper gives no value)."),
+    router: str = typer.Option(
+        "logit", "--router", help="What Route's cosine compares: logit (paper Eq. 5, raw logits), centered (logits "
+        "centred over the vocabulary) or prob (softmax probabilities).",
+    ),
+    embed_init: str = typer.Option(
+        "zero", "--embed-init", help="New embedding columns: zero, or rnd (normal, std = the base's initializer_range; "
+        "untied embeddings only, so the head's new columns still start at zero).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for random-init bases and rnd initialisation."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing scalecl checkpoint at --out "
+                                   "(never a folder holding anything else)."),
 ) -> None:
-    """Widen a model with SCALE and write the checkpoint (safetensors + scalecl.json)."""
+    """Widen a model with SCALE and write the checkpoint (safetensors + scalecl.json + remote code for transformers)."""
     import torch
 
-    from .checkpoint import save_model
+    from .checkpoint import check_out_dir, save_model
     from .config import ScaleConfig
     from .methods import get_method
     from .runlayer import check_out_dir
@@ -137,8 +147,9 @@ def upscale(
 
     check_out_dir(out)
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
-                      init=_csv(init), tau=tau)  # validates names and ranges first
+                      init=_csv(init), tau=tau, router=router, embed_init=embed_init)  # names and ranges first
     method = get_method(f"scale-{cfg.variant}", **{k: v for k, v in cfg.to_dict().items() if k != "variant"})
+    check_out_dir(out, overwrite)
     config, load, source = _build_base(model, random_config, seed)
     method.check(config)  # every size check before the weights load
     base = load()
@@ -146,7 +157,7 @@ def upscale(
     torch.manual_seed(seed)
     widened = method.apply(base)
     _print_params(method, source, base_total, widened)
-    path = save_model(widened, out, method, base_model=source)
+    path = save_model(widened, out, method, base_model=source, overwrite=overwrite)
     console.print(f"wrote {path}")
 
 
@@ -203,17 +214,20 @@ def prepare(
         [], "--set", help="Method option key=value, repeatable (e.g. rank=256, k=3, n=4, hidden_up=256, collab=attn,mlp)."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for random-init bases and random initialisation."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing scalecl checkpoint at --out "
+                                   "(never a folder holding anything else)."),
 ) -> None:
     """Apply any method to a base model and write the checkpoint ready to train (safetensors + scalecl.json)."""
     import torch
 
-    from .checkpoint import save_model
+    from .checkpoint import check_out_dir, save_model
     from .methods import get_method
     from .runlayer import check_out_dir
     from .summary import param_counts
 
     check_out_dir(out)
     method = get_method(method_name, **_method_options(method_name, options))
+    check_out_dir(out, overwrite)
     config, load, source = _build_base(model, random_config, seed)
     method.check(config)  # every size check before the weights load
     base = load()
@@ -221,7 +235,28 @@ def prepare(
     torch.manual_seed(seed)
     prepared = method.apply(base)
     _print_params(method, source, base_total, prepared)
-    path = save_model(prepared, out, method, base_model=source)
+    path = save_model(prepared, out, method, base_model=source, overwrite=overwrite)
+    console.print(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def merge(
+    model: Path = typer.Option(..., "--model", help="A checkpoint folder written by scalecl."),
+    out: Path = typer.Option(..., "--out", help="Folder to write the plain transformers model to."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing scalecl checkpoint at --out "
+                                   "(never a folder holding anything else)."),
+) -> None:
+    """Export a checkpoint as a plain transformers model (no scalecl, peft or remote code needed to load it).
+
+    LoRA: the adapters are merged into the base weights (peft's merge_and_unload). FFT, Freeze, LLaMA Pro and
+    base checkpoints are already plain models and are copied. SCALE cannot be folded into the base's shape
+    (split norms, new heads) and is refused: its checkpoint already loads with
+    AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
+    """
+    from .checkpoint import merge_model
+
+    path = merge_model(model, out, overwrite=overwrite)
     console.print(f"wrote {path}")
 
 

@@ -13,6 +13,8 @@ from .errors import ScaleclError
 VARIANTS = ("preserve", "adapt", "route")
 INITS = ("zero", "rnd", "svd")
 COLLAB_MODULES = ("attn", "mlp")
+ROUTERS = ("logit", "centered", "prob")
+EMBED_INITS = ("zero", "rnd")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,12 @@ class ScaleConfig:
     init:      initialisation of (W21, W22), each "zero", "rnd" (He normal) or "svd" (paper Fig. 5).
     tau:       Route's cosine threshold in [-1, 1]. The paper gives no value; 0.9 is this project's
                default and is always recorded with the run.
+    router:    what Route's cosine compares: "logit" (the paper's Eq. 5, raw logits), "centered" (logits
+               centred over the vocabulary, z - mean_v z, so a uniform shift does not count) or "prob"
+               (softmax probabilities). The decision is hard in every case.
+    embed_init: the new embedding columns: "zero" (default) or "rnd" (normal, std = the base config's
+               initializer_range, 0.02 for GPT-NeoX and Llama). "rnd" needs untied embeddings: the head's
+               new columns start at zero only then, and with them the base function.
     """
 
     variant: str = "route"
@@ -38,6 +46,8 @@ class ScaleConfig:
     collab: tuple[str, ...] = ("attn", "mlp")
     init: tuple[str, str] = ("svd", "zero")
     tau: float = 0.9
+    router: str = "logit"
+    embed_init: str = "zero"
 
     def __post_init__(self) -> None:
         # normalise lists from JSON and strings from the CLI ("attn", "svd,zero") into hashable tuples
@@ -64,6 +74,10 @@ class ScaleConfig:
             raise ScaleclError(f"tau must lie in [-1, 1], got {self.tau}")
         if self.l_fp is not None and (not isinstance(self.l_fp, int) or self.l_fp < 0):
             raise ScaleclError(f"l_fp must be a non-negative integer, got {self.l_fp}")
+        if self.router not in ROUTERS:
+            raise ScaleclError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
+        if self.embed_init not in EMBED_INITS:
+            raise ScaleclError(f"unknown embed_init {self.embed_init!r}; choose one of {', '.join(EMBED_INITS)}")
 
     def resolved_l_fp(self, num_layers: int) -> int:
         """The number of function-preserving layers for a model with `num_layers` layers."""

@@ -2,78 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from .errors import ScaleclError
+from .modeling.scale_arch import ARCHS, Arch, head_dim, kv_heads, set_submodule
 
-
-@dataclass(frozen=True)
-class Arch:
-    """Where things live inside one Hugging Face decoder family (transformers 5.x names)."""
-
-    layers: str  # attribute path of the ModuleList of decoder blocks
-    embed: str
-    final_norm: str
-    head: str
-    # linear name inside a block -> (group, input kind, output kind); kinds are resolved to widths by upscale
-    linears: dict[str, tuple[str, str, str]]
-    norms: tuple[str, ...]  # norm modules inside a block
-    attn_module: str  # the module carrying layer_idx
-    zero_out: tuple[str, ...]  # output projections of a block (LLaMA Pro zeroes these)
-    lora_targets: tuple[str, ...]
-    # linears whose input is a norm of the block input (identical in both halves at Route's first forked
-    # block); parallel_input: the same, only when the block uses the parallel residual
-    block_input: tuple[str, ...] = ()
-    parallel_input: tuple[str, ...] = ()
-
-
-ARCHS: dict[str, Arch] = {
-    "gpt_neox": Arch(
-        layers="gpt_neox.layers",
-        embed="gpt_neox.embed_in",
-        final_norm="gpt_neox.final_layer_norm",
-        head="lm_head",
-        linears={
-            # fused per-head [q|k|v]: new heads append 3 * head_dim rows each
-            "attention.query_key_value": ("attn", "hidden", "qkv"),
-            "attention.dense": ("attn", "hidden", "hidden"),
-            "mlp.dense_h_to_4h": ("mlp", "hidden", "ffn"),
-            "mlp.dense_4h_to_h": ("mlp", "ffn", "hidden"),
-        },
-        norms=("input_layernorm", "post_attention_layernorm"),
-        attn_module="attention",
-        zero_out=("attention.dense", "mlp.dense_4h_to_h"),
-        lora_targets=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-        block_input=("attention.query_key_value",),
-        parallel_input=("mlp.dense_h_to_4h",),
-    ),
-    "llama": Arch(
-        layers="model.layers",
-        embed="model.embed_tokens",
-        final_norm="model.norm",
-        head="lm_head",
-        linears={
-            "self_attn.q_proj": ("attn", "hidden", "hidden"),
-            "self_attn.k_proj": ("attn", "hidden", "kv"),
-            "self_attn.v_proj": ("attn", "hidden", "kv"),
-            "self_attn.o_proj": ("attn", "hidden", "hidden"),
-            "mlp.gate_proj": ("mlp", "hidden", "ffn"),
-            "mlp.up_proj": ("mlp", "hidden", "ffn"),
-            "mlp.down_proj": ("mlp", "ffn", "hidden"),
-        },
-        norms=("input_layernorm", "post_attention_layernorm"),
-        attn_module="self_attn",
-        zero_out=("self_attn.o_proj", "mlp.down_proj"),
-        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        block_input=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    ),
-}
+# the architecture table lives in scalecl.modeling (shipped in SCALE checkpoints): one copy, re-exported
+__all__ = ["ARCHS", "Arch", "arch_of", "decoder_layers", "head_dim", "kv_heads", "set_submodule"]
 
 
 def arch_of(config: PretrainedConfig) -> Arch:
@@ -82,20 +23,6 @@ def arch_of(config: PretrainedConfig) -> Arch:
     if mt not in ARCHS:
         raise ScaleclError(f"unsupported architecture {mt!r}: scalecl supports {', '.join(ARCHS)}")
     return ARCHS[mt]
-
-
-def head_dim(config: PretrainedConfig) -> int:
-    hd = getattr(config, "head_dim", None)
-    return int(hd) if hd else config.hidden_size // config.num_attention_heads
-
-
-def kv_heads(config: PretrainedConfig) -> int:
-    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-
-
-def set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, name, module)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -156,6 +83,13 @@ def check_model_source(name_or_path: str) -> None:
 def load_base_config(name_or_path: str) -> PretrainedConfig:
     """The config of a hub id or local directory, with the architecture checked before any weights load."""
     check_model_source(name_or_path)
+    meta_file = os.path.join(name_or_path, "scalecl.json")
+    if os.path.isfile(meta_file):  # methods apply to plain models; SCALE and LoRA checkpoints are not
+        meta = json.loads(open(meta_file).read())
+        if meta.get("layout") in ("scale", "lora") or str(meta.get("method")).startswith(("scale-", "lora")):
+            hint = "`scalecl merge` it first" if meta.get("method") == "lora" else "give its base model"
+            raise ScaleclError(f"{name_or_path} is a {meta.get('method')} checkpoint, not a plain model: {hint} "
+                               f"(recorded base: {meta.get('base_model')})")
     try:
         config = AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
@@ -163,6 +97,8 @@ def load_base_config(name_or_path: str) -> PretrainedConfig:
             f"cannot load a config from {name_or_path}: not a local checkpoint and not in the Hugging Face "
             f"cache ({type(e).__name__})"
         ) from None
+    if getattr(config, "scale", None) is not None:
+        raise ScaleclError(f"{name_or_path} is a SCALE-upscaled model, not a plain model: give its base model")
     arch_of(config)
     return config
 

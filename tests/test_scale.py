@@ -224,11 +224,12 @@ def test_tie_weights_and_checkpoint_keep_the_shared_up_tensor(tmp_path):
         ref = m(ids).logits
     m.tie_weights()  # lm-eval's HFLM calls this: it must not break the widened head
     assert m.lm_head.weight_up is m.model.embed_tokens.weight_up
-    save_model(m, tmp_path / "ck", None)
+    save_model(m, tmp_path / "ck", None)  # the method is inferred from the model
+    assert load_model(tmp_path / "ck").scalecl_meta["method"] == "scale-route"
     from scalecl.methods import get_method
 
     meth = get_method("scale-route", hidden_up=HU, ffn_up=FU, l_fp=1)
-    save_model(m, tmp_path / "ck", meth)
+    save_model(m, tmp_path / "ck", meth, overwrite=True)
     m2 = load_model(tmp_path / "ck")
     assert m2.lm_head.weight_up is m2.model.embed_tokens.weight_up
     assert {n for n, p in m2.named_parameters() if p.requires_grad} == {

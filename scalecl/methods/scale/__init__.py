@@ -26,11 +26,13 @@ class ScaleMethod(Method):
     collab: tuple[str, ...] = ScaleConfig.collab
     init: tuple[str, str] = ScaleConfig.init
     tau: float = ScaleConfig.tau
+    router: str = ScaleConfig.router
+    embed_init: str = ScaleConfig.embed_init
 
     def __post_init__(self) -> None:
         self.config = ScaleConfig(
             variant=self.variant, hidden_up=self.hidden_up, ffn_up=self.ffn_up, l_fp=self.l_fp,
-            collab=self.collab, init=self.init, tau=self.tau,
+            collab=self.collab, init=self.init, tau=self.tau, router=self.router, embed_init=self.embed_init,
         )
 
     def check(self, config) -> None:
@@ -46,7 +48,9 @@ class ScaleMethod(Method):
         else:
             above = "in the top layer only" if c.l_fp is None else f"above the lowest {c.l_fp} layers"
             where = f"W12 of {'+'.join(c.collab)} trains {above}"
-        extra = f", router tau={c.tau}" if c.variant == "route" else ""
+        extra = f", {c.router} router tau={c.tau}" if c.variant == "route" else ""
+        if c.embed_init != "zero":
+            extra += f", new embedding columns {c.embed_init}"
         return (f"SCALE-{c.variant.capitalize()}: width +{c.hidden_up} hidden / +{c.ffn_up} FFN; original weights "
                 f"frozen; W21, W22, new norms, embedding and head columns train; {where}{extra}")
 

@@ -1,0 +1,245 @@
+"""Width-upscaling surgery on a Hugging Face decoder (paper Sec. 3.1, Appendix B; spec/method.md).
+
+The widened model stays an instance of its transformers class: only leaf modules are swapped for their
+widened versions and the config is updated to the widened sizes, so generation with a KV cache and lm-eval
+work unchanged. Route forks the batch above the function-preserving layers with forward pre-hooks.
+
+Standalone (torch + transformers only): copied verbatim into every SCALE checkpoint. It takes a plain
+`ScaleSpec` and checks nothing a user could get wrong: `scalecl.config.ScaleConfig` and
+`scalecl.methods.scale.upscale` validate first and convert.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from .scale_arch import Arch, head_dim, kv_heads, set_submodule
+from .scale_layers import PathState, SplitNorm, UpEmbedding, UpHead, UpLinear
+
+# kwargs of a decoder block whose batch dimension must follow the hidden states when Route forks
+_BATCHED_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
+# config fields the widening changes (checkpoints record their base values to rebuild the base shape)
+SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """One widening as plain values, l_fp resolved (field meanings: scalecl.config.ScaleConfig)."""
+
+    variant: str
+    hidden_up: int
+    ffn_up: int
+    l_fp: int
+    collab: tuple[str, ...]
+    init: tuple[str, str]
+    tau: float
+    router: str = "logit"
+    embed_init: str = "zero"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (lists for tuples)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ScaleSpec:
+        """Inverse of to_dict; unknown keys are an error, never silently dropped."""
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown SCALE spec keys: {', '.join(sorted(unknown))}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def new_heads(config, hidden_up: int) -> tuple[int, int]:
+    """(new query heads, new KV heads) that hidden_up adds to a base config (whole heads, whole GQA groups)."""
+    heads = hidden_up // head_dim(config)
+    return heads, heads // (config.num_attention_heads // kv_heads(config))
+
+
+def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = True) -> nn.Module:
+    """Widen `model` in place by spec.hidden_up / spec.ffn_up and set which blocks train for spec.variant.
+
+    The base weights are reused (frozen, never modified). init_weights=False skips the SVD/random
+    initialisation (used when a checkpoint is loaded right after). Sizes are assumed valid.
+    """
+    config = model.config
+    n_layers = config.num_hidden_layers
+    l_fp = spec.l_fp
+    d, hu, hd = config.hidden_size, spec.hidden_up, head_dim(config)
+    n_new, new_kv = new_heads(config, hu)
+    width = {"hidden": hu, "ffn": spec.ffn_up, "qkv": 3 * hu, "kv": new_kv * hd}
+    state = PathState("route" if spec.variant == "route" else "adapt", spec.tau, spec.router)
+    for p in model.parameters():
+        p.requires_grad_(False)  # every pre-trained tensor is frozen; new blocks are created trainable
+
+    shared = set(arch.block_input) | (set(arch.parallel_input) if getattr(config, "use_parallel_residual", False) else set())
+    for i, layer in enumerate(model.get_submodule(arch.layers)):
+        collaborative = i >= l_fp and spec.variant != "preserve"
+        for name, (group, kin, kout) in arch.linears.items():
+            up = UpLinear(layer.get_submodule(name), width[kin], width[kout], state, spec.init, init_weights)
+            up.w12.requires_grad_(collaborative and group in spec.collab)
+            up.fork = spec.variant == "route" and i >= l_fp
+            up.layer = i
+            up.shared_input = up.fork and i == l_fp and name in shared
+            set_submodule(layer, name, up)
+        for name in arch.norms:
+            set_submodule(layer, name, SplitNorm(layer.get_submodule(name), d, hu))
+    set_submodule(model, arch.final_norm, SplitNorm(model.get_submodule(arch.final_norm), d, hu))
+    std = getattr(config, "initializer_range", None) or 0.02
+    emb = UpEmbedding(model.get_submodule(arch.embed), hu, spec.embed_init, std, init_weights)
+    set_submodule(model, arch.embed, emb)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    set_submodule(model, arch.head, UpHead(model.get_submodule(arch.head), hu, state, emb.weight_up if tied else None))
+
+    base_sizes = {k: getattr(config, k) for k in SIZE_KEYS if hasattr(config, k)}
+    config.hidden_size = d + hu
+    config.num_attention_heads += n_new
+    if hasattr(config, "num_key_value_heads"):
+        config.num_key_value_heads = kv_heads(config) + new_kv
+    if hasattr(config, "head_dim"):  # explicit, so nothing re-derives it from the widened sizes
+        config.head_dim = hd
+    config.intermediate_size += spec.ffn_up
+
+    model.scale_config = spec  # scalecl's upscale replaces it with the validated ScaleConfig
+    model.scale_spec = spec
+    model.scale_base_sizes = base_sizes  # what a checkpoint's config.json records to rebuild the base shape
+    model.scale_state = state
+    model.scale_l_fp = l_fp
+    state.n_groups = n_layers + 1
+    body = model.get_submodule(arch.embed.rpartition(".")[0])  # the decoder stack, e.g. model.model
+    body.register_forward_pre_hook(_ConstantHook(model, arch), with_kwargs=True)
+    if spec.variant == "route":
+        _install_fork(model, arch, l_fp)
+    return model
+
+
+class _ConstantHook:
+    """Before every forward, finds how far up the original channels stay independent of training.
+
+    On the preserve path the first d channels of every hidden state are a function of frozen tensors alone
+    (Theorem 3.1), and on the adapt path the same holds below the first layer whose W12 trains. No
+    trainable parameter can then receive gradient through those channels, so the widened linears skip that
+    part of the backward. What is checked here, on every call, is requires_grad: the leading groups (decoder
+    layers, then the final norm) whose original-channel tensors (pre-trained weights and norms, plus W12 on
+    the adapt path) are all frozen, below a frozen embedding. A caller who unfreezes a pre-trained tensor,
+    or passes inputs_embeds that require grad, gets the full backward.
+
+    Tensors are held as (module, attribute name) and looked up on every call, so the hook follows a
+    parameter that is replaced (transformers' from_pretrained swaps every parameter of a model built on the
+    meta device), not just one that is modified.
+    """
+
+    def __init__(self, model: nn.Module, arch: Arch) -> None:
+        self.state: PathState = model.scale_state
+        self.embed = (model.get_submodule(arch.embed), "weight")
+        self.original: list[list[tuple[nn.Module, str]]] = []  # per group: tensors that feed the original channels
+        self.w12: list[list[tuple[nn.Module, str]]] = []
+        for group in [*model.get_submodule(arch.layers), model.get_submodule(arch.final_norm)]:
+            new, w12, orig = set(), [], []
+            for m in group.modules():
+                if isinstance(m, UpLinear):
+                    new |= {(id(m), n) for n in ("w21", "w22", "bias_up", "w12")}
+                    w12.append((m, "w12"))
+                elif isinstance(m, SplitNorm):
+                    new |= {(id(u), n) for u in m.up.modules() for n, _ in u.named_parameters(recurse=False)}
+            for m in group.modules():
+                orig += [(m, n) for n, _ in m.named_parameters(recurse=False) if (id(m), n) not in new]
+            self.original.append(orig)
+            self.w12.append(w12)
+
+    @staticmethod
+    def _trains(refs: list[tuple[nn.Module, str]]) -> bool:
+        return any(m._parameters[n].requires_grad for m, n in refs)  # (module, name): follows replacements
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
+        emb = kwargs.get("inputs_embeds")
+        n_pres = n_adapt = 0
+        if not self._trains([self.embed]) and not (emb is not None and emb.requires_grad):
+            for orig in self.original:
+                if self._trains(orig):
+                    break
+                n_pres += 1
+            for w12 in self.w12[:n_pres]:
+                if self._trains(w12):
+                    break
+                n_adapt += 1
+        self.state.const_preserve, self.state.const_adapt = n_pres, n_adapt
+
+
+class _ForkHook:
+    """Forward pre-hook that doubles the batch at Route's fork point: [x; x] -> preserve half, adapt half.
+
+    The first forked module duplicates the hidden states; every forked decoder block also doubles the
+    batched kwargs (mask, rotary cos/sin, positions) the model loop hands it with the original batch size.
+    A class, not a closure, so that deepcopy of a model copies its hooks with it.
+    """
+
+    def __init__(self, state: PathState, duplicate: bool) -> None:
+        self.state, self.duplicate = state, duplicate
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict):
+        if self.state.mode != "route":
+            return None
+        if self.duplicate:
+            h = args[0] if args else kwargs["hidden_states"]
+            h = torch.cat([h, h], dim=0)
+            if args:
+                args = (h, *args[1:])
+            else:
+                kwargs["hidden_states"] = h
+        n2 = (args[0] if args else kwargs["hidden_states"]).shape[0]
+        for k in _BATCHED_KWARGS:
+            if k in kwargs:
+                kwargs[k] = _double(kwargs[k], n2 // 2)
+        return args, kwargs
+
+
+def _double(v, n: int):
+    if isinstance(v, torch.Tensor):
+        return torch.cat([v, v], dim=0) if v.dim() > 0 and v.shape[0] == n else v
+    if isinstance(v, tuple):
+        return tuple(_double(t, n) for t in v)
+    return v
+
+
+def _install_fork(model: nn.Module, arch: Arch, l_fp: int) -> None:
+    """Layers below l_fp run once; the blocks from l_fp up (or the final norm if l_fp = L) run forked."""
+    layers = model.get_submodule(arch.layers)
+    state = model.scale_state
+    for i in range(l_fp, len(layers)):
+        layers[i].register_forward_pre_hook(_ForkHook(state, duplicate=(i == l_fp)), with_kwargs=True)
+    if l_fp == len(layers):
+        norm = model.get_submodule(arch.final_norm)
+        norm.register_forward_pre_hook(_ForkHook(state, duplicate=True), with_kwargs=True)
+
+
+@contextmanager
+def scale_path(model: nn.Module, mode: str):
+    """Run an upscaled model on one path: "preserve" (every W12 treated as 0) or "adapt" (W12 as trained)."""
+    if mode not in ("preserve", "adapt"):
+        raise ValueError(f"mode must be preserve or adapt, got {mode!r}")
+    state: PathState = model.scale_state
+    old = state.mode
+    state.mode = mode
+    try:
+        yield model
+    finally:
+        state.mode = old
+
+
+def routing_fractions(model: nn.Module, mask: torch.Tensor | None = None) -> dict[str, float]:
+    """Fraction of tokens the last Route forward sent to each path (empty before the first forward).
+
+    mask: optional (B, T) bool of the positions to count (e.g. not padding); all positions otherwise.
+    """
+    routed = getattr(getattr(model, "scale_state", None), "preserve_mask", None)
+    if routed is None:
+        return {}
+    if mask is not None and mask.shape == routed.shape:
+        routed = routed[mask.to(routed.device)]
+    p = routed.float().mean().item() if routed.numel() else 0.0
+    return {"route_preserve": p, "route_adapt": 1.0 - p}
