@@ -142,14 +142,12 @@ def upscale(
     from .checkpoint import check_out_dir, save_model
     from .config import ScaleConfig
     from .methods import get_method
-    from .runlayer import check_out_dir
     from .summary import param_counts
 
-    check_out_dir(out)
+    check_out_dir(out, overwrite)  # before anything else: a folder of the user's is never touched
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
                       init=_csv(init), tau=tau, router=router, embed_init=embed_init)  # names and ranges first
     method = get_method(f"scale-{cfg.variant}", **{k: v for k, v in cfg.to_dict().items() if k != "variant"})
-    check_out_dir(out, overwrite)
     config, load, source = _build_base(model, random_config, seed)
     method.check(config)  # every size check before the weights load
     base = load()
@@ -222,12 +220,10 @@ def prepare(
 
     from .checkpoint import check_out_dir, save_model
     from .methods import get_method
-    from .runlayer import check_out_dir
     from .summary import param_counts
 
-    check_out_dir(out)
+    check_out_dir(out, overwrite)  # before anything else: a folder of the user's is never touched
     method = get_method(method_name, **_method_options(method_name, options))
-    check_out_dir(out, overwrite)
     config, load, source = _build_base(model, random_config, seed)
     method.check(config)  # every size check before the weights load
     base = load()

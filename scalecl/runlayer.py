@@ -267,7 +267,8 @@ class Run:
         return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
     def clean_temporaries(self) -> None:
-        """Remove hidden temporaries a killed process of this run left (only this layer's names for this run)."""
+        """Remove hidden temporaries a killed process of this run left (only this layer's names for this run;
+        save_model removes its own, `.<name>.tmp-*`, when it next writes there)."""
         spots = [(self.ckpt_root, TMP_PREFIX), (self.final_dir.parent, f"{TMP_PREFIX}{self.final_dir.name}-")]
         for root, prefix in spots:
             if root.is_dir():
@@ -397,11 +398,7 @@ class Run:
             from .checkpoint import save_model
 
             model, method, save_kw = final
-            with atomic_dir(self.final_dir) as tmp:
-                save_model(model, tmp / "model", method, **save_kw)
-                for f in (tmp / "model").iterdir():  # the checkpoint's files, one level up
-                    os.replace(f, tmp / f.name)
-                (tmp / "model").rmdir()
+            save_model(model, self.final_dir, method, overwrite=True, **save_kw)  # atomic replace of our own
             crash_point("final-model-written")
         if self.out_dir is None:
             return

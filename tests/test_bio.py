@@ -222,3 +222,38 @@ def test_a_given_tokenizer_directory_is_used(tmp_path):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("tokenizer-*"))
     b = qa_train_batch(data.qa["task1"], torch.arange(3))
     assert (b["labels"] != -100).sum() > 3
+
+
+def test_routing_at_the_answer_position_matches_two_explicit_paths(tiny_qa):
+    """answer/route_preserve and the router-score quantiles are those of cos(Z_preserve, Z_adapt) at the scored
+    position (the last prompt token), computed here from the two paths' full logits."""
+    from scalecl.evaluate import QUANTILES
+    from scalecl.methods import get_method
+    from scalecl.methods.scale import scale_path
+
+    tok, _, qa = tiny_qa
+    method = get_method("scale-route", hidden_up=32, ffn_up=32, l_fp=1)
+    model = method.apply(model_from_config(tiny_config("gpt_neox", vocab_size=len(tok)), seed=3))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # an adapt path that differs from the preserve path, as after training
+        for name, p in model.named_parameters():
+            if name.endswith("w12") and p.requires_grad:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    ids = qa.ids
+    rows = torch.arange(len(qa))
+    with torch.no_grad(), scale_path(model, "preserve"):
+        zp = model(input_ids=ids).logits[rows, qa.prompt_len - 1]
+    with torch.no_grad(), scale_path(model, "adapt"):
+        za = model(input_ids=ids).logits[rows, qa.prompt_len - 1]
+    cos = torch.nn.functional.cosine_similarity(zp.double(), za.double(), dim=-1)
+    tau = cos.median().item()  # half the answers each way
+    method.config = method.config.__class__(**{**method.config.to_dict(), "tau": tau})
+    model.scale_state.tau = tau
+    got = qa_accuracy(model, qa, batch_size=7, method=method)
+    assert got["answer/route_preserve"] == pytest.approx((cos > tau).double().mean().item(), abs=1.0 / len(qa))
+    assert 0.3 < got["answer/route_preserve"] < 0.7
+    qs = torch.quantile(cos, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+    for q, want in zip(QUANTILES, qs, strict=True):
+        assert got[f"answer/route_score/q{round(100 * q):02d}"] == pytest.approx(want, abs=1e-5)
+    assert got["answer/route_score/mean"] == pytest.approx(cos.mean().item(), abs=1e-5)
+    assert 0.0 <= got["route_preserve"] <= 1.0  # all tokens, as before

@@ -54,6 +54,16 @@ class ScaleMethod(Method):
         return (f"SCALE-{c.variant.capitalize()}: width +{c.hidden_up} hidden / +{c.ffn_up} FFN; original weights "
                 f"frozen; W21, W22, new norms, embedding and head columns train; {where}{extra}")
 
+    def position_values(self, model: PreTrainedModel, mask) -> dict[str, Any]:
+        """Route's decision (bool: True = preserve path) and router score at the (B, T) mask positions of the
+        last forward; empty for Preserve/Adapt or before a routed forward."""
+        st = getattr(model, "scale_state", None)
+        routed, score = getattr(st, "preserve_mask", None), getattr(st, "route_score", None)
+        if routed is None or score is None or routed.shape != mask.shape:
+            return {}
+        mask = mask.to(routed.device)
+        return {"route_preserve": routed[mask], "route_score": score[mask]}
+
     def metrics(self, model: PreTrainedModel, mask=None) -> dict[str, float]:
         return routing_fractions(model, mask)
 
