@@ -93,6 +93,14 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["upscale", "--out", "up"], "exactly one of --model"),
         (["upscale", "--random-config", "llama", "--hidden-up", "32", "--out", str(fx / "afile" / "up")], "file"),
         (["upscale", "--random-config", "llama", "--hidden-up", "32"], "Missing option '--out'"),
+        ([*up, "--router", "dot"], "unknown router 'dot'"),
+        ([*up, "--embed-init", "rnd"], "embed_init=rnd needs untied embeddings"),
+        ([*up, "--embed-init", "ones"], "embed_init"),
+        # merge
+        (["merge", "--model", str(fx / "nope"), "--out", "m"], "does not exist"),
+        (["merge", "--model", str(fx / "scale_no_tokenizer"), "--out", "m"], "cannot be merged"),
+        (["merge", "--model", str(fx / "plain"), "--out", str(fx / "corpus")], "holds no scalecl checkpoint"),
+        (["merge", "--model", str(fx / "plain"), "--out", "."], "current folder"),
         # prepare
         (["prepare", "--method", "sgd", "--random-config", "llama", "--out", "p"], "unknown method 'sgd'"),
         (["prepare", "--method", "lora", "--random-config", "llama", "--out", "p", "--set", "rank=abc"], "rank"),
