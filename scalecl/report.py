@@ -373,6 +373,8 @@ def table2(results: Path) -> pd.DataFrame:
 
 SMOOTH_FRACTION = 0.02  # the loss's running mean spans this fraction of a run's steps,
 SMOOTH_MIN = 5  # and at least this many (or all of a shorter run's)
+LOG_RATIO = {"loss": 20, "lr": 3}  # a log y-axis when a figure's largest value exceeds its smallest this much
+LINESTYLES = ("-", "--", "-.", ":")
 EARLY_FRACTION = 0.2  # table column: answer-position routing averaged over evaluations in the first 20% of steps
 QUANTILE_BANDS = (("q05", "q95", 0.15), ("q25", "q75", 0.3))  # (low, high, alpha): the router-score bands
 TASKS = (("task0", "Task 0 (held-out)", "tab:blue"), ("task1", "Task 1", "tab:orange"))
@@ -510,14 +512,16 @@ def _train_log_figure(results, out: Path, experiment: str, column: str, stem: st
         fig, ax = plt.subplots(figsize=(8, 4.2))
         n_max = max(len(log) for _, _, log in logs)
         window = max(min(SMOOTH_MIN, n_max), round(SMOOTH_FRACTION * n_max))
-        for (_, label, log), color in zip(logs, colors, strict=True):
+        for i, ((_, label, log), color) in enumerate(zip(logs, colors, strict=True)):
             y = log[column].astype(float)
             if column == "loss":
                 ax.plot(log["step"], y, color=color, alpha=0.2, lw=0.6)
                 y = y.rolling(window, center=True, min_periods=1).mean()
-            ax.plot(log["step"], y, color=color, lw=1.4, label=label)
+                ax.plot(log["step"], y, color=color, lw=1.4, label=label)
+            else:  # equal schedules coincide: a style per method keeps each visible
+                ax.plot(log["step"], y, color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)], label=label)
         vals = pd.concat([log[column] for _, _, log in logs]).astype(float).dropna()
-        if len(vals) and vals.min() > 0 and vals.max() / vals.min() > 20:
+        if len(vals) and vals.min() > 0 and vals.max() / vals.min() > LOG_RATIO[column]:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel(_step_label(experiment))
