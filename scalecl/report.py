@@ -802,8 +802,11 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
     runs = [(row, m) for row, m in runs if m is not None]
     if not runs:
         return []
+    # panel (c): routing at the answer position; runs older than those records show routing over all tokens
     answers = any(_answer_preserve(m, t) is not None for _, m in runs for t, _, _ in TASKS)
-    ncols = 3 if answers else 2
+    route = _answer_preserve if answers else (lambda m, task: _route_series(m, task, "preserve"))
+    routed = any(route(m, t) is not None for _, m in runs for t, _, _ in TASKS)
+    ncols = 3 if routed else 2
     fig, axes = plt.subplots(1, ncols, figsize=(4.3 * ncols + 1.8, 3.9), squeeze=False)
     axes = axes[0]
     colors = _colors(len(runs))
@@ -812,9 +815,9 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
             if _has(m, f"{task}/acc"):
                 ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
                         label=row["setting"])
-        if answers:
+        if routed:
             for task, ls in (("task0", "-"), ("task1", "--")):
-                y = _answer_preserve(m, task)
+                y = route(m, task)
                 if y is not None:
                     axes[2].plot(m["step"], 100 * y, color=color, ls=ls, marker=".", ms=2, lw=1.2)
     r0 = load_runs(results, "bio", study=study).iloc[0]["result"]
@@ -830,9 +833,10 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
     axes[0].set_title("(a) Task 0 (held-out) accuracy", fontsize=10)
     axes[1].set_title("(b) Task 1 accuracy", fontsize=10)
     axes[0].set_ylabel("first-token acc. (%)")
-    if answers:
-        axes[2].set_title("(c) routed to preserve at the answer position", fontsize=10)
-        axes[2].set_ylabel("answer positions (%)")
+    if routed:
+        axes[2].set_title("(c) routed to preserve " + ("at the answer position" if answers else "(all tokens)"),
+                          fontsize=10)
+        axes[2].set_ylabel("answer positions (%)" if answers else "tokens (%)")
         axes[2].plot([], [], color="grey", ls="-", label="Task 0 slice")
         axes[2].plot([], [], color="grey", ls="--", label="Task 1 slice")
     for ax in axes:

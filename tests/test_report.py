@@ -256,7 +256,7 @@ def test_route_figures_and_tables(tmp_path):
     assert vocab["setting"].tolist() == ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)"]
 
 
-def test_route_figures_pure_and_tolerant(tmp_path):
+def test_route_figures_pure_and_tolerant(tmp_path, monkeypatch):
     """Each figure function alone: empty folders give nothing, runs missing files are skipped, not fatal."""
     from scalecl.report import (
         fig_lr_schedule,
@@ -279,7 +279,13 @@ def test_route_figures_pure_and_tolerant(tmp_path):
     (d / "train_log.jsonl").write_text("")  # a run that trained no step writes an empty log
     assert load_train_log(d) is None
     (fake_route_bio_run(study, opts={"tau": 0.5}, tag="nometrics") / "metrics.jsonl").unlink()
+    import scalecl.report as report
+
+    panels, save = {}, report._save
+    monkeypatch.setattr(report, "_save", lambda fig, out, stem: panels.setdefault(stem, len(fig.axes))
+                        and save(fig, out, stem))
     names = {p.name for p in plot_all(tmp_path / "res", tmp_path / "o")}
+    assert panels["fig8_route_tau"] == 3  # no answer-position records: panel (c) shows all-token routing
     assert {"fig8_route_tau.png", "routing_study_tau.png", "train_loss_study_tau.png",
             "table_fig8_route_tau.csv"} <= names
     assert "router_score_study_tau.png" not in names  # no run recorded the router's score
