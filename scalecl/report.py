@@ -56,11 +56,12 @@ def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None
     Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and, with `study=`,
     loaded alone (one row per run, since their options differ). Several results folders may be given.
     """
-    rows = []
+    rows, seen = [], set()
     for root in _roots(results):
         for f in sorted(root.rglob("result.json")):
-            if _study_of(f) != study:
+            if _study_of(f) != study or f.resolve() in seen:  # nested folders given twice: each run once
                 continue
+            seen.add(f.resolve())
             r = read_result(f)
             if r.get("experiment") != experiment:
                 continue

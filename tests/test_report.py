@@ -227,6 +227,7 @@ def test_route_figures_and_tables(tmp_path):
     roots = build_route_results(tmp_path)
     out = tmp_path / "figs"
     args = [a for root in roots for a in ("--results", str(root))]
+    args += ["--results", str(roots[0] / "studies")]  # a folder inside another: its runs count once
     r = runner.invoke(app, ["plot", *args, "--out", str(out)])
     assert r.exit_code == 0, r.output
     for stem in NEW_FIGURES:
