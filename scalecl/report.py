@@ -373,7 +373,7 @@ def table2(results: Path) -> pd.DataFrame:
 # run folders hold and skips what they lack: older runs have no train_log.jsonl and no answer-position keys.
 
 SMOOTH_FRACTION = 0.02  # the loss's running mean spans this fraction of a run's steps,
-SMOOTH_MIN = 5  # and at least this many (or all of a shorter run's)
+SMOOTH_MIN = 5  # and at least this many, but never more than a quarter of the run (its shape must show)
 LOG_RATIO = {"loss": 20, "lr": 3}  # a log y-axis when a figure's largest value exceeds its smallest this much
 LINESTYLES = ("-", "--", "-.", ":")
 EARLY_FRACTION = 0.2  # table column: answer-position routing averaged over evaluations in the first 20% of steps
@@ -431,7 +431,7 @@ def _setting(study: str | None, r: dict) -> str:
     if study is None:
         return LABELS.get(r["method"], r["method"])
     if study == "tau":
-        return f"tau={opts.get('tau')}"
+        return f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?"
     if study == "router":
         return f"router={opts.get('router', 'logit')}"
     if study == "vocab":
@@ -512,7 +512,7 @@ def _train_log_figure(results, out: Path, experiment: str, column: str, stem: st
         colors = _colors(len(logs)) if study is not None else [COLORS.get(r["method"]) for r, _, _ in logs]
         fig, ax = plt.subplots(figsize=(8, 4.2))
         n_max = max(len(log) for _, _, log in logs)
-        window = max(min(SMOOTH_MIN, n_max), round(SMOOTH_FRACTION * n_max))
+        window = max(1, min(n_max // 4, max(SMOOTH_MIN, round(SMOOTH_FRACTION * n_max))))
         for i, ((_, label, log), color) in enumerate(zip(logs, colors, strict=True)):
             y = log[column].astype(float)
             if column == "loss":
@@ -606,18 +606,18 @@ def fig_routing(results: Path | Sequence[Path], out: Path) -> list[Path]:
             sets = TASKS if experiment == "bio" else CPT_SETS
             for (row, m), ax_row in zip(picked, axes, strict=True):
                 name = _setting(study, row["result"])
-                for prefix, set_label, color in sets:
+                for (prefix, set_label, color), lw in zip(sets, (2.4, 1.2), strict=True):  # equal: both show
                     for path, ls in PATHS:
                         y = _route_series(m, prefix, path)
                         if y is not None:
-                            ax_row[0].plot(m["step"], 100 * y, ls=ls, color=color, marker=".", ms=2,
+                            ax_row[0].plot(m["step"], 100 * y, ls=ls, lw=lw, color=color,
                                            label=f"{set_label}, {path}")
                     if answers:
                         y = _answer_preserve(m, prefix)
                         if y is not None:
                             for path, ls in PATHS:
                                 ax_row[1].plot(m["step"], 100 * (y if path == "preserve" else 1 - y), ls=ls,
-                                               color=color, marker=".", ms=2, label=f"{set_label}, {path}")
+                                               lw=lw, color=color, label=f"{set_label}, {path}")
                 ax_row[0].set_title(f"{name}: all tokens" if experiment == "bio" else name, fontsize=9)
                 if answers:
                     ax_row[1].set_title(f"{name}: answer position", fontsize=9)
