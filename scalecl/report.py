@@ -376,7 +376,7 @@ SMOOTH_FRACTION = 0.02  # the loss's running mean spans this fraction of a run's
 SMOOTH_MIN = 5  # and at least this many, but never more than a quarter of the run (its shape must show)
 LOG_RATIO = {"loss": 20, "lr": 3}  # a log y-axis when a figure's largest value exceeds its smallest this much
 LINESTYLES = ("-", "--", "-.", ":")
-EARLY_FRACTION = 0.2  # table column: answer-position routing averaged over evaluations in the first 20% of steps
+EARLY_FRACTION = 0.2  # table column: answer-position routing averaged over the first 20% of steps
 QUANTILE_BANDS = (("q05", "q95", 0.15), ("q25", "q75", 0.3))  # (low, high, alpha): the router-score bands
 TASKS = (("task0", "Task 0 (held-out)", "tab:blue"), ("task1", "Task 1", "tab:orange"))
 CPT_SETS = (("old", "old domain", "tab:blue"), ("new", "new domain", "tab:orange"))
@@ -386,7 +386,7 @@ BIO_STUDIES = {"tau": "fig8_route_tau", "router": "fig8_route_router", "vocab": 
 
 
 def _read_jsonl(path: Path) -> pd.DataFrame | None:
-    """A JSON-lines log as a frame sorted by step, or None when the run has none (older runs) or it is empty."""
+    """A JSON-lines log as a frame sorted by step; None when the run has none (older runs) or it is empty."""
     if not path.is_file() or path.stat().st_size == 0:
         return None
     try:
@@ -419,7 +419,7 @@ def study_names(results: Path | Sequence[Path], experiment: str) -> list[str]:
 
 
 def _vocab_rows(r: dict) -> tuple[int | None, int | None]:
-    """(model rows, tokenizer size): result.json's `vocab` when present, else the configured rows (0 = unknown)."""
+    """(model rows, tokenizer size): result.json's `vocab` if present, else the configured rows (0: none)."""
     v = r.get("vocab") or {}
     configured = r.get("config", {}).get("model", {}).get("vocab")
     return v.get("model") or configured or None, v.get("tokenizer")
@@ -835,8 +835,8 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
     axes[1].set_title("(b) Task 1 accuracy", fontsize=10)
     axes[0].set_ylabel("first-token acc. (%)")
     if routed:
-        axes[2].set_title("(c) routed to preserve " + ("at the answer position" if answers else "(all tokens)"),
-                          fontsize=10)
+        where = "at the answer position" if answers else "(all tokens)"
+        axes[2].set_title(f"(c) routed to preserve {where}", fontsize=10)
         axes[2].set_ylabel("answer positions (%)" if answers else "tokens (%)")
         axes[2].plot([], [], color="grey", ls="-", label="Task 0 slice")
         axes[2].plot([], [], color="grey", ls="--", label="Task 1 slice")
@@ -870,7 +870,7 @@ def fig_route_studies(results: Path | Sequence[Path], out: Path) -> list[Path]:
 
 
 def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
-    """Every figure and table that the results folders have data for (the one entry point of `scalecl plot`)."""
+    """Every figure and table the results folders have data for (the one entry point of `scalecl plot`)."""
     written: list[Path] = []
     written += fig8(results, out)
     for table, stem in ((bio_table(results), "table_bio"), (cpt_table(results), "table_cpt"),
