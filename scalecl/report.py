@@ -56,11 +56,12 @@ def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None
     Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and, with `study=`,
     loaded alone (one row per run, since their options differ). Several results folders may be given.
     """
-    rows = []
+    rows, seen = [], set()
     for root in _roots(results):
         for f in sorted(root.rglob("result.json")):
-            if _study_of(f) != study:
+            if _study_of(f) != study or f.resolve() in seen:  # nested folders given twice: each run once
                 continue
+            seen.add(f.resolve())
             r = read_result(f)
             if r.get("experiment") != experiment:
                 continue
@@ -151,7 +152,9 @@ def write_table(df: pd.DataFrame, out: Path, stem: str, float_fmt: str = "{:.3f}
     shown = df.copy()
     for c in shown.columns:
         if shown[c].dtype.kind == "f" and c != "lr":
-            shown[c] = shown[c].map(float_fmt.format)
+            shown[c] = shown[c].map(lambda v: "" if pd.isna(v) else float_fmt.format(v))  # not recorded: blank
+        elif shown[c].isna().any():
+            shown[c] = shown[c].astype(object).where(shown[c].notna(), "")
     paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.tex"]
     write_atomic(paths[0], df.to_csv(index=False))
     write_atomic(paths[1], shown.to_markdown(index=False) + "\n")
@@ -365,14 +368,516 @@ def table2(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_all(results: Path, out: Path) -> list[Path]:
-    """Every figure and table that the results folder has data for."""
+# ---------------------------------------------------------------------------------------------------------
+# Training logs, routing, and the biography Route studies (issues #12, #13). Every figure here reads what the
+# run folders hold and skips what they lack: older runs have no train_log.jsonl and no answer-position keys.
+
+SMOOTH_FRACTION = 0.02  # the loss's running mean spans this fraction of a run's steps,
+SMOOTH_MIN = 5  # and at least this many, but never more than a quarter of the run (its shape must show)
+LOG_RATIO = {"loss": 20, "lr": 3}  # a log y-axis when a figure's largest value exceeds its smallest this much
+LINESTYLES = ("-", "--", "-.", ":")
+EARLY_FRACTION = 0.2  # table column: answer-position routing averaged over the first 20% of steps
+QUANTILE_BANDS = (("q05", "q95", 0.15), ("q25", "q75", 0.3))  # (low, high, alpha): the router-score bands
+TASKS = (("task0", "Task 0 (held-out)", "tab:blue"), ("task1", "Task 1", "tab:orange"))
+CPT_SETS = (("old", "old domain", "tab:blue"), ("new", "new domain", "tab:orange"))
+PATHS = (("preserve", "-"), ("adapt", "--"))
+ROUTER_ORDER = ("logit", "centered", "prob")
+BIO_STUDIES = {"tau": "fig8_route_tau", "router": "fig8_route_router", "vocab": "fig8_route_vocab"}
+
+
+def _read_jsonl(path: Path) -> pd.DataFrame | None:
+    """A JSON-lines log as a frame sorted by step; None when the run has none (older runs) or it is empty."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    try:
+        df = pd.read_json(path, lines=True)
+    except ValueError:
+        raise ScaleclError(f"unreadable log {path}; remove its run folder or rerun it") from None
+    if df.empty or "step" not in df:
+        return None
+    return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+
+
+def load_train_log(run_dir: Path) -> pd.DataFrame | None:
+    """The per-step training log (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s), or None."""
+    return _read_jsonl(Path(run_dir) / "train_log.jsonl")
+
+
+def _metrics_or_none(run_dir: Path) -> pd.DataFrame | None:
+    return _read_jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+def study_names(results: Path | Sequence[Path], experiment: str) -> list[str]:
+    """The studies (folders under a `studies/`) that hold finished runs of an experiment, sorted."""
+    names = set()
+    for root in _roots(results):
+        for f in root.rglob("result.json"):
+            s = _study_of(f)
+            if s is not None and read_result(f).get("experiment") == experiment:
+                names.add(s)
+    return sorted(names)
+
+
+def _vocab_rows(r: dict) -> tuple[int | None, int | None]:
+    """(model rows, tokenizer size): result.json's `vocab` if present, else the configured rows (0: none)."""
+    v = r.get("vocab") or {}
+    configured = r.get("config", {}).get("model", {}).get("vocab")
+    return v.get("model") or configured or None, v.get("tokenizer")
+
+
+def _setting(study: str | None, r: dict) -> str:
+    """A run's label within its group: the method for main runs, the swept value for a study's runs."""
+    opts = r.get("method_options") or {}
+    if study is None:
+        return LABELS.get(r["method"], r["method"])
+    if study == "tau":
+        return f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?"
+    if study == "router":
+        return f"router={opts.get('router', 'logit')}"
+    if study == "vocab":
+        model, tok = _vocab_rows(r)
+        if model is None:
+            return "vocab=tokenizer's size"
+        return f"vocab={model:,}" + ("" if tok is None or tok == model else f" (tokenizer {tok:,})")
+    if r.get("experiment") == "cpt":
+        return _study_label(study, opts)
+    return f"{study}={opts.get(study)}"
+
+
+def _study_sort_key(study: str | None, r: dict) -> tuple:
+    """Swept values in their natural order (numbers ascending, the router's forms as the study lists them)."""
+    opts = r.get("method_options") or {}
+    if study == "tau":
+        tau = _tau(r)
+        return (-math.inf if tau is None else tau,)
+    if study == "router":
+        name = opts.get("router", "logit")
+        return (ROUTER_ORDER.index(name) if name in ROUTER_ORDER else len(ROUTER_ORDER), name)
+    if study == "vocab":
+        return (_vocab_rows(r)[0] or 0,)
+    if study == "l_fp":
+        return (opts.get("l_fp") or 0,)
+    return ()
+
+
+def _groups(results: Path | Sequence[Path], experiment: str) -> list[tuple[str, str | None, pd.DataFrame]]:
+    """(file tag, study, runs) per figure: main runs by preset (`bio_cpu`), each study alone (`study_tau`)."""
+    out = []
+    for preset, group in load_runs(results, experiment).groupby("preset", sort=False):
+        out.append((f"{experiment}_{preset}", None, group))
+    for study in study_names(results, experiment):
+        runs = load_runs(results, experiment, study=study)
+        if len(runs):
+            keys = [_study_sort_key(study, r) for r in runs["result"]]
+            runs = runs.iloc[sorted(range(len(runs)), key=lambda i: keys[i])]
+            out.append((f"study_{study}", study, runs))
+    return out
+
+
+def _caption(r: dict) -> str:
+    return _bio_caption(r) if r["experiment"] == "bio" else _cpt_caption(r)
+
+
+def _step_label(experiment: str) -> str:
+    return "Task 1 step" if experiment == "bio" else "training step"
+
+
+def _colors(n: int) -> list:
+    """Ordered settings get ordered colours; one run gets the default blue."""
+    if n <= 1:
+        return ["tab:blue"]
+    return [plt.cm.viridis(0.85 * i / (n - 1)) for i in range(n)]
+
+
+def _missing_note(names: list[str], what: str) -> str:
+    return f"\nNot drawn (no {what}; older runs): {', '.join(names)}." if names else ""
+
+
+def _train_log_figure(results, out: Path, experiment: str, column: str, stem: str) -> list[Path]:
+    """One figure per group of runs: a per-step train_log.jsonl column against the step, a line per run."""
+    written = []
+    for tag, study, runs in _groups(results, experiment):
+        if column == "lr" and study is not None:
+            continue  # a study's runs share one schedule; the main runs' figure shows it
+        logs, missing = [], []
+        for _, row in runs.iterrows():
+            log = load_train_log(row["dir"])
+            label = _setting(study, row["result"])
+            if log is None or column not in log or log[column].isna().all():
+                missing.append(label)
+            else:
+                logs.append((row, label, log))
+        if not logs:
+            continue
+        colors = _colors(len(logs)) if study is not None else [COLORS.get(r["method"]) for r, _, _ in logs]
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        n_max = max(len(log) for _, _, log in logs)
+        window = max(1, min(n_max // 4, max(SMOOTH_MIN, round(SMOOTH_FRACTION * n_max))))
+        for i, ((_, label, log), color) in enumerate(zip(logs, colors, strict=True)):
+            y = log[column].astype(float)
+            if column == "loss":
+                ax.plot(log["step"], y, color=color, alpha=0.2, lw=0.6)
+                y = y.rolling(window, center=True, min_periods=1).mean()
+                ax.plot(log["step"], y, color=color, lw=1.4, label=label)
+            else:  # equal schedules coincide: a style per method keeps each visible
+                ax.plot(log["step"], y, color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)], label=label)
+        vals = pd.concat([log[column] for _, _, log in logs]).astype(float).dropna()
+        if len(vals) and vals.min() > 0 and vals.max() / vals.min() > LOG_RATIO[column]:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel(_step_label(experiment))
+        ax.set_ylabel("training loss (per step)" if column == "loss" else "learning rate")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5),
+                  title=study if study is not None else None)
+        what = (f"Training loss per step (faint) and its centred running mean over {window} step(s) (bold)"
+                if column == "loss" else "Learning rate per step as the schedule set it")
+        where = " (stage 3, Task 1)" if experiment == "bio" else ""
+        first = logs[0][0]["result"]
+        title = f"{what}{where}, from train_log.jsonl" + (f"; study '{study}'" if study else "") + "."
+        fig.text(0.5, -0.02, title + "\n" + _caption(first) + _missing_note(missing, "train_log.jsonl"),
+                 ha="center", va="top", fontsize=8, wrap=True)
+        fig.tight_layout()
+        written += _save(fig, out, f"{stem}_{tag}")
+    return written
+
+
+def fig_train_loss(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """Training loss per step, raw and smoothed, a line per method (per setting in a study): does it learn?"""
+    return [p for exp in ("bio", "cpt") for p in _train_log_figure(results, out, exp, "loss", "train_loss")]
+
+
+def fig_lr_schedule(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """The learning-rate schedule each method trained with, as logged: rates differ per method (lr_scale)."""
+    return [p for exp in ("bio", "cpt") for p in _train_log_figure(results, out, exp, "lr", "lr_schedule")]
+
+
+def _has(m: pd.DataFrame, key: str) -> bool:
+    return key in m and m[key].notna().any()
+
+
+def _route_series(m: pd.DataFrame, prefix: str, path: str) -> pd.Series | None:
+    """Share of a slice's tokens routed to a path (`prefix/route_<path>`; Task 0 also reads legacy keys)."""
+    for key in (f"{prefix}/route_{path}",) + ((f"route_{path}",) if prefix == "task0" else ()):
+        if _has(m, key):
+            return m[key]
+    return None
+
+
+def _answer_preserve(m: pd.DataFrame, task: str) -> pd.Series | None:
+    key = f"{task}/answer/route_preserve"
+    return m[key] if _has(m, key) else None
+
+
+def _route_runs(runs: pd.DataFrame) -> list[tuple[pd.Series, pd.DataFrame]]:
+    """SCALE-Route runs of a group with their metrics (runs without a metrics file are left out)."""
+    picked = []
+    for _, row in runs[runs["method"] == "scale-route"].iterrows():
+        m = _metrics_or_none(row["dir"])
+        if m is not None:
+            picked.append((row, m))
+    return picked
+
+
+def _tau(r: dict) -> float | None:
+    tau = (r.get("method_options") or {}).get("tau")
+    return float(tau) if tau is not None else None
+
+
+def fig_routing(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """Share of tokens each SCALE-Route run sends to the preserve / adapt path over training, per eval set.
+
+    Bio: all real tokens of the Task 0 and Task 1 slices, and at the scored answer position (adapt = 1 -
+    preserve there); cpt: old- and new-domain evaluation text. One row per Route run of a group.
+    """
+    written = []
+    for experiment in ("bio", "cpt"):
+        for tag, study, runs in _groups(results, experiment):
+            picked = [(row, m) for row, m in _route_runs(runs)
+                      if any(_route_series(m, p, "preserve") is not None
+                             for p in ("task0", "task1", "old", "new"))]
+            if not picked:
+                continue
+            answers = experiment == "bio" and any(_answer_preserve(m, t) is not None for _, m in picked
+                                                  for t, _, _ in TASKS)
+            ncols = 2 if answers else 1
+            fig, axes = plt.subplots(len(picked), ncols, figsize=(5.6 * ncols + 1.6, 2.7 * len(picked) + 0.6),
+                                     squeeze=False, sharey=True)
+            sets = TASKS if experiment == "bio" else CPT_SETS
+            for (row, m), ax_row in zip(picked, axes, strict=True):
+                name = _setting(study, row["result"])
+                for (prefix, set_label, color), lw in zip(sets, (2.4, 1.2), strict=True):  # equal: both show
+                    for path, ls in PATHS:
+                        y = _route_series(m, prefix, path)
+                        if y is not None:
+                            ax_row[0].plot(m["step"], 100 * y, ls=ls, lw=lw, color=color,
+                                           label=f"{set_label}, {path}")
+                    if answers:
+                        y = _answer_preserve(m, prefix)
+                        if y is not None:
+                            for path, ls in PATHS:
+                                ax_row[1].plot(m["step"], 100 * (y if path == "preserve" else 1 - y), ls=ls,
+                                               lw=lw, color=color, label=f"{set_label}, {path}")
+                ax_row[0].set_title(f"{name}: all tokens" if experiment == "bio" else name, fontsize=9)
+                if answers:
+                    ax_row[1].set_title(f"{name}: answer position", fontsize=9)
+                    if not ax_row[1].lines:
+                        ax_row[1].set_xlim(ax_row[0].get_xlim())
+                        ax_row[1].text(0.5, 0.5, "no answer-position record (older run)", ha="center",
+                                       va="center", transform=ax_row[1].transAxes, fontsize=8, color="grey")
+                ax_row[0].set_ylabel("tokens routed (%)")
+                for ax in ax_row:
+                    ax.set_ylim(-3, 103)
+                    ax.grid(alpha=0.3)
+            for ax in axes[-1]:
+                ax.set_xlabel(_step_label(experiment))
+            handles, labels = max((ax.get_legend_handles_labels() for ax in axes.flat),
+                                  key=lambda h: len(h[0]))
+            fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+                       frameon=False)
+            r0 = picked[0][0]["result"]
+            if experiment == "bio":
+                what = ("SCALE-Route: share of the real tokens of the Task 0 (held-out) and Task 1 "
+                        "evaluation slices routed to the preserve (solid) or adapt (dashed) path"
+                        + (", and at the scored answer position (the last prompt token, whose output is the "
+                           "answer's first token; adapt = 1 - preserve)" if answers else ""))
+            else:
+                what = "SCALE-Route: share of old- and new-domain evaluation tokens routed to each path"
+            tau = _tau(r0)
+            if study == "tau":
+                what += "; tau per row"
+            elif tau is not None:
+                what += f"; tau={tau}"
+            fig.text(0.5, -0.01, what + (f"; study '{study}'." if study else ".") + "\n" + _caption(r0),
+                     ha="center", va="top", fontsize=8, wrap=True)
+            fig.tight_layout()
+            written += _save(fig, out, f"routing_{tag}")
+    return written
+
+
+def _score(m: pd.DataFrame, task: str, stat: str) -> pd.Series | None:
+    key = f"{task}/answer/route_score/{stat}"
+    return m[key] if _has(m, key) else None
+
+
+def fig_router_score(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """The router's cosine at the answer position over training, against tau: why answers go where they do.
+
+    Per Route run and task: median line, q25-q75 and q05-q95 bands, the mean dashed, tau dotted.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    written = []
+    for tag, study, runs in _groups(results, "bio"):
+        picked, missing = [], []
+        for row, m in _route_runs(runs):
+            if any(_score(m, t, "q50") is not None for t, _, _ in TASKS):
+                picked.append((row, m))
+            else:
+                missing.append(_setting(study, row["result"]))
+        if not picked:
+            continue
+        fig, axes = plt.subplots(len(picked), 2, figsize=(11.5, 2.7 * len(picked) + 0.6), squeeze=False,
+                                 sharey=True)
+        for (row, m), ax_row in zip(picked, axes, strict=True):
+            name = _setting(study, row["result"])
+            tau = _tau(row["result"])
+            for ax, (task, task_label, color) in zip(ax_row, TASKS, strict=True):
+                ax.set_title(f"{name}: {task_label}", fontsize=9)
+                ax.grid(alpha=0.3)
+                if tau is not None:
+                    ax.axhline(tau, color="tab:red", ls=":", lw=1.2)
+                med = _score(m, task, "q50")
+                if med is None:
+                    ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes,
+                            fontsize=8, color="grey")
+                    continue
+                for lo, hi, alpha in QUANTILE_BANDS:
+                    low, high = _score(m, task, lo), _score(m, task, hi)
+                    if low is not None and high is not None:
+                        ax.fill_between(m["step"], low, high, color=color, alpha=alpha, lw=0)
+                ax.plot(m["step"], med, color=color, lw=1.6)
+                mean = _score(m, task, "mean")
+                if mean is not None:
+                    ax.plot(m["step"], mean, color="black", lw=0.8, ls=(0, (3, 2)))
+            ax_row[0].set_ylabel("router cosine")
+        for ax in axes[-1]:
+            ax.set_xlabel("Task 1 step")
+        legend = [Line2D([], [], color="grey", lw=1.6, label="median"),
+                  *(Patch(color="grey", alpha=alpha, lw=0, label=f"{lo}-{hi}") for lo, hi, alpha in
+                    reversed(QUANTILE_BANDS)),
+                  Line2D([], [], color="black", lw=0.8, ls=(0, (3, 2)), label="mean"),
+                  Line2D([], [], color="tab:red", ls=":", lw=1.2, label="tau (preserve above)")]
+        fig.legend(handles=legend, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+        r0 = picked[0][0]["result"]
+        tau = _tau(r0)
+        tau_note = "" if study == "tau" or tau is None else f" (tau={tau})"
+        fig.text(0.5, -0.01, "SCALE-Route: the router's score (the cosine it compares, per its 'router' "
+                 "option) at the scored answer position (the last prompt token) of the Task 0 (held-out, "
+                 "blue) and Task 1 (orange) evaluation slices; an answer goes to the preserve path when its "
+                 f"score exceeds tau{tau_note}" + (f"; study '{study}'." if study else ".") + "\n"
+                 + _bio_caption(r0)
+                 + _missing_note(missing, "answer-position record"), ha="center", va="top", fontsize=8,
+                 wrap=True)
+        fig.tight_layout()
+        written += _save(fig, out, f"router_score_{tag}")
+    return written
+
+
+def _early_mean(m: pd.DataFrame, y: pd.Series | None) -> float:
+    """Mean of an evaluation series over steps 0 < step <= EARLY_FRACTION x the last evaluated step."""
+    if y is None:
+        return math.nan
+    last = m["step"].max()
+    sel = (m["step"] > 0) & (m["step"] <= EARLY_FRACTION * last)
+    return float(y[sel].mean()) if sel.any() else math.nan
+
+
+def _end(y: pd.Series | None) -> float:
+    if y is None or y.dropna().empty:
+        return math.nan
+    return float(y.dropna().iloc[-1])
+
+
+def route_study_table(results: Path | Sequence[Path], study: str) -> pd.DataFrame:
+    """One row per run of a biography Route study: setting, accuracy end points, answer-position routing."""
+    runs = load_runs(results, "bio", study=study)
+    early = f"first{round(100 * EARLY_FRACTION)}"
+    rows = []
+    for _, row in runs.iterrows():
+        r = row["result"]
+        s, opts = r["summary"], r.get("method_options") or {}
+        model_rows, tok = _vocab_rows(r)
+        m = _metrics_or_none(row["dir"])
+        rec = {"study": study, "preset": row["preset"], "method": row["method"],
+               "setting": _setting(study, r), "tau": _tau(r), "router": opts.get("router", "logit"),
+               "vocab_model": model_rows, "vocab_tokenizer": tok, "steps": r["config"]["stage3"]["steps"],
+               "task0_start": s["task0_start"], "task0_min": s["task0_min"], "task0_end": s["task0_end"],
+               "task1_end": s["task1_end"], "task0_full_end": r["final"]["task0_heldout"]["acc"],
+               "task1_full_end": r["final"]["task1"]["acc"]}
+        for task, _, _ in TASKS:
+            y = _answer_preserve(m, task) if m is not None else None
+            rec[f"{task}_answer_preserve_end"] = _end(y)
+            rec[f"{task}_answer_preserve_{early}"] = _early_mean(m, y) if m is not None else math.nan
+        rec["_key"] = _study_sort_key(study, r)
+        rec["dir"] = str(row["dir"])
+        rows.append(rec)
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    df = df.iloc[sorted(range(len(df)), key=lambda i: df["_key"].iloc[i])].drop(columns="_key")
+    for col in ("vocab_model", "vocab_tokenizer"):
+        df[col] = df[col].astype("Int64")
+    # the swept option's columns: tau always (Route's threshold), the router and rows where recorded or swept
+    unused = [c for c in ("vocab_model", "vocab_tokenizer") if df[c].isna().all() and study != "vocab"]
+    return df.drop(columns=unused + ([] if study == "router" else ["router"])).reset_index(drop=True)
+
+
+def _fmt_option(v) -> str:
+    """An option value as a caption shows it: lists joined ('attn+mlp'), others as written."""
+    return "+".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+
+
+def _fft_reference(results: Path | Sequence[Path], r0: dict) -> tuple[pd.DataFrame | None, str]:
+    """The main FFT run trained like a study's runs (preset, data, stage-3 steps): metrics, caption note."""
+    main = load_runs(results, "bio")
+    fft = main[(main["preset"] == r0["preset"]) & (main["method"] == "fft")]
+    if fft.empty:
+        return None, " No main FFT run of this preset to draw as a reference."
+    ref = fft.iloc[-1]["result"]
+    steps = ref["config"]["stage3"]["steps"]
+    if steps != r0["config"]["stage3"]["steps"] or ref.get("data") != r0.get("data"):
+        return None, (f" The main FFT run ({Path(fft.iloc[-1]['dir']).name}: {steps} steps) trained on "
+                      "other data or steps; not drawn.")
+    m = _metrics_or_none(fft.iloc[-1]["dir"])
+    return m, f" FFT dashed black: main run {Path(fft.iloc[-1]['dir']).name}." if m is not None else ""
+
+
+def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> list[Path]:
+    """Paper Fig. 8 for one Route study: Task 0 / Task 1 accuracy and answer routing, a line per setting."""
+    df = route_study_table(results, study)
+    if df.empty:
+        return []
+    runs = [(row, _metrics_or_none(Path(row["dir"]))) for _, row in df.iterrows()]
+    runs = [(row, m) for row, m in runs if m is not None]
+    if not runs:
+        return []
+    # panel (c): routing at the answer position; runs older than those records show routing over all tokens
+    answers = any(_answer_preserve(m, t) is not None for _, m in runs for t, _, _ in TASKS)
+    route = _answer_preserve if answers else (lambda m, task: _route_series(m, task, "preserve"))
+    routed = any(route(m, t) is not None for _, m in runs for t, _, _ in TASKS)
+    ncols = 3 if routed else 2
+    fig, axes = plt.subplots(1, ncols, figsize=(4.3 * ncols + 1.8, 3.9), squeeze=False)
+    axes = axes[0]
+    colors = _colors(len(runs))
+    for (row, m), color in zip(runs, colors, strict=True):
+        for ax, (task, _, _) in zip(axes, TASKS, strict=False):
+            if _has(m, f"{task}/acc"):
+                ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
+                        label=row["setting"])
+        if routed:
+            for task, ls in (("task0", "-"), ("task1", "--")):
+                y = route(m, task)
+                if y is not None:
+                    axes[2].plot(m["step"], 100 * y, color=color, ls=ls, marker=".", ms=2, lw=1.2)
+    r0 = load_runs(results, "bio", study=study).iloc[0]["result"]
+    fft, fft_note = _fft_reference(results, r0)
+    if fft is not None:
+        for ax, (task, _, _) in zip(axes, TASKS, strict=False):
+            if _has(fft, f"{task}/acc"):
+                ax.plot(fft["step"], 100 * fft[f"{task}/acc"], color="black", ls="--", lw=1,
+                        label="FFT (main run)")
+    prior = r0.get("priors", {}).get("task0_heldout", {}).get("pooled")
+    if prior is not None:
+        axes[0].axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
+    axes[0].set_title("(a) Task 0 (held-out) accuracy", fontsize=10)
+    axes[1].set_title("(b) Task 1 accuracy", fontsize=10)
+    axes[0].set_ylabel("first-token acc. (%)")
+    if routed:
+        where = "at the answer position" if answers else "(all tokens)"
+        axes[2].set_title(f"(c) routed to preserve {where}", fontsize=10)
+        axes[2].set_ylabel("answer positions (%)" if answers else "tokens (%)")
+        axes[2].plot([], [], color="grey", ls="-", label="Task 0 slice")
+        axes[2].plot([], [], color="grey", ls="--", label="Task 1 slice")
+    for ax in axes:
+        ax.set_ylim(-3, 103)
+        ax.set_xlabel("Task 1 step")
+        ax.grid(alpha=0.3)
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    swept = {"tau": "the router threshold tau", "router": "what the router compares",
+             "vocab": "the embedding/head rows"}.get(study, study)
+    fixed = {k: v for k, v in (r0.get("method_options") or {}).items() if k != study}
+    if study != "tau" and len({_tau(r) for r in load_runs(results, "bio", study=study)["result"]}) > 1:
+        fixed.pop("tau", None)  # not one value across the runs: the table has each
+    options = "; options " + ", ".join(f"{k}={_fmt_option(v)}" for k, v in fixed.items()) if fixed else ""
+    fig.text(0.5, -0.02, f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}."
+             + fft_note + "\n" + _bio_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
+    fig.tight_layout()
+    return _save(fig, out, BIO_STUDIES.get(study, f"fig8_route_{study}")) + write_table(
+        df.drop(columns="dir"), out, f"table_{BIO_STUDIES.get(study, f'fig8_route_{study}')}")
+
+
+def fig_route_studies(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """Fig. 8 per biography Route study present (tau, router, vocab, any other bio study), with its table."""
+    return [p for study in study_names(results, "bio") for p in fig_route_study(results, out, study)]
+
+
+def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """Every figure and table the results folders have data for (the one entry point of `scalecl plot`)."""
     written: list[Path] = []
     written += fig8(results, out)
     for table, stem in ((bio_table(results), "table_bio"), (cpt_table(results), "table_cpt"),
                         (table2(results), "table2_harness")):
         if len(table):
             written += write_table(table, out, stem)
-    for fig in (fig9, fig4, fig5, fig6, fig7):
+    for fig in (fig9, fig4, fig5, fig6, fig7, fig_route_studies, fig_train_loss, fig_lr_schedule, fig_routing,
+                fig_router_score):
         written += fig(results, out)
     return written

@@ -118,3 +118,177 @@ def test_cpt_figures_studies_and_table2(tmp_path):
     row = t2.set_index("method").loc["scale-route"]
     assert row["kobest_boolq"] == 60.0 and row["korean_avg"] == 55.0
     assert row["paper_korean_avg"] == 55.50 and row["paper_english_avg"] == 46.49
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# training logs, routing, and the biography Route studies (issues #12, #13)
+
+STEPS = (0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50)
+SCORES = (("mean", 0.85), ("q05", 0.6), ("q25", 0.8), ("q50", 0.9), ("q75", 0.95), ("q95", 0.99))
+
+
+def fake_log(d, steps=50, lr=1e-3, loss0=3.0):
+    """A train_log.jsonl as the run layer writes it: one row per step, a noisy falling loss."""
+    rows = [{"step": s, "loss": loss0 / s * (1 + 0.3 * (-1) ** s), "lr": lr * (1 - s / (2 * steps)),
+             "grad_norm": 1.0, "tokens": 64, "seconds": 0.01, "tokens_per_s": 6400.0}
+            for s in range(1, steps + 1)]
+    (d / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def fake_route_bio_run(root, preset="cpu", opts=None, log=True, answers=True, vocab=None, tag="r", end0=0.5,
+                       answer_end=0.25, config_vocab=0):
+    """A bio Route run with every key the current code writes (answers=False, log=False: an older run)."""
+    d = root / f"{preset}-scale-route-{tag}"
+    d.mkdir(parents=True)
+    lines = []
+    for i, s in enumerate(STEPS):
+        f = i / (len(STEPS) - 1)
+        rec = {"step": s, "loss": None if s == 0 else 1.0, "task0/acc": 0.9 - (0.9 - end0) * f,
+               "task1/acc": 0.05 + 0.9 * f}
+        for t, k in (("task0", 0.5), ("task1", 0.7)):
+            rec |= {f"{t}/route_preserve": 1 - k * f, f"{t}/route_adapt": k * f}
+        rec |= {"route_preserve": rec["task0/route_preserve"], "route_adapt": rec["task0/route_adapt"]}
+        if answers:
+            for t, k in (("task0", 0.0), ("task1", 0.05)):
+                rec[f"{t}/answer/route_preserve"] = 1 - (1 - answer_end) * f - k * f
+                rec |= {f"{t}/answer/route_score/{q}": v - (0.5 + k) * f for q, v in SCORES}
+        lines.append(rec)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if log:
+        fake_log(d)
+    result = {
+        "experiment": "bio", "preset": preset, "method": "scale-route",
+        "method_options": opts or {"tau": 0.9}, "trainable_params": 10, "lr": 1e-3,
+        "provenance": {"date": "2026-11-21T00:00:00"},
+        "data": {"n_bio": 1000, "n_task1": 200},
+        "config": {"model": {"hidden": 128, "layers": 4, "vocab": config_vocab},
+                   "stage3": {"steps": 50, "batch": 32, "lr": 1e-4}, "eval": {"slice_people": 100}},
+        "priors": {"task0_heldout": {"pooled": 0.05}},
+        "summary": {"task0_start": 0.9, "task0_min": end0, "task0_end": end0, "task1_start": 0.05,
+                    "task1_end": 0.95},
+        "final": {"task0_heldout": {"acc": end0 - 0.01}, "task1": {"acc": 0.94}},
+    }
+    if vocab:
+        result["vocab"] = {"tokenizer": vocab[0], "model": vocab[1]}
+    (d / "result.json").write_text(json.dumps(result))
+    return d
+
+
+def fake_cpt_route_run(root):
+    """A cpt Route run with old/new-domain routing fractions and a training log."""
+    d = root / "cpt" / "cpu-scale-route-new"
+    d.mkdir(parents=True)
+    lines = [{"step": s, "old/ppl": 10 + i, "new/ppl": 50 - i, "rep_cos": 1.0, "up_norm": 1.0,
+              "old/route_preserve": 1 - 0.1 * i, "old/route_adapt": 0.1 * i,
+              "new/route_preserve": 1 - 0.2 * i, "new/route_adapt": 0.2 * i}
+             for i, s in enumerate((0, 10, 20))]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fake_log(d, steps=20)
+    result = {
+        "experiment": "cpt", "preset": "cpu", "method": "scale-route", "method_options": {"tau": 0.9},
+        "lr": 1e-3, "trainable_params": 5, "provenance": {"date": "2026-11-21"},
+        "base": {"source": "builtin"},
+        "data": {"train": "builtin:ko"}, "config": {"train": {"steps": 20, "batch": 8, "seq_len": 64}},
+        "summary": {"old_ppl_start": 10, "old_ppl_end": 12, "old_ppl_max": 12, "new_ppl_start": 50,
+                    "new_ppl_end": 48, "rep_cos_end": 1.0},
+        "final": lines[-1],
+    }
+    (d / "result.json").write_text(json.dumps(result))
+
+
+def build_route_results(tmp_path):
+    """Two results folders: new-style runs (train logs, answer keys) and older ones (neither)."""
+    new, old = tmp_path / "runs", tmp_path / "results"
+    fake_route_bio_run(new / "bio", tag="new")
+    fft = fake_bio_run(new, "fft")
+    fake_log(fft, lr=1e-4)
+    fake_bio_run(new, "lora")  # no train_log.jsonl: left out of the loss figure, named in its caption
+    fake_route_bio_run(old / "bio", preset="old", log=False, answers=False, tag="old")
+    fake_cpt_route_run(new)
+    tau = new / "studies" / "tau"
+    for t, end in ((0.99, 0.8), (-1, 0.2), (0.5, 0.4)):
+        fake_route_bio_run(tau, opts={"tau": t}, tag=f"t{t}", end0=end, answer_end=end / 2)
+    fake_route_bio_run(old / "studies" / "tau", opts={"tau": 0.9}, log=False, answers=False, tag="t0.9")
+    fake_route_bio_run(new / "studies" / "router", opts={"tau": 0.9, "router": "prob"}, tag="prob")
+    fake_route_bio_run(old / "studies" / "router", opts={"tau": 0.9}, log=False, answers=False, tag="logit")
+    fake_route_bio_run(new / "studies" / "vocab", vocab=(1045, 50304), config_vocab=50304, tag="v50304")
+    fake_route_bio_run(new / "studies" / "vocab", vocab=(1045, 1045), tag="v0")
+    return [new, old]
+
+
+NEW_FIGURES = ("train_loss_bio_cpu", "lr_schedule_bio_cpu", "train_loss_cpt_cpu", "lr_schedule_cpt_cpu",
+               "routing_bio_cpu", "routing_bio_old", "routing_cpt_cpu", "router_score_bio_cpu",
+               "train_loss_study_tau", "routing_study_tau", "router_score_study_tau", "routing_study_router",
+               "router_score_study_vocab", "fig8_route_tau", "fig8_route_router", "fig8_route_vocab")
+
+
+def test_route_figures_and_tables(tmp_path):
+    roots = build_route_results(tmp_path)
+    out = tmp_path / "figs"
+    args = [a for root in roots for a in ("--results", str(root))]
+    args += ["--results", str(roots[0] / "studies")]  # a folder inside another: its runs count once
+    r = runner.invoke(app, ["plot", *args, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    for stem in NEW_FIGURES:
+        for ext in ("png", "pdf"):
+            assert (out / f"{stem}.{ext}").stat().st_size > 0, stem
+    # what older runs lack is skipped, not drawn empty
+    for stem in ("train_loss_bio_old", "router_score_bio_old", "lr_schedule_study_tau"):
+        assert not (out / f"{stem}.png").exists(), stem
+    tau = pd.read_csv(out / "table_fig8_route_tau.csv")
+    assert tau["tau"].tolist() == [-1, 0.5, 0.9, 0.99] and tau["setting"].iloc[0] == "tau=-1"
+    assert tau["task0_end"].tolist() == pytest.approx([0.2, 0.4, 0.5, 0.8])
+    assert tau["task0_answer_preserve_end"].tolist()[:2] == pytest.approx([0.1, 0.2])
+    # steps 5 and 10 of 50 are the first 20% (step 0 is before training): 1 - (1 - end) * f at f = 0.1, 0.2
+    assert tau["task0_answer_preserve_first20"].iloc[0] == pytest.approx(1 - 0.9 * 0.15)
+    assert tau["task1_answer_preserve_end"].iloc[0] == pytest.approx(0.1 - 0.05)
+    assert "router" not in tau and "vocab_model" not in tau  # neither swept nor recorded here
+    old = tau.set_index("tau").loc[0.9]  # the older run: no answer-position keys, empty cells
+    assert pd.isna(old["task0_answer_preserve_end"]) and pd.isna(old["task1_answer_preserve_first20"])
+    assert old["task0_full_end"] == pytest.approx(0.49) and old["steps"] == 50
+    for ext in ("md", "tex"):
+        text = (out / f"table_fig8_route_tau.{ext}").read_text()
+        assert "tau=0.99" in text and "nan" not in text.lower()  # not recorded: a blank cell
+    router = pd.read_csv(out / "table_fig8_route_router.csv")
+    assert router["router"].tolist() == ["logit", "prob"]  # an older run without the key compared logits
+    vocab = pd.read_csv(out / "table_fig8_route_vocab.csv")
+    assert vocab["vocab_model"].tolist() == [1045, 50304] and vocab["vocab_tokenizer"].tolist() == [1045] * 2
+    assert vocab["setting"].tolist() == ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)"]
+
+
+def test_route_figures_pure_and_tolerant(tmp_path, monkeypatch):
+    """Each figure function alone: empty folders give nothing, runs missing files are skipped, not fatal."""
+    from scalecl.report import (
+        fig_lr_schedule,
+        fig_route_studies,
+        fig_router_score,
+        fig_routing,
+        fig_train_loss,
+        load_train_log,
+        plot_all,
+        route_study_table,
+    )
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for fig in (fig_train_loss, fig_lr_schedule, fig_routing, fig_router_score, fig_route_studies):
+        assert fig(empty, tmp_path / "o") == []
+    assert route_study_table(empty, "tau").empty
+    study = tmp_path / "res" / "studies" / "tau"
+    d = fake_route_bio_run(study, log=False, answers=False)
+    (d / "train_log.jsonl").write_text("")  # a run that trained no step writes an empty log
+    assert load_train_log(d) is None
+    (fake_route_bio_run(study, opts={"tau": 0.5}, tag="nometrics") / "metrics.jsonl").unlink()
+    import scalecl.report as report
+
+    panels, save = {}, report._save
+    monkeypatch.setattr(report, "_save", lambda fig, out, stem: panels.setdefault(stem, len(fig.axes))
+                        and save(fig, out, stem))
+    names = {p.name for p in plot_all(tmp_path / "res", tmp_path / "o")}
+    assert panels["fig8_route_tau"] == 3  # no answer-position records: panel (c) shows all-token routing
+    assert {"fig8_route_tau.png", "routing_study_tau.png", "train_loss_study_tau.png",
+            "table_fig8_route_tau.csv"} <= names
+    assert "router_score_study_tau.png" not in names  # no run recorded the router's score
+    table = pd.read_csv(tmp_path / "o" / "table_fig8_route_tau.csv")
+    assert len(table) == 2 and table["task0_answer_preserve_end"].isna().all()
