@@ -1,9 +1,9 @@
 """Training state on disk without pickle: tensors in safetensors, everything else in JSON.
 
 A resumable checkpoint holds the optimizer and scheduler state, every RNG state, the data position and the
-records so far. `torch.save`/`torch.load(weights_only=False)` would store that as a pickle, and loading a
-pickle runs whatever code it names: a checkpoint folder from anywhere could then execute a command on
-`--resume`. Here the structure is JSON (dicts, lists, numbers, strings) and the arrays are safetensors,
+records so far. `torch.save` would store that as a pickle, and loading a pickle (torch.load with its
+weights-only guard turned off) runs whatever code it names: a checkpoint folder from anywhere could then
+execute a command on `--resume`. Here the structure is JSON (dicts, lists, numbers, strings) and the arrays are safetensors,
 neither of which can carry code. Python values JSON has no form for are tagged:
 
   {"__tensor__": key}           a torch tensor, stored in the .safetensors file under key

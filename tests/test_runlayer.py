@@ -32,6 +32,7 @@ BIO = ["train-bio", "--preset", "tiny", "--set", "stage1.steps=24", "--set", "st
        "--set", "checkpoint.every=4", "--set", "checkpoint.keep=2"]
 CPT = ["train-cpt", "--preset", "tiny", "--set", "pretrain.steps=8", "--set", "train.steps=8", "--set",
        "eval.every=4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"]
+TIMED = ("seconds", "tokens_per_s", "mfu")  # per-step log fields that depend on wall time
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
@@ -61,7 +62,7 @@ def outcome(root: Path) -> dict:
         log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
         out[run.name] = {
             "metrics": (run / "metrics.jsonl").read_text(),
-            "log": [{k: v for k, v in r.items() if k != "seconds"} for r in log],
+            "log": [{k: v for k, v in r.items() if k not in TIMED} for r in log],
             "final": result["final"], "summary": result["summary"],
         }
     return out
