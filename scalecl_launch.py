@@ -43,4 +43,5 @@ def main() -> int | None:
 
 
 if __name__ == "__main__":
+    sys.argv[0] = "scalecl"  # the name in usage lines
     sys.exit(main())
