@@ -76,7 +76,7 @@ def provenance() -> dict[str, Any]:
         "scalecl": __version__, "commit": commit, "python": platform.python_version(),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                    "gpu": gpu, "malloc_tuned": _ALLOCATOR["tuned"]},
+                    "gpu": gpu, "malloc_tuned": _ALLOCATOR["tuned"], **cpu_thread_settings()},
     }
 
 
@@ -103,6 +103,24 @@ def tune_cpu_allocator() -> bool:
     m_trim_threshold, m_mmap_threshold = -1, -3  # from <malloc.h>
     _ALLOCATOR["tuned"] = bool(mallopt(m_mmap_threshold, 1 << 30)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
     return _ALLOCATOR["tuned"]
+
+
+# CPU thread defaults that the `scalecl` command put in the environment before torch loaded (the entry
+# module scalecl_launch sets them: OpenMP reads them only then); recorded in provenance()["machine"].
+_CPU_DEFAULTS: dict[str, str] = {}
+
+
+def note_cpu_defaults(applied: dict[str, str]) -> None:
+    """Record the variables the entry module set (called by scalecl_launch.main)."""
+    _CPU_DEFAULTS.update(applied)
+
+
+def cpu_thread_settings() -> dict[str, Any]:
+    """The OpenMP variables (None: unset) and which of them scalecl set by default rather than the user.
+    They take effect when torch loads, so a value changed later in the process is not the one in force."""
+    return {"omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "thread_defaults_by_scalecl": dict(_CPU_DEFAULTS)}
 
 
 def pick_device(name: str | None = None) -> torch.device:

@@ -137,7 +137,7 @@ def test_two_process_torchrun_matches_one_process(tmp_path, local):
         for a, b in zip(records(two / "out", method), records(tmp_path / "one" / "out", method), strict=True):
             assert a["step"] == b["step"]
             for key in ("loss", "old/ppl", "new/ppl", "rep_cos"):  # tolerance: fp32 reduction order over 6 steps
-                if b[key] is None:  # the loss of step 0 (nothing trained yet)
+                if b[key] is None:  # the loss of step 0 (nothing trained yet): both runs must agree on that
                     assert a[key] is None, (method, a["step"], key)
                 else:
                     assert a[key] == pytest.approx(b[key], rel=1e-4), (method, a["step"], key)
