@@ -219,7 +219,8 @@ def _cached_stage(run: Run, build, batches, sc: StageConfig, *, info, dev, autoc
     t = time.perf_counter()
     res = fit(run, build, batches, sc.steps, optim(sc), device=dev, resume="auto", save_every=every,
               autocast=autocast, progress=progress, desc=desc, save_kw={"tokenizer": tokenizer}, say=say)
-    stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model)}
+    stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model),
+             "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
     res.model.cpu()

@@ -141,7 +141,8 @@ def _pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache:
                   autocast=autocast, progress=progress, desc="pre-train base", save_kw={"tokenizer": tokenizer})
         info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1],
                 "epochs_completed": chunks.epoch, "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
-                "params": sum(p.numel() for p in res.model.parameters())}
+                "params": sum(p.numel() for p in res.model.parameters()),
+                "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
         run.finish(None, (res.model.cpu(), None, {"tokenizer": tokenizer, "extra": {"stage": info},
                                                   "base_model": "builtin (pre-trained on the stand-in's base corpus)"}))
         for p in run.checkpoints():
