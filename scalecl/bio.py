@@ -195,7 +195,7 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
 def method_run(rc: BioRunConfig, method, out: Path, checkpoints: Path, preset_name: str) -> Run:
     """The stage-3 run of one method, named by everything its numbers depend on."""
     lr = rc.stage3.lr * rc.lr_scale.get(method.name, 1.0)
-    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale")}
+    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale", "compute")}
     h = config_hash(named, method.name, method.options(), lr)
     name = f"{preset_name}-{method.name}-{h}"
     identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),

@@ -53,6 +53,9 @@ def cli(args: list[str], crash: str | None = None, kill_after: float | None = No
     return None
 
 
+WALL_TIME = ("seconds", "tokens_per_s", "model_tflops", "mfu")  # step-log keys measured with a clock
+
+
 def outcome(root: Path) -> dict:
     """Everything a finished run reports: evaluation records, step log (less wall times), final numbers."""
     out = {}
@@ -61,7 +64,7 @@ def outcome(root: Path) -> dict:
         log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
         out[run.name] = {
             "metrics": (run / "metrics.jsonl").read_text(),
-            "log": [{k: v for k, v in r.items() if k != "seconds"} for r in log],
+            "log": [{k: v for k, v in r.items() if k not in WALL_TIME} for r in log],
             "final": result["final"], "summary": result["summary"],
         }
     return out
