@@ -568,8 +568,8 @@ def fit(
         "steps_timed": totals["steps"], "tokens": totals["tokens"], "seconds": round(sec, 3),
         "tokens_per_s": round(totals["tokens"] / sec, 1) if sec > 0 else None,
         "model_flops_per_token": {"definition": "6N + 12 L H Q T (scalecl.perf)", **flops.to_dict()},
-        "model_tflops": None if tflops is None else round(tflops, 4),
-        "mfu": round(tflops / (peak["tflops"] * d.world), 4) if tflops is not None and peak["tflops"] else None,
+        "model_tflops": None if tflops is None else float(f"{tflops:.4g}"),
+        "mfu": float(f"{tflops / (peak['tflops'] * d.world):.4g}") if tflops is not None and peak["tflops"] else None,
         "sync_every": sync_every,
         "parallel": describe(compute, d.world, model) if compute is not None else {"mode": "custom" if wrap else
                                                                                      "single", "processes": d.world},

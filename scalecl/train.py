@@ -127,6 +127,11 @@ def _tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
+def _sig(x: float, digits: int = 4) -> float:
+    """x to `digits` significant digits (a CPU's model TFLOP/s is tiny, a GPU's is not)."""
+    return float(f"{x:.{digits}g}")
+
+
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Host batch -> device; on CUDA through pinned memory, so the copy overlaps the running step."""
     if device.type == "cuda":
@@ -220,8 +225,8 @@ def train(
                    "tokens_per_s": round(tokens * world / per_step, 1) if per_step > 0 else None}
             if flops is not None:
                 tflops = fl * world / per_step / 1e12 if per_step > 0 else None
-                row["model_tflops"] = None if tflops is None else round(tflops, 4)
-                row["mfu"] = round(tflops / (peak_tflops * world), 4) if tflops is not None and peak_tflops else None
+                row["model_tflops"] = None if tflops is None else _sig(tflops)
+                row["mfu"] = _sig(tflops / (peak_tflops * world)) if tflops is not None and peak_tflops else None
             rows.append(row)
         pending.clear()
         if task is not None:
