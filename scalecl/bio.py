@@ -381,10 +381,13 @@ def _run_bio(d: Dist, rc: BioRunConfig, methods: list[str], out: Path, cache: Pa
 
         lo, hi = ranges(data.cfg).pretrain
         docs = encode_plain(data.tokenizer, pretrain_texts(data.people, data.cfg, lo, hi))
+        corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
         _, s1 = _cached_stage(
             _stage_run(cache, "stage1", k1, rc.checkpoint.keep, d), build1, s1_batches, rc.stage1,
-            info=lambda m: {"params": sum(p.numel() for p in m.parameters())}, desc="stage 1: pre-train", **stage_kw)
+            info=lambda m: {"params": sum(p.numel() for p in m.parameters()), "corpus_tokens": corpus,
+                             "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)},
+            desc="stage 1: pre-train", **stage_kw)
         s2_run = _stage_run(cache, "stage2", k2, rc.checkpoint.keep, d)
         _, s2 = _cached_stage(
             s2_run, lambda: load_model(cache / f"stage1-{k1}"), qa_batches(data.qa["task0_train"], rc.stage2.batch,
@@ -465,6 +468,7 @@ def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_na
         "accumulation": {"stage1": stages["stage1"].get("accumulation"), "stage2": stages["stage2"].get("accumulation"),
                          "stage3": accum},
         "speed": res.speed,
+        "stage1": {k: v for k, v in stages["stage1"].items() if k != "cached"},
         "stage2": {k: v for k, v in stages["stage2"].items() if k != "cached"},
         "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
                    "task1": attribute_priors(data.qa["task1"])},
