@@ -98,7 +98,8 @@ def test_position_keyed_optimizer_state_loads_by_name():
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
     """train-bio, 2 processes: stages 1-3 sharded by rows of every global batch, the same numbers as one
-    process with the same micro-batches (accumulation 2), every process evaluating in lock-step."""
+    process with the same micro-batches (accumulation 2), every process evaluating in lock-step. The FSDP
+    run also recomputes every block in the backward (activation checkpointing inside the shards)."""
     from typer.testing import CliRunner
 
     from scalecl.cli import app
@@ -112,11 +113,13 @@ def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
                                    "--checkpoints", str(one / "ck"), "--device", "cpu"])
     assert res.exit_code == 0, res.output
     two = tmp_path / "two"
-    torchrun([*common, "--set", f"compute.parallel={parallel}", "--out", str(two / "out"), "--cache",
+    ckpt = ["--set", "compute.activation_checkpointing=true"] if parallel == "fsdp" else []  # recompute, sharded
+    torchrun([*common, *ckpt, "--set", f"compute.parallel={parallel}", "--out", str(two / "out"), "--cache",
               str(two / "cache"), "--checkpoints", str(two / "ck")], tmp_path)
     (r1,) = [json.loads(p.read_text()) for p in (one / "out").glob("*/result.json")]
     (r2,) = [json.loads(p.read_text()) for p in (two / "out").glob("*/result.json")]
     assert r1["speed"]["parallel"]["mode"] == "single" and r2["speed"]["parallel"]["mode"] == parallel
+    assert r2["speed"]["parallel"]["activation_checkpointing"] is (parallel == "fsdp")
     assert r1["accumulation"] == {"stage1": 2, "stage2": 2, "stage3": 2}
     assert r2["accumulation"] == {"stage1": 1, "stage2": 1, "stage3": 1} and r2["processes"] == 2
     assert r2["stage2"]["final_loss"] == pytest.approx(r1["stage2"]["final_loss"], rel=1e-4)
