@@ -217,10 +217,14 @@ def main() -> None:
             free(device)
     if not a.skip_trainer:
         model = build("llama", llama, device)
-        with tempfile.TemporaryDirectory() as tmp:  # Trainer wants an output folder; it writes nothing here
-            cfgs["trainer_fft_base_shape"] = trainer_step(model, batch, a.steps, device, autocast is not None,
-                                                          Path(tmp))
-        print(f"trainer FFT      {cfgs['trainer_fft_base_shape']['step_s']:.4f} s/step", flush=True)
+        try:  # another transformers version may refuse an argument: record it, keep the other numbers
+            with tempfile.TemporaryDirectory() as tmp:  # Trainer wants an output folder; it writes nothing here
+                cfgs["trainer_fft_base_shape"] = trainer_step(model, batch, a.steps, device, autocast is not None,
+                                                              Path(tmp))
+            print(f"trainer FFT      {cfgs['trainer_fft_base_shape']['step_s']:.4f} s/step", flush=True)
+        except Exception as e:  # noqa: BLE001
+            res["trainer_error"] = f"{type(e).__name__}: {e}"
+            print(f"trainer FFT failed: {res['trainer_error']}", flush=True)
         del model
         free(device)
     p_ids = torch.randint(0, pythia["vocab_size"], (a.pythia_batch, 512 if not a.tiny else 64), generator=g)

@@ -14,9 +14,9 @@
 #   2. tests     pytest -m gpu (tests/test_gpu.py): bf16 preservation bit for bit, Route = two passes.
 #   3. bench     benchmarks/bench_gpu.py: Adapt/FFT and Route/Adapt at Llama-3.2-1B shapes, our step vs
 #                transformers.Trainer, MFU, block vs concatenated products -> OUT/bench.json.
-#   4. bio       scalecl train-bio --preset gpu --method fft,llama-pro,scale-route -> OUT/bio (run in its own
-#                process session, polled, stopped at --bio-minutes); Pythia's tokenizer if it loads, else
-#                --tokenizer local with the same 50,304 rows.
+#   4. bio       scalecl train-bio --preset gpu --method fft,llama-pro,scale-route -> OUT/bio (polled, stopped
+#                at --bio-minutes, default 17: the preset is estimated at ~15); Pythia's tokenizer if it
+#                loads, else --tokenizer local with the same 50,304 rows.
 #   5. report    benchmarks/gpu_report.py: OUT/summary.{json,md}, OUT/figures/*.png, one line per target with
 #                the measured value and PASS/FAIL; scalecl plot draws the biography figure.
 #   6. bundle    OUT/gpu_check.tar.gz: everything above but the venv and models (small enough to copy back).
@@ -29,7 +29,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="gpu_check-$(date +%Y%m%d-%H%M%S)"
 DRY=0
 PY="${PYTHON:-python3}"
-BIO_MINUTES=25
+BIO_MINUTES=17  # install, tests and benchmarks take ~6 minutes: the whole check fits a 25-minute lease
 INSTALL=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -90,7 +90,7 @@ install() {
   local VPY="$VENV/bin/python"
   if [ "$DRY" = 0 ] && ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "no CUDA torch on this machine: pip install torch (PyPI's default Linux wheels are CUDA builds)"
-    "$VPY" -m pip install torch || return 1
+    "$VPY" -m pip install --retries 1 --timeout 15 torch || return 1
   fi
   "$VPY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || return 1
   local cons=()
@@ -98,7 +98,7 @@ install() {
     grep -v -E '^(torch|nvidia-|triton)([=<>! ;]|$)' "$REPO/constraints.txt" > "$OUT/constraints-used.txt" || true
     cons=(-c "$OUT/constraints-used.txt")
   fi
-  if [ "$DRY" = 0 ] && "$VPY" -m pip install "${cons[@]}" -e "$REPO[dev]"; then
+  if [ "$DRY" = 0 ] && "$VPY" -m pip install --retries 1 --timeout 15 "${cons[@]}" -e "$REPO[dev]"; then
     return 0
   fi
   echo "the suite by path (offline or dry run: nothing to download), then checking what the check imports"

@@ -31,7 +31,8 @@ def bio_rows(out: Path) -> tuple[list[dict], dict]:
         r = json.loads(f.read_text())
         results[r["method"]] = r
     if not results:
-        return [], {}
+        return [check("bio gpu preset wall time (s)", None, "<=", BIO_BUDGET_S,
+                      "no finished run: see logs/bio-run.log (stopped at --bio-minutes?)")], {}
     any_r = next(iter(results.values()))
     wall = any_r["wall_s"]
     stage3 = sum(r["wall_s"]["stage3"] + r["wall_s"]["stage3_eval"] for r in results.values())
