@@ -11,10 +11,18 @@ Protocol details that follow the reference code (zzz47zzz/spurious-forgetting): 
 starts with a space (" Name ..."); in pre-training the token right after each EOS is not a target (it
 starts an unrelated biography); stages 2 and 3 use AdamW eps 1e-6 with a cosine schedule from lr down to
 0.9 lr (presets); stage 3 is evaluated densely early (the collapse is within ~200 steps).
+
+Several processes: run the same command under `torchrun --nproc_per_node N`. Every stage's batch is the
+global batch: each optimizer step's rows are cut into processes x accumulation micro-batches of
+`compute.micro_batch` rows (RowShards), so N processes compute what one process computes with the same
+micro-batches. Replicas are DDP or FSDP2 shards (`compute.parallel`). Every process runs every evaluation
+(the same forwards, as FSDP requires; an evaluation costs what it costs on one GPU), and only rank 0
+writes caches, checkpoints and results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -23,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
@@ -35,7 +44,8 @@ from .errors import ScaleclError
 from .evaluate import QATensors, encode_qa, qa_accuracy, qa_batches
 from .methods import get_method, method_names
 from .models import model_from_config, tiny_config
-from .runlayer import Run, atomic_dir, check_out_dir, fit
+from .perf import check_compute, configure_device
+from .runlayer import Dist, Run, atomic_dir, check_out_dir, fit, init_distributed
 from .runs import TMP_PREFIX, config_hash, pick_device, provenance, remove_temporaries
 from .train import OptimConfig, progress_bar
 
@@ -47,7 +57,44 @@ TEXT_FORMAT = 2
 
 
 def say(text: str) -> None:
-    console.print(text, highlight=False)
+    """Print on the main process only (under torchrun every process runs the same code)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+        console.print(text, highlight=False)
+
+
+class RowShards:
+    """The micro-batches of one process, cut by rows from a stream of global batches.
+
+    Every global batch of B rows is split into B / micro parts of `micro` rows; process r takes parts
+    r, r + world, r + 2 world, ... one per accumulation step. One process with accumulation A therefore sees
+    parts 0..A-1 in turn, and `world` processes with accumulation A / world see the same parts between them:
+    the same gradient up to float summation order. Each process draws every global batch (the data position
+    is the same on every process; train() skips micro-batches on resume by drawing them again).
+    """
+
+    def __init__(self, batches: Iterator[dict[str, torch.Tensor]], micro: int, world: int = 1, rank: int = 0) -> None:
+        self.batches, self.micro, self.world, self.rank = batches, micro, world, rank
+        self.queue: list[dict[str, torch.Tensor]] = []
+
+    def __iter__(self) -> RowShards:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if not self.queue:
+            b = next(self.batches)
+            n = b["input_ids"].shape[0]
+            if n == self.micro and self.world == 1:
+                return b
+            for j in range(self.rank, n // self.micro, self.world):
+                self.queue.append({k: v[j * self.micro : (j + 1) * self.micro] for k, v in b.items()})
+        return self.queue.pop(0)
+
+
+def micro_batch(rc: BioRunConfig, sc: StageConfig, world: int) -> tuple[int, int]:
+    """(rows per forward, accumulation steps) of a stage with `world` processes (checked by check_bio)."""
+    per = sc.batch // world
+    micro = min(rc.compute.micro_batch, per) if rc.compute.micro_batch else per
+    return micro, per // micro
 
 
 @dataclass
@@ -192,53 +239,70 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
 # runs
 
 
-def method_run(rc: BioRunConfig, method, out: Path, checkpoints: Path, preset_name: str) -> Run:
+def method_run(rc: BioRunConfig, method, out: Path, checkpoints: Path, preset_name: str, d: Dist = Dist()) -> Run:
     """The stage-3 run of one method, named by everything its numbers depend on."""
     lr = rc.stage3.lr * rc.lr_scale.get(method.name, 1.0)
-    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale")}
+    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale", "compute")}
     h = config_hash(named, method.name, method.options(), lr)
     name = f"{preset_name}-{method.name}-{h}"
     identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
                 "config_hash": h}
-    return Run(identity, out / name, checkpoints / "bio" / name, keep=rc.checkpoint.keep)
+    return Run(identity, out / name, checkpoints / "bio" / name, keep=rc.checkpoint.keep, main=d.main)
 
 
-def _stage_run(cache: Path, stage: str, key: str, keep: int) -> Run:
+def _stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist = Dist()) -> Run:
     """A cached stage: its final model is the cache folder itself; checkpoints beside it until it is done."""
     name = f"{stage}-{key}"
     identity = {"experiment": f"bio-{stage}", "name": name, "method": None, "options": {}, "config_hash": key}
-    return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep)
+    return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep, main=d.main)
 
 
 def _cached_stage(run: Run, build, batches, sc: StageConfig, *, info, dev, autocast, progress, desc, every,
-                  tokenizer) -> tuple[torch.nn.Module | None, dict]:
-    """Load a finished stage from the cache, or train it (resuming its own checkpoints) and cache it."""
+                  tokenizer, rc: BioRunConfig | None = None, d: Dist = Dist()) -> tuple[torch.nn.Module | None, dict]:
+    """Load a finished stage from the cache, or train it (resuming its own checkpoints) and cache it.
+
+    Under torchrun every process trains (and runs `info`'s evaluations); rank 0 writes the cache.
+    """
+    d.barrier()  # every process sees the same cache
     meta = read_meta(run.final_dir)
     if meta is not None:
         return None, {**meta.get("stage", {}), "cached": True}
     t = time.perf_counter()
-    res = fit(run, build, batches, sc.steps, optim(sc), device=dev, resume="auto", save_every=every,
-              autocast=autocast, progress=progress, desc=desc, save_kw={"tokenizer": tokenizer}, say=say)
+    compute = rc.compute if rc is not None else None
+    micro, accum = micro_batch(rc, sc, d.world) if rc is not None else (sc.batch, 1)
+    res = fit(run, build, RowShards(batches, micro, d.world, d.rank), sc.steps, optim(sc), device=dev,
+              resume="auto", save_every=every, autocast=autocast, progress=progress, desc=desc,
+              save_kw={"tokenizer": tokenizer}, say=say, compute=compute, d=d, accum=accum)
     stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model),
+             "accumulation": accum, "speed": res.speed,
              "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
-    res.model.cpu()
-    run.finish(None, (res.model, None, {"tokenizer": tokenizer, "extra": {"stage": stage}}))
-    for p in run.checkpoints():  # the cache folder now holds the stage: its checkpoints are spent
-        import shutil
+    if d.main:
+        run.finish(None, (res.export.cpu(), None, {"tokenizer": tokenizer, "extra": {"stage": stage}}))
+        for p in run.checkpoints():  # the cache folder now holds the stage: its checkpoints are spent
+            import shutil
 
-        shutil.rmtree(p, ignore_errors=True)
+            shutil.rmtree(p, ignore_errors=True)
+    d.barrier()
     return res.model, {**stage, "cached": False}
 
 
 def check_bio(rc: BioRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path,
-              device: str | None):
-    """Every check that writes nothing: names, device, folders, data sizes, each method's options."""
+              device: str | None, d: Dist = Dist()):
+    """Every check that writes nothing: names, device, folders, data sizes, batches, each method's options."""
     for name in methods:
         if name not in method_names():
             raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(METHOD_ORDER)} or all")
+    if d.world > 1 and device in (None, "cuda") and torch.cuda.is_available():
+        device = f"cuda:{d.local_rank}"  # one GPU per process
     dev = pick_device(device)
+    check_compute(rc.compute, dev, d.world)
+    for stage in ("stage1", "stage2", "stage3"):
+        sc = getattr(rc, stage)
+        if sc.batch % d.world or (sc.batch // d.world) % micro_batch(rc, sc, d.world)[0]:
+            raise ScaleclError(f"{stage}.batch={sc.batch} must be a multiple of processes x compute.micro_batch = "
+                               f"{d.world} x {rc.compute.micro_batch or 'batch / processes'}")
     for path, what in ((out, "--out"), (cache, "--cache"), (checkpoints, "--checkpoints")):
         check_out_dir(path, what)
     bio_config(rc)
@@ -258,11 +322,23 @@ def run_bio(
 
     Finished method runs are found first: when every asked-for method has finished, no stage is built.
     """
+    d = init_distributed()
+    try:
+        return _run_bio(d, rc, methods, out, cache, preset_name, force, device, checkpoints, resume, stop_after,
+                        report_to)
+    finally:
+        if d.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_bio(d: Dist, rc: BioRunConfig, methods: list[str], out: Path, cache: Path, preset_name: str, force: bool,
+             device: str | None, checkpoints: Path | None, resume: bool, stop_after: int | None,
+             report_to: tuple[str, ...]) -> list[dict[str, Any]]:
     checkpoints = checkpoints if checkpoints is not None else Path("checkpoints")
-    dev, prepared = check_bio(rc, methods, out, cache, checkpoints, device)
+    dev, prepared = check_bio(rc, methods, out, cache, checkpoints, device, d)
     tokenizer = open_tokenizer(rc.tokenizer) if rc.tokenizer != "local" else None  # fails before any write
     order = [m for m in METHOD_ORDER if m in methods]
-    runs = {name: method_run(rc, prepared[name], out, checkpoints, preset_name) for name in order}
+    runs = {name: method_run(rc, prepared[name], out, checkpoints, preset_name, d) for name in order}
     done = {name: runs[name].result() for name in order}
     todo = [name for name in order if force or done[name] is None]
     for name in order:
@@ -270,15 +346,22 @@ def run_bio(
             say(f"{name}: finished run found at {runs[name].out_dir} (use --force to rerun)")
     if not todo:
         results = [done[n] for n in order]
-        _print_summary(results)
-        return results
+        if d.main:
+            _print_summary(results)
+        return results if d.main else []
 
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    configure_device(dev, rc.compute.tf32)
     started = provenance() | {"device": str(dev)}  # taken at the start: the code that runs is this commit's
     autocast = torch.bfloat16 if rc.dtype == "bfloat16" and dev.type == "cuda" else None
     cache = cache / "bio"
     t0 = time.perf_counter()
-    with console.status("generating biographies and tokenizer"):
-        data = prepare_data(rc, cache, tokenizer)
+    for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it
+        if d.main == (turn == "main"):
+            with console.status("generating biographies and tokenizer") if d.main else contextlib.nullcontext():
+                data = prepare_data(rc, cache, tokenizer)
+        d.barrier()
     data_s = time.perf_counter() - t0
     base_cfg = base_model_config(rc, data.tokenizer)
     say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows {base_cfg.vocab_size:,}), "
@@ -290,19 +373,23 @@ def run_bio(
     heldout = data.qa["task0_heldout"]
     every = rc.checkpoint.every
     results = []
-    with progress_bar() as progress:
-        stage_kw = dict(dev=dev, autocast=autocast, progress=progress, every=every, tokenizer=data.tokenizer)
+    with progress_bar() if d.main else contextlib.nullcontext() as progress:
+        stage_kw = dict(dev=dev, autocast=autocast, progress=progress, every=every, tokenizer=data.tokenizer, rc=rc,
+                        d=d)
 
         def build1():
             return model_from_config(base_cfg, seed=rc.seed)
 
         lo, hi = ranges(data.cfg).pretrain
         docs = encode_plain(data.tokenizer, pretrain_texts(data.people, data.cfg, lo, hi))
+        corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
         _, s1 = _cached_stage(
-            _stage_run(cache, "stage1", k1, rc.checkpoint.keep), build1, s1_batches, rc.stage1,
-            info=lambda m: {"params": sum(p.numel() for p in m.parameters())}, desc="stage 1: pre-train", **stage_kw)
-        s2_run = _stage_run(cache, "stage2", k2, rc.checkpoint.keep)
+            _stage_run(cache, "stage1", k1, rc.checkpoint.keep, d), build1, s1_batches, rc.stage1,
+            info=lambda m: {"params": sum(p.numel() for p in m.parameters()), "corpus_tokens": corpus,
+                             "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)},
+            desc="stage 1: pre-train", **stage_kw)
+        s2_run = _stage_run(cache, "stage2", k2, rc.checkpoint.keep, d)
         _, s2 = _cached_stage(
             s2_run, lambda: load_model(cache / f"stage1-{k1}"), qa_batches(data.qa["task0_train"], rc.stage2.batch,
                                                                           rc.seed),
@@ -317,16 +404,18 @@ def run_bio(
                 results.append(done[name])
                 continue
             r = _run_method(rc, data, prepared[name], runs[name], s2_run.final_dir, preset_name, stages, force,
-                            resume, stop_after, dev, started, autocast, progress, report_to)
+                            resume, stop_after, dev, started, autocast, progress, report_to, d)
             if r is not None:
                 results.append(r)
+    if not d.main:
+        return []
     _print_summary(results)
     return results
 
 
 def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_name: str, stages: dict,
                 force: bool, resume: bool, stop_after: int | None, dev, started: dict, autocast,
-                progress, report_to: tuple[str, ...] = ()) -> dict[str, Any] | None:
+                progress, report_to: tuple[str, ...] = (), d: Dist = Dist()) -> dict[str, Any] | None:
     name = method.name
     lr = rc.stage3.lr * rc.lr_scale.get(name, 1.0)
     t0_slice = _slice(data.qa["task0_heldout"], rc.eval.slice_people)
@@ -346,19 +435,25 @@ def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_na
         return rec
 
     save_kw = {"tokenizer": data.tokenizer, "base_model": str(stage2_dir)}
-    res = fit(run, build, qa_batches(data.qa["task1"], rc.stage3.batch, rc.seed + 3), rc.stage3.steps,
+    micro, accum = micro_batch(rc, rc.stage3, d.world)
+    batches = RowShards(qa_batches(data.qa["task1"], rc.stage3.batch, rc.seed + 3), micro, d.world, d.rank)
+    res = fit(run, build, batches, rc.stage3.steps,
               optim(rc.stage3, lr), method=method, device=dev, evaluate=evaluate,
               eval_steps=rc.eval.steps(rc.stage3.steps), resume=resume, force=force,
               save_every=rc.checkpoint.every, stop_at=stop_after, autocast=autocast, progress=progress,
               desc=f"stage 3: {name}", save_kw=save_kw, say=say, report_to=report_to,
-              config={"method": name, "options": method.options(), "lr": lr, **asdict(rc)})
+              config={"method": name, "options": method.options(), "lr": lr, **asdict(rc)},
+              compute=rc.compute, d=d, accum=accum)
     if not res.complete:
         return None
     model = res.model
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_total = sum(p.numel() for p in model.parameters())
     final = {"task0_heldout": qa_accuracy(model, data.qa["task0_heldout"], rc.eval.batch, exact=True),
-             "task1": qa_accuracy(model, data.qa["task1"], rc.eval.batch, exact=True)}
+             "task1": qa_accuracy(model, data.qa["task1"], rc.eval.batch, exact=True)}  # every process: lock-step
+    if not d.main:
+        d.barrier()
+        return None
     t0 = [r["task0/acc"] for r in res.records]
     t1 = [r["task1/acc"] for r in res.records]
     result = {
@@ -370,6 +465,11 @@ def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_na
         "wall_s": {"data": stages["data_s"], "stage1": stages["stage1"]["wall_s"], "stage2": stages["stage2"]["wall_s"],
                    "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
         "stages_cached": {"stage1": stages["stage1"]["cached"], "stage2": stages["stage2"]["cached"]},
+        "processes": d.world,
+        "accumulation": {"stage1": stages["stage1"].get("accumulation"), "stage2": stages["stage2"].get("accumulation"),
+                         "stage3": accum},
+        "speed": res.speed,
+        "stage1": {k: v for k, v in stages["stage1"].items() if k != "cached"},
         "stage2": {k: v for k, v in stages["stage2"].items() if k != "cached"},
         "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
                    "task1": attribute_priors(data.qa["task1"])},
@@ -380,8 +480,9 @@ def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_na
     }
     if res.resumed_from:
         result["resumed_from_step"] = res.resumed_from
-    run.finish(result, (model.cpu(), method, save_kw))
+    run.finish(result, (res.export.cpu(), method, save_kw))
     say(f"{name}: wrote {run.out_dir}; final model {run.final_dir}")
+    d.barrier()
     return result
 
 

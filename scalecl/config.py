@@ -165,6 +165,40 @@ class StageConfig:
     clip: float = opt(1.0, ge=0.0)  # 0 = no clipping
 
 
+PARALLEL = ("ddp", "fsdp")
+
+
+@dataclass
+class ComputeConfig:
+    """How a run uses its hardware: GPU speed options and how several processes share the model.
+
+    None of these changes what is trained beyond floating-point rounding, so none is part of a run name or a
+    cache key (result.json records them). Every option defaults to the plain behaviour.
+    """
+
+    # with several processes (torchrun): "ddp" keeps a full replica per process; "fsdp" shards parameters,
+    # gradients and optimizer state per decoder layer (PyTorch FSDP2, fully_shard) for models that do not fit
+    parallel: str = opt("ddp", choices=PARALLEL)
+    # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
+    # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
+    activation_checkpointing: bool = False
+    compile: bool = False  # torch.compile every decoder block (needs a C/C++ compiler for CPU kernels)
+    # optimizer steps between host reads of the loss and gradient norm (the GPU runs ahead in between);
+    # 0 = automatic: 50 on CUDA, 1 elsewhere. Evaluation and checkpoint steps always read.
+    sync_every: int = opt(0, ge=0)
+    tf32: bool = True  # CUDA only: TF32 tensor cores for float32 matrix products (bf16 autocast is unaffected)
+
+
+@dataclass
+class BioComputeConfig(ComputeConfig):
+    """ComputeConfig plus the biography stages' micro-batch (train-cpt has train.micro_batch)."""
+
+    # sequences per process per forward in every stage (gradient accumulation makes up the stage's batch);
+    # 0 = the stage's batch / processes. A stage whose batch / processes it exceeds uses that instead; it
+    # must divide every stage's batch / processes
+    micro_batch: int = opt(0, ge=0)
+
+
 # Task 1 learning-rate multipliers over the FFT rate. Paper Sec. 5.1: SCALE-Route and LLaMA Pro train at 10x
 # "because most weights are frozen"; the project applies the same reasoning to the other mostly-frozen
 # methods the paper did not run on this task (Preserve, Adapt, LoRA). Freeze keeps the FFT rate, as the
@@ -211,6 +245,7 @@ class BioRunConfig:
     checkpoint: CheckpointConfig = opt(factory=CheckpointConfig)  # every stage, the method's too
     methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
     dtype: str = opt("float32", choices=("float32", "bfloat16"))  # bfloat16: autocast on GPU
+    compute: BioComputeConfig = opt(factory=BioComputeConfig)  # speed and parallelism; not in any run name
     seed: int = opt(0, ge=0)
 
     def method_options(self, name: str) -> dict[str, Any]:
@@ -331,6 +366,7 @@ class CptRunConfig:
     checkpoint: CheckpointConfig = opt(factory=CheckpointConfig)
     methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
     dtype: str = opt("bfloat16", choices=("float32", "bfloat16"))  # bf16 autocast on GPU; CPU always runs fp32
+    compute: ComputeConfig = opt(factory=ComputeConfig)  # speed and parallelism; not in any run name
     seed: int = opt(0, ge=0)
 
     def method_options(self, name: str) -> dict[str, Any]:

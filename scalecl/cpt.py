@@ -42,6 +42,7 @@ from .data.tokenizer import load_tokenizer
 from .errors import ScaleclError
 from .methods import get_method, method_names
 from .models import load_base_config, load_base_model, model_from_config, tiny_config
+from .perf import check_compute, configure_device
 from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from .runlayer import Dist, Run, check_out_dir, fit, init_distributed
 from .runs import config_hash, pick_device, provenance
@@ -138,7 +139,8 @@ def _pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache:
         t = time.perf_counter()
         res = fit(run, lambda: model_from_config(config, seed=rc.seed), RankBatches(chunks, rc.pretrain.batch),
                   rc.pretrain.steps, _optim(rc.pretrain), device=dev, resume="auto", save_every=rc.checkpoint.every,
-                  autocast=autocast, progress=progress, desc="pre-train base", save_kw={"tokenizer": tokenizer})
+                  autocast=autocast, progress=progress, desc="pre-train base", save_kw={"tokenizer": tokenizer},
+                  compute=rc.compute)
         info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1],
                 "epochs_completed": chunks.epoch, "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
                 "params": sum(p.numel() for p in res.model.parameters()),
@@ -211,7 +213,7 @@ def _evaluate(ctx: Context, model, method, step: int, loss: float) -> dict[str, 
 def method_run(rc: CptRunConfig, method, out: Path, checkpoints: Path, preset: str, d: Dist = Dist()) -> Run:
     """The run of one method, named by everything its numbers depend on (not checkpointing, not other
     methods' options or rates)."""
-    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr")}
+    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr", "compute")}
     h = config_hash(named, method.name, method.options(), rc.lr[method.name])
     name = f"{preset}-{method.name}-{h}"
     identity = {"experiment": "cpt", "name": name, "method": method.name, "options": method.options(),
@@ -231,13 +233,6 @@ def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_
         torch.manual_seed(rc.seed)
         return method.apply(ctx.load_base())
 
-    def wrap(model):
-        if d.world == 1:
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model, device_ids=[ctx.dev.index] if ctx.dev.type == "cuda" else None)
-
     chunks = PackedChunks(lambda: iter_texts(ctx.train_spec), ctx.tokenizer, t_cfg.seq_len, loop=True,
                           name="training corpus")
     oc = OptimConfig(lr=lr, weight_decay=t_cfg.weight_decay, beta1=t_cfg.beta1, beta2=t_cfg.beta2, eps=t_cfg.eps,
@@ -249,8 +244,8 @@ def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_
     res = fit(run, build, RankBatches(chunks, micro, d.world, d.rank), t_cfg.steps, oc, method=method, device=ctx.dev,
               evaluate=lambda m, step, loss: _evaluate(ctx, m, method, step, loss), eval_steps=eval_steps,
               resume=resume, force=force, save_every=rc.checkpoint.every, stop_at=stop_after, accum=accum,
-              autocast=ctx.autocast, wrap=wrap, d=d, progress=ctx.progress, desc=f"cpt: {name}", save_kw=save_kw,
-              say=ctx.say, report_to=report_to,
+              autocast=ctx.autocast, d=d, progress=ctx.progress, desc=f"cpt: {name}", save_kw=save_kw,
+              say=ctx.say, report_to=report_to, compute=rc.compute,
               config={"method": name, "options": method.options(), "lr": lr, **asdict(rc)})
     if not res.complete:
         return None
@@ -265,6 +260,7 @@ def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_
             "description": method.describe(), "lr": lr, "trainable_params": n_train, "total_params": n_total,
             "config": asdict(rc), "base": {"source": ctx.base_source, **ctx.base_info},
             "tokenizer": ctx.tok_src, "processes": d.world, "micro_batch": micro, "accumulation": accum,
+            "speed": res.speed,
             "data": {"train": ctx.train_spec.describe(), "epochs_completed": chunks.epoch,
                      "old_eval": {"slice": ctx.old_spec, "tokens": ctx.timings["old_tokens"],
                                   "sequences": len(ctx.old_chunks)},
@@ -284,7 +280,7 @@ def _run_method(ctx: Context, method, run: Run, force: bool, resume: bool, stop_
         }
         if res.resumed_from:
             result["resumed_from_step"] = res.resumed_from
-        run.finish(result, (model, method, save_kw))
+        run.finish(result, (res.export, method, save_kw))
         ctx.say(f"{name}: wrote {run.out_dir}; final model {run.final_dir}")
     d.barrier()
     return result
@@ -344,6 +340,7 @@ def check_cpt(rc: CptRunConfig, methods: list[str], out: Path, cache: Path, chec
     if d.world > 1 and device in (None, "cuda") and torch.cuda.is_available():
         device = f"cuda:{d.local_rank}"  # one GPU per process
     dev = pick_device(device)
+    check_compute(rc.compute, dev, d.world)
     for path, what in ((out, "--out"), (cache, "--cache"), (checkpoints, "--checkpoints")):
         check_out_dir(path, what)
     corpora = {"data": rc.data, "old_eval": rc.old_eval, "new_eval": rc.new_eval}
@@ -374,6 +371,7 @@ def _run_cpt(d: Dist, rc: CptRunConfig, methods: list[str], out: Path, cache: Pa
     uses_builtin = bil is not None
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    configure_device(dev, rc.compute.tf32)
     autocast = torch.bfloat16 if rc.dtype == "bfloat16" and dev.type == "cuda" else None
     order = [m for m in METHOD_ORDER if m in methods]
     runs = {name: method_run(rc, prepared[name], out, checkpoints, preset_name, d) for name in order}

@@ -16,6 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .parallel import local, lockstep_padding
+
 
 def _dist() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
@@ -46,6 +48,9 @@ def perplexity(
                for i in range(0, len(group), batch_size)]
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # NLL sum, scored tokens
     extra: dict[str, float] = {}
+    scored = [b % world for b, ids in enumerate(batches) if ids.shape[1] >= 2]  # the process of each forward
+    for _ in range(lockstep_padding(model, scored.count(rank), [scored.count(r) for r in range(world)])):
+        model(input_ids=batches[0][:1, :2].to(device))  # FSDP: every process runs as many forwards
     for b, ids in enumerate(batches):
         if b % world != rank or ids.shape[1] < 2:
             continue
@@ -114,7 +119,10 @@ def upscaled_norms(model: nn.Module) -> dict[str, float]:
                 w12.append(m.w12)
     if not blocks:
         return {}
-    out = {"up_norm": sum(b.detach().float().norm().item() for b in blocks) / len(blocks)}
+    def norm(b: torch.Tensor) -> float:  # FSDP: a sharded block's norm is reduced over every process
+        return local(b.detach().float().norm()).item()
+
+    out = {"up_norm": sum(norm(b) for b in blocks) / len(blocks)}
     if w12:
-        out["up_norm/w12"] = sum(b.detach().float().norm().item() for b in w12) / len(w12)
+        out["up_norm/w12"] = sum(norm(b) for b in w12) / len(w12)
     return out

@@ -429,7 +429,13 @@ def _jsonable(x: Any) -> Any:
 
 @dataclass
 class Fit:
-    """What `fit` hands back: the trained model, its losses and evaluation records, and whether it finished."""
+    """What `fit` hands back: the trained model, its losses and evaluation records, and whether it finished.
+
+    `model` is what every process evaluates (sharded under FSDP); `export` is the full model to save: the
+    model itself, or under FSDP rank 0's host copy holding the gathered weights (None on other ranks).
+    `speed` summarises the steps this process trained (tokens/s, model TFLOP/s, MFU; scalecl.perf) and how
+    the run was spread over processes.
+    """
 
     model: nn.Module
     losses: list[float]
@@ -437,6 +443,8 @@ class Fit:
     timing: dict[str, float]
     complete: bool
     resumed_from: int = 0
+    export: nn.Module | None = None
+    speed: dict[str, Any] = field(default_factory=dict)
 
 
 def fit(
@@ -462,16 +470,24 @@ def fit(
     desc: str = "train",
     save_kw: dict[str, Any] | None = None,
     say: Callable[[str], None] = lambda s: console.print(s, highlight=False),
-    sync_every: int = 1,
+    sync_every: int | None = None,
     report_to: tuple[str, ...] = (),
     config: dict[str, Any] | None = None,
+    compute=None,
 ) -> Fit:
     """Train one run from step 0 or its latest checkpoint, evaluating at eval_steps and checkpointing.
 
     build() makes the model of step 0 (e.g. method.apply(base)); when resuming, the checkpoint's model is
     loaded instead (checked to be of the same method and options). evaluate(model, step, loss) returns one
-    record. The model is moved to `device` and, with `wrap`, wrapped for data parallelism.
+    record; it runs on every process (under FSDP every process must run the same forwards). The model is
+    moved to `device` and prepared by `compute` (a config.ComputeConfig: activation checkpointing, compile,
+    DDP or FSDP2 across d.world processes; scalecl.parallel.prepare), or wrapped by `wrap`.
+    sync_every: steps between host reads (default: compute.sync_every resolved for the device, else 1).
     """
+    from .parallel import describe, gather, host_copy, prepare, reshard
+    from .perf import model_flops, peak_tflops, speed_provenance
+    from .perf import sync_every as auto_sync
+
     save_kw = save_kw or {}
     start = run.begin(resume=resume, force=force, say=say) if d.main else None
     if d.world > 1:  # every process resumes from what rank 0 decided
@@ -480,8 +496,17 @@ def fit(
         start = None if box[0] is None else (Path(box[0]), load_state(box[0]))
     state = start[1] if start else None
     model = run.load_checkpoint_model(start[0], method) if start else build()
+    sharding = compute is not None and compute.parallel == "fsdp" and d.world > 1
+    host = host_copy(model) if sharding and d.main else None  # rank 0 saves full models from it
+    flops = model_flops(model)
     model = model.to(device)
-    wrapped = wrap(model) if wrap is not None else model
+    if compute is not None:
+        wrapped = prepare(model, compute, device, d.world)
+    else:
+        wrapped = wrap(model) if wrap is not None else model
+    if sync_every is None:
+        sync_every = auto_sync(compute, device) if compute is not None else 1
+    peak = peak_tflops(device, autocast)
     run.restore(state)
     timing = dict(state["timing"]) if state else {"train_s": 0.0, "eval_s": 0.0}
     clock = [time.perf_counter()]
@@ -491,22 +516,35 @@ def fit(
         timing["train_s"] += t - clock[0]
         if evaluate is not None:
             run.record(evaluate(model, step, loss))
+            reshard(model)  # FSDP: evaluation's forwards leave the root group gathered
         clock[0] = time.perf_counter()
         timing["eval_s"] += clock[0] - t
 
     def on_save(step: int, tstate: dict[str, Any]) -> None:
         timing["train_s"] += time.perf_counter() - clock[0]
         clock[0] = time.perf_counter()
+        full = gather(model, host)  # every process takes part under FSDP
         if d.main:
-            run.save_checkpoint(step, model, method, tstate | {"records": run.records, "timing": timing}, save_kw)
+            run.save_checkpoint(step, full, method, tstate | {"records": run.records, "timing": timing}, save_kw)
         d.barrier()
+
+    totals = {"tokens": 0, "seconds": 0.0, "flops": 0.0, "steps": 0}
+
+    def on_log(rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            totals["steps"] += 1
+            totals["tokens"] += r["tokens"]
+            totals["seconds"] += r["seconds"]
+            totals["flops"] += (r.get("model_tflops") or 0.0) * 1e12 * r["seconds"]
+        run.log_steps(rows)
 
     if d.main and run.out_dir is not None:
         run.trackers = open_trackers(report_to, run.name, run.out_dir / "tensorboard", config or {})
     try:
         losses = train(wrapped, batches, steps, oc, on_step=on_step, progress=progress, desc=desc,
                        autocast_dtype=autocast, eval_steps=set(eval_steps), accum=accum, save_every=save_every,
-                       on_save=on_save, on_log=run.log_steps, sync_every=sync_every, resume=state, stop_at=stop_at)
+                       on_save=on_save, on_log=on_log, sync_every=sync_every, resume=state, stop_at=stop_at,
+                       flops=flops, peak_tflops=peak["tflops"])
     except TrainingDiverged as e:
         run.close_trackers()
         ckpts = run.checkpoints()
@@ -520,5 +558,23 @@ def fit(
     if not complete:
         run.close_trackers()
         say(f"{run.name}: stopped after step {len(losses)}; continue with --resume")
+    export = gather(model, host) if complete else None  # every process takes part under FSDP
+    sec = totals["seconds"]
+    tflops = totals["flops"] / sec / 1e12 if sec > 0 else None
+    speed = {
+        "steps_timed": totals["steps"], "tokens": totals["tokens"], "seconds": round(sec, 3),
+        "tokens_per_s": round(totals["tokens"] / sec, 1) if sec > 0 else None,
+        "model_flops_per_token": {"definition": "6N + 12 L H Q T (scalecl.perf)", **flops.to_dict()},
+        "model_tflops": None if tflops is None else float(f"{tflops:.4g}"),
+        "mfu": float(f"{tflops / (peak['tflops'] * d.world):.4g}") if tflops is not None and peak["tflops"] else None,
+        "sync_every": sync_every,
+        "parallel": describe(compute, d.world, model) if compute is not None else {"mode": "custom" if wrap else
+                                                                                     "single", "processes": d.world},
+    }
+    if compute is not None:
+        speed |= speed_provenance(compute, device, autocast)
+    else:
+        speed["peak"] = peak
     return Fit(model, losses, run.records, {k: round(v, 1) for k, v in timing.items()}, complete,
-               int(state["step"]) if state else 0)
+               int(state["step"]) if state else 0, export if export is not None else (model if d.main else None),
+               speed)

@@ -76,7 +76,9 @@ def provenance() -> dict[str, Any]:
         "scalecl": __version__, "commit": commit, "python": platform.python_version(),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                    "gpu": gpu, "malloc_tuned": _ALLOCATOR["tuned"], **cpu_thread_settings()},
+                    "gpu": gpu, "malloc_tuned": _ALLOCATOR["tuned"], **cpu_thread_settings(),
+                    # SCALE's forward products: blocks (default) or concat (scalecl.modeling.scale_layers)
+                    "scale_products": os.environ.get("SCALECL_SCALE_PRODUCTS", "blocks")},
     }
 
 

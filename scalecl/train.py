@@ -10,6 +10,11 @@ gradient norm raises TrainingDiverged before any evaluation or checkpoint can re
 The host reads the device only at sync points (every `sync_every` steps, evaluation and checkpoint steps,
 the last step): on a GPU the loss and gradient norm of the steps in between stay on the device, so the
 loop never waits for the GPU to finish a step before queueing the next one.
+
+The model may also be FSDP2-sharded (scalecl.parallel): gradients are then reduce-scattered after every
+micro-batch, the gradient norm is the global one, and the optimizer state handed to `on_save` is the full
+state gathered to rank 0. With `flops` (scalecl.perf.ModelFlops) every logged step also carries the model
+TFLOP/s it achieved and, when the device's peak is known, its model FLOPs utilisation (MFU).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from transformers.optimization import (
 )
 
 from .errors import TrainingDiverged
+from .parallel import is_fsdp, load_optimizer_state, local, optimizer_state
+from .perf import ModelFlops
 
 
 @dataclass
@@ -120,6 +127,11 @@ def _tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
+def _sig(x: float, digits: int = 4) -> float:
+    """x to `digits` significant digits (a CPU's model TFLOP/s is tiny, a GPU's is not)."""
+    return float(f"{x:.{digits}g}")
+
+
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Host batch -> device; on CUDA through pinned memory, so the copy overlaps the running step."""
     if device.type == "cuda":
@@ -145,6 +157,8 @@ def train(
     sync_every: int = 1,
     resume: dict[str, Any] | None = None,
     stop_at: int | None = None,
+    flops: ModelFlops | None = None,
+    peak_tflops: float | None = None,
 ) -> list[float]:
     """Run `steps` optimizer steps on `batches` (dicts of model inputs incl. labels); returns the losses.
 
@@ -157,9 +171,10 @@ def train(
     (optimizer, scheduler, RNG, data position, losses so far) passed back as `resume=` continues exactly.
     The data position is `batches.state_dict()` when the iterator has one (load_state_dict restores it);
     otherwise the consumed micro-batches are skipped by drawing them again.
-    on_log(rows) receives one row per step (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s) at every
-    sync point; `seconds` is the wall time of the sync window divided evenly over its steps (all processes'
-    tokens count).
+    on_log(rows) receives one row per step (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s, and with
+    `flops` model_tflops and mfu) at every sync point; `seconds` is the wall time of the sync window divided
+    evenly over its steps (all processes' tokens count). mfu = model_tflops / (peak_tflops x processes), null
+    without a peak.
     A non-finite loss or gradient norm raises TrainingDiverged at the next sync point, before on_step or
     on_save can see the model it produced.
     stop_at: stop after this step (a checkpoint is offered to on_save first); the losses so far are returned.
@@ -167,13 +182,14 @@ def train(
     if accum < 1:
         raise ValueError(f"accum must be >= 1, got {accum}")
     device = next(model.parameters()).device
-    parallel = isinstance(model, DistributedDataParallel)  # a plain model trains alone even in a process group
+    ddp = isinstance(model, DistributedDataParallel)
+    parallel = ddp or is_fsdp(model)  # a plain model trains alone even in a process group
     world = dist.get_world_size() if parallel else 1
     opt, sched = make_optimizer(model, oc, steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
     start, losses = 0, []
     if resume is not None:
-        opt.load_state_dict(resume["optimizer"])
+        load_optimizer_state(model, opt, resume["optimizer"])
         sched.load_state_dict(resume["scheduler"])
         start, losses = int(resume["step"]), list(resume["losses"])
         if resume.get("data") is not None and hasattr(batches, "load_state_dict"):
@@ -185,28 +201,33 @@ def train(
     task = progress.add_task(desc, total=steps, completed=start, loss="-") if progress is not None else None
     if on_step is not None and resume is None:
         on_step(0, float("nan"))
-    pending: list[tuple[int, torch.Tensor, torch.Tensor, float, int]] = []  # step, loss, grad norm, lr, tokens
+    pending: list[tuple[int, torch.Tensor, torch.Tensor, float, int, float]] = []  # step, loss, gnorm, lr, tokens, flops
     window = [time.perf_counter()]
 
     def sync() -> None:
         """Read the pending steps' numbers from the device once, check them, log them."""
         if not pending:
             return
-        vals = torch.stack([torch.stack([lo.float(), gn.float()]) for _, lo, gn, _, _ in pending]).tolist()
+        vals = torch.stack([torch.stack([lo.float(), gn.float()]) for _, lo, gn, _, _, _ in pending]).tolist()
         now = time.perf_counter()
         per_step = (now - window[0]) / len(pending)
         window[0] = now
         rows = []
-        for (step, _, _, lr, tokens), (loss, gnorm) in zip(pending, vals, strict=True):
+        for (step, _, _, lr, tokens, fl), (loss, gnorm) in zip(pending, vals, strict=True):
             if not (math.isfinite(loss) and math.isfinite(gnorm)):
                 pending.clear()
                 raise TrainingDiverged(
                     f"training diverged at step {step}: loss {loss}, gradient norm {gnorm} (lr {lr:g}); "
                     f"nothing was recorded as finished")
             losses.append(loss)
-            rows.append({"step": step, "loss": round(loss, 6), "lr": lr, "grad_norm": round(gnorm, 6),
-                         "tokens": tokens * world, "seconds": round(per_step, 6),
-                         "tokens_per_s": round(tokens * world / per_step, 1) if per_step > 0 else None})
+            row = {"step": step, "loss": round(loss, 6), "lr": lr, "grad_norm": round(gnorm, 6),
+                   "tokens": tokens * world, "seconds": round(per_step, 6),
+                   "tokens_per_s": round(tokens * world / per_step, 1) if per_step > 0 else None}
+            if flops is not None:
+                tflops = fl * world / per_step / 1e12 if per_step > 0 else None
+                row["model_tflops"] = None if tflops is None else _sig(tflops)
+                row["mfu"] = _sig(tflops / (peak_tflops * world)) if tflops is not None and peak_tflops else None
+            rows.append(row)
         pending.clear()
         if task is not None:
             progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")
@@ -216,10 +237,11 @@ def train(
     model.train()
     for step in range(start + 1, steps + 1):
         lr = sched.get_last_lr()[0]  # the rate this step uses
-        tokens = 0
+        tokens, step_flops = 0, 0.0
         if accum == 1:
             host = next(batches)
             tokens = _tokens(host)
+            step_flops = tokens * flops.per_token(host["input_ids"].shape[-1]) if flops is not None else 0.0
             batch = _to_device(host, device)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 loss = model(**batch).loss
@@ -230,8 +252,10 @@ def train(
             for i in range(accum):
                 host = next(batches)
                 tokens += _tokens(host)
+                if flops is not None:
+                    step_flops += _tokens(host) * flops.per_token(host["input_ids"].shape[-1])
                 batch = _to_device(host, device)
-                sync_grads = i == accum - 1 or not parallel
+                sync_grads = i == accum - 1 or not ddp  # FSDP reduce-scatters every micro-batch (memory)
                 with contextlib.nullcontext() if sync_grads else model.no_sync():
                     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                         micro = model(**batch).loss
@@ -241,10 +265,11 @@ def train(
             gnorm = torch.nn.utils.clip_grad_norm_(trainable, oc.clip)
         else:
             gnorm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None])
+        gnorm = local(gnorm)  # FSDP: a replicated DTensor of the global norm
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        pending.append((step, _process_mean(loss, parallel), gnorm.detach(), lr, tokens))
+        pending.append((step, _process_mean(loss, parallel), gnorm.detach(), lr, tokens, step_flops))
         evaluating = on_step is not None and (eval_steps is None or step in eval_steps)
         stopping = stop_at is not None and step >= stop_at
         saving = on_save is not None and ((save_every and step % save_every == 0) or stopping)
@@ -256,7 +281,8 @@ def train(
             window[0] = time.perf_counter()  # evaluation time is not training time
         if saving:
             on_save(step, {
-                "step": step, "losses": list(losses), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "step": step, "losses": list(losses), "optimizer": optimizer_state(model, opt),
+                "scheduler": sched.state_dict(),
                 "rng": rng_state(), "data": batches.state_dict() if hasattr(batches, "state_dict") else None,
             })
             window[0] = time.perf_counter()

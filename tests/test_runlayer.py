@@ -32,7 +32,6 @@ BIO = ["train-bio", "--preset", "tiny", "--set", "stage1.steps=24", "--set", "st
        "--set", "checkpoint.every=4", "--set", "checkpoint.keep=2"]
 CPT = ["train-cpt", "--preset", "tiny", "--set", "pretrain.steps=8", "--set", "train.steps=8", "--set",
        "eval.every=4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"]
-TIMED = ("seconds", "tokens_per_s", "mfu")  # per-step log fields that depend on wall time
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
@@ -54,6 +53,9 @@ def cli(args: list[str], crash: str | None = None, kill_after: float | None = No
     return None
 
 
+WALL_TIME = ("seconds", "tokens_per_s", "model_tflops", "mfu")  # step-log keys measured with a clock
+
+
 def outcome(root: Path) -> dict:
     """Everything a finished run reports: evaluation records, step log (less wall times), final numbers."""
     out = {}
@@ -62,7 +64,7 @@ def outcome(root: Path) -> dict:
         log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
         out[run.name] = {
             "metrics": (run / "metrics.jsonl").read_text(),
-            "log": [{k: v for k, v in r.items() if k not in TIMED} for r in log],
+            "log": [{k: v for k, v in r.items() if k not in WALL_TIME} for r in log],
             "final": result["final"], "summary": result["summary"],
         }
     return out

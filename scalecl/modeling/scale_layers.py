@@ -9,6 +9,8 @@ Standalone (torch only): copied verbatim into every SCALE checkpoint (see `model
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,6 +65,21 @@ def _init_block(w: torch.Tensor, how: str, base: torch.Tensor, part: str) -> Non
             raise ValueError(f"unknown init {how!r}")
 
 
+def _products() -> str:
+    """How the forward forms its products: "blocks" (default) or "concat" (SCALECL_SCALE_PRODUCTS).
+
+    blocks: x W^T (+ x_up W12^T) for the original rows, x [W21 W22]^T for the new ones: the original channels
+    are the base's own product, bit for bit. concat: one product of x with the whole [[W, W12], [W21, W22]]
+    (W12 as zeros on the preserve path): fewer, larger kernels; the original channels are equal in exact
+    arithmetic but summed over a longer inner dimension, so not necessarily bit-identical. Which is faster is
+    a per-device measurement (benchmarks/bench_gpu.py); the backward is block-wise either way.
+    """
+    mode = os.environ.get("SCALECL_SCALE_PRODUCTS", "blocks")
+    if mode not in ("blocks", "concat"):
+        raise ValueError(f"SCALECL_SCALE_PRODUCTS={mode!r}: use blocks or concat")
+    return mode
+
+
 def _operand_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype F.linear would compute in: the autocast dtype when autocast is on, else the input's."""
     dev = x.device.type
@@ -102,10 +119,16 @@ class _BlockLinear(torch.autograd.Function):
                 bu = bias_up.to(dt)
             y = x2.new_empty(x2.shape[0], d_out + w_new.shape[0])
             halves = _halves(x2.shape[0], len(use_w12))
+            concat = _products() == "concat"
             for k, (rows, with_w12) in enumerate(zip(halves, use_w12, strict=True)):
                 xr, top, bot = x2[rows], y[rows, :d_out], y[rows, d_out:]
                 if shared and k:  # same input as the first half: start from its products
                     y[rows] = y[halves[0]]
+                elif concat:  # one product with the whole matrix (W12 as zeros where it is not used)
+                    w12_used = w12c if with_w12 else torch.zeros_like(w12c)
+                    full = torch.cat([torch.cat([w, w12_used], dim=1), w_new], dim=0)
+                    _mm_into(y[rows], xr, full.t(), None if b is None else torch.cat([b, bu]))
+                    continue
                 else:
                     _mm_into(top, xr[:, :d_in], w.t(), b)
                     _mm_into(bot, xr, w_new.t(), bu)
