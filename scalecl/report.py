@@ -244,6 +244,15 @@ def _study_label(study: str, opts: dict) -> str:
     return "+".join(opts.get("collab", ()))
 
 
+def _embedding_variant(r: dict) -> str:
+    """How a run's new embedding columns started and whether its base ties embedding and head: the init study's
+    pairs with W21 = 0 learn only when the new columns are non-zero, which needs an untied base."""
+    base = r.get("config", {}).get("base", "builtin")
+    tied = r.get("config", {}).get("model", {}).get("tie_embeddings") if base == "builtin" else None
+    ties = {True: "tied base", False: "untied base", None: str(base)}[tied]
+    return f"{ties}, new embedding columns {r.get('method_options', {}).get('embed_init', 'zero')}"
+
+
 def study_table(results: Path, study: str) -> pd.DataFrame:
     """One row per study run: its swept option and the end points of forgetting / learning perplexity."""
     rows = []
@@ -252,6 +261,7 @@ def study_table(results: Path, study: str) -> pd.DataFrame:
         opts = r.get("method_options", {})
         s = r["summary"]
         rows.append({"study": study, "preset": row["preset"], "method": row["method"],
+                     "variant": _embedding_variant(r),
                      "setting": _study_label(study, opts), "l_fp": opts.get("l_fp"),
                      "old_ppl_start": s["old_ppl_start"], "old_ppl_end": s["old_ppl_end"],
                      "new_ppl_start": s["new_ppl_start"], "new_ppl_end": s["new_ppl_end"],
@@ -275,22 +285,26 @@ def _finish_study(fig, results: Path, out: Path, study: str, df: pd.DataFrame, s
 
 
 def fig5(results: Path, out: Path) -> list[Path]:
-    """Forgetting and learning PPL per (W21, W22) initialisation pair (paper Fig. 5)."""
+    """Forgetting and learning PPL per (W21, W22) initialisation pair (paper Fig. 5); one row of panels per
+    embedding variant (tied or untied base, new embedding columns zero or random) when the study has several."""
     df = study_table(results, "init")
     if df.empty:
         return []
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for _, row in df.iterrows():
-        m = load_metrics(row["dir"])
-        axes[0].plot(m["step"], m["old/ppl"], marker=".", ms=3, label=row["setting"])
-        axes[1].plot(m["step"], m["new/ppl"], marker=".", ms=3, label=row["setting"])
-    axes[0].set_title("(a) forgetting PPL (old domain)")
-    axes[1].set_title("(b) learning PPL (new domain)")
-    for ax in axes:
-        ax.set_xlabel("training step")
-        ax.set_ylabel("perplexity")
-        ax.grid(alpha=0.3)
-        ax.legend(title="W21,W22", fontsize=8)
+    variants = list(dict.fromkeys(df["variant"]))
+    fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
+    for (ax_old, ax_new), variant in zip(axes, variants, strict=True):
+        for _, row in df[df["variant"] == variant].iterrows():
+            m = load_metrics(row["dir"])
+            ax_old.plot(m["step"], m["old/ppl"], marker=".", ms=3, label=row["setting"])
+            ax_new.plot(m["step"], m["new/ppl"], marker=".", ms=3, label=row["setting"])
+        suffix = f"\n{variant}" if len(variants) > 1 else ""
+        ax_old.set_title("(a) forgetting PPL (old domain)" + suffix)
+        ax_new.set_title("(b) learning PPL (new domain)" + suffix)
+        for ax in (ax_old, ax_new):
+            ax.set_xlabel("training step")
+            ax.set_ylabel("perplexity")
+            ax.grid(alpha=0.3)
+            ax.legend(title="W21,W22", fontsize=8)
     return _finish_study(fig, results, out, "init", df, "fig5_init_pairs")
 
 

@@ -48,3 +48,24 @@ def test_init_study_end_to_end(tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "figs" / "fig5_init_pairs.png").stat().st_size > 0
     assert sorted(pd.read_csv(tmp_path / "figs" / "table_fig5_init.csv")["setting"]) == ["0,RND", "SVD,0"]
+
+
+def test_init_study_dead_arm_on_untied_base(tmp_path):
+    """(W21, W22) = (0, RND) with zero new embedding columns never learns (every new gradient is exactly zero):
+    the learning PPL stays at its start, bit for bit. Random new columns (untied base) make it learn, with the
+    old-domain PPL at the start unchanged (function preserved). The plot draws one row per embedding variant."""
+    args = ["--preset", "tiny", "--out", str(tmp_path / "results" / "studies"), "--cache", str(tmp_path / "cache"),
+            "--checkpoints", str(tmp_path / "runs"), "--values", "zero,rnd", "--set", "model.tie_embeddings=false"]
+    for e in ("zero", "rnd"):
+        r = runner.invoke(app, ["study", "init", *args, "--set", f"methods.scale-preserve.embed_init={e}"])
+        assert r.exit_code == 0, r.output
+    res = {json.loads(f.read_text())["method_options"]["embed_init"]: json.loads(f.read_text())["summary"]
+           for f in (tmp_path / "results" / "studies" / "init").rglob("result.json")}
+    assert res["zero"]["new_ppl_end"] == res["zero"]["new_ppl_start"]
+    assert res["rnd"]["new_ppl_end"] < 0.95 * res["rnd"]["new_ppl_start"]
+    assert res["rnd"]["old_ppl_start"] == pytest.approx(res["zero"]["old_ppl_start"], rel=1e-5)
+    r = runner.invoke(app, ["plot", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "figs")])
+    assert r.exit_code == 0, r.output
+    table = pd.read_csv(tmp_path / "figs" / "table_fig5_init.csv")
+    assert sorted(table["variant"]) == ["untied base, new embedding columns rnd",
+                                        "untied base, new embedding columns zero"]
