@@ -444,10 +444,11 @@ def _setting(study: str | None, r: dict) -> str:
     opts = r.get("method_options") or {}
     if study is None:
         return LABELS.get(r["method"], r["method"])
-    if study == "tau":
-        return f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?"
-    if study == "router":
-        return f"router={opts.get('router', 'logit')}"
+    if study in ("tau", "router"):
+        label = (f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?") if study == "tau" else \
+            f"router={opts.get('router', 'logit')}"
+        model, tok = _vocab_rows(r)  # a sweep repeated on a padded vocabulary (--set model.vocab=50304)
+        return label + ("" if model is None or tok is None or model == tok else f", vocab {model:,}")
     if study == "vocab":
         model, tok = _vocab_rows(r)
         if model is None:
@@ -463,10 +464,10 @@ def _study_sort_key(study: str | None, r: dict) -> tuple:
     opts = r.get("method_options") or {}
     if study == "tau":
         tau = _tau(r)
-        return (-math.inf if tau is None else tau,)
+        return (_vocab_rows(r)[0] or 0, -math.inf if tau is None else tau)
     if study == "router":
         name = opts.get("router", "logit")
-        return (ROUTER_ORDER.index(name) if name in ROUTER_ORDER else len(ROUTER_ORDER), name)
+        return (_vocab_rows(r)[0] or 0, ROUTER_ORDER.index(name) if name in ROUTER_ORDER else len(ROUTER_ORDER), name)
     if study == "vocab":
         return (_vocab_rows(r)[0] or 0,)
     if study == "l_fp":

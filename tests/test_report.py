@@ -212,6 +212,8 @@ def build_route_results(tmp_path):
     fake_route_bio_run(old / "studies" / "tau", opts={"tau": 0.9}, log=False, answers=False, tag="t0.9")
     fake_route_bio_run(new / "studies" / "router", opts={"tau": 0.9, "router": "prob"}, tag="prob")
     fake_route_bio_run(old / "studies" / "router", opts={"tau": 0.9}, log=False, answers=False, tag="logit")
+    fake_route_bio_run(new / "studies" / "router", opts={"tau": 0.9, "router": "centered"}, vocab=(1045, 50304),
+                       config_vocab=50304, tag="centered50k")  # the sweep repeated on a padded vocabulary
     fake_route_bio_run(new / "studies" / "vocab", vocab=(1045, 50304), config_vocab=50304, tag="v50304")
     fake_route_bio_run(new / "studies" / "vocab", vocab=(1045, 1045), tag="v0")
     return [new, old]
@@ -251,7 +253,8 @@ def test_route_figures_and_tables(tmp_path):
         text = (out / f"table_fig8_route_tau.{ext}").read_text()
         assert "tau=0.99" in text and "nan" not in text.lower()  # not recorded: a blank cell
     router = pd.read_csv(out / "table_fig8_route_router.csv")
-    assert router["router"].tolist() == ["logit", "prob"]  # an older run without the key compared logits
+    assert router["router"].tolist() == ["logit", "prob", "centered"]  # an older run without the key: logits
+    assert router["setting"].tolist()[1:] == ["router=prob", "router=centered, vocab 50,304"]
     vocab = pd.read_csv(out / "table_fig8_route_vocab.csv")
     assert vocab["vocab_model"].tolist() == [1045, 50304] and vocab["vocab_tokenizer"].tolist() == [1045] * 2
     assert vocab["setting"].tolist() == ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)"]
