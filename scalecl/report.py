@@ -444,6 +444,8 @@ def _setting(study: str | None, r: dict) -> str:
     opts = r.get("method_options") or {}
     if study is None:
         return LABELS.get(r["method"], r["method"])
+    if study in BIO_STUDIES and r.get("method") != "scale-route":  # a reference run beside the Route runs
+        return f"{LABELS.get(r['method'], r['method'])}, " + _setting(study, {**r, "method": "scale-route"})
     if study in ("tau", "router"):
         label = (f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?") if study == "tau" else \
             f"router={opts.get('router', 'logit')}"
@@ -460,7 +462,13 @@ def _setting(study: str | None, r: dict) -> str:
 
 
 def _study_sort_key(study: str | None, r: dict) -> tuple:
-    """Swept values in their natural order (numbers ascending, the router's forms as the study lists them)."""
+    """Swept values in their natural order (numbers ascending, the router's forms as the study lists them);
+    in a Route study, reference runs of other methods after the Route run of the same value."""
+    key = _value_sort_key(study, r)
+    return key + (r.get("method") != "scale-route",) if study in BIO_STUDIES else key
+
+
+def _value_sort_key(study: str | None, r: dict) -> tuple:
     opts = r.get("method_options") or {}
     if study == "tau":
         tau = _tau(r)
@@ -828,15 +836,17 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
     colors = _colors(len(runs))
     for (row, m), color in zip(runs, colors, strict=True):
         for ax, (task, _, _) in zip(axes, TASKS, strict=False):
-            if _has(m, f"{task}/acc"):
+            if _has(m, f"{task}/acc"):  # reference runs of other methods in the study's folder: dashed
                 ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
-                        label=row["setting"])
+                        ls="-" if row["method"] == "scale-route" else "--", label=row["setting"])
         if routed:
             for task, ls in (("task0", "-"), ("task1", "--")):
                 y = route(m, task)
                 if y is not None:
                     axes[2].plot(m["step"], 100 * y, color=color, ls=ls, marker=".", ms=2, lw=1.2)
-    r0 = load_runs(results, "bio", study=study).iloc[0]["result"]
+    study_runs = load_runs(results, "bio", study=study)
+    routes = study_runs[study_runs["method"] == "scale-route"]
+    r0 = (routes if len(routes) else study_runs).iloc[0]["result"]
     fft, fft_note = _fft_reference(results, r0)
     if fft is not None:
         for ax, (task, _, _) in zip(axes, TASKS, strict=False):
@@ -869,11 +879,13 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
     swept = {"tau": "the router threshold tau", "router": "what the router compares",
              "vocab": "the embedding/head rows"}.get(study, study)
     fixed = {k: v for k, v in (r0.get("method_options") or {}).items() if k != study}
-    if study != "tau" and len({_tau(r) for r in load_runs(results, "bio", study=study)["result"]}) > 1:
+    if study != "tau" and len({_tau(r) for r in routes["result"]}) > 1:
         fixed.pop("tau", None)  # not one value across the runs: the table has each
     options = "; options " + ", ".join(f"{k}={_fmt_option(v)}" for k, v in fixed.items()) if fixed else ""
+    others = sorted({LABELS.get(m, m) for m in study_runs["method"] if m != "scale-route"})
+    refs = f" Dashed coloured lines: {', '.join(others)} runs trained like the study's runs." if others else ""
     fig.text(0.5, -0.02, f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}."
-             + fft_note + "\n" + _bio_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
+             + refs + fft_note + "\n" + _bio_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
     return _save(fig, out, BIO_STUDIES.get(study, f"fig8_route_{study}")) + write_table(
         df.drop(columns="dir"), out, f"table_{BIO_STUDIES.get(study, f'fig8_route_{study}')}")

@@ -216,6 +216,10 @@ def build_route_results(tmp_path):
                        config_vocab=50304, tag="centered50k")  # the sweep repeated on a padded vocabulary
     fake_route_bio_run(new / "studies" / "vocab", vocab=(1045, 50304), config_vocab=50304, tag="v50304")
     fake_route_bio_run(new / "studies" / "vocab", vocab=(1045, 1045), tag="v0")
+    ref = fake_bio_run(new / "studies" / "vocab", "fft", tag="v50304")  # an FFT reference beside the Route runs
+    r = json.loads((ref / "result.json").read_text())
+    r["vocab"], r["config"]["model"]["vocab"] = {"tokenizer": 1045, "model": 50304}, 50304
+    (ref / "result.json").write_text(json.dumps(r))
     return [new, old]
 
 
@@ -256,8 +260,11 @@ def test_route_figures_and_tables(tmp_path):
     assert router["router"].tolist() == ["logit", "prob", "centered"]  # an older run without the key: logits
     assert router["setting"].tolist()[1:] == ["router=prob", "router=centered, vocab 50,304"]
     vocab = pd.read_csv(out / "table_fig8_route_vocab.csv")
-    assert vocab["vocab_model"].tolist() == [1045, 50304] and vocab["vocab_tokenizer"].tolist() == [1045] * 2
-    assert vocab["setting"].tolist() == ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)"]
+    assert vocab["vocab_model"].tolist() == [1045, 50304, 50304] and vocab["vocab_tokenizer"].tolist() == [1045] * 3
+    assert vocab["setting"].tolist() == ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)",
+                                         "FFT, vocab=50,304 (tokenizer 1,045)"]
+    assert vocab["method"].tolist()[-1] == "fft" and pd.isna(vocab["task0_answer_preserve_end"].iloc[-1])
+    assert len(pd.read_csv(out / "table_bio.csv").query("method == 'fft'")) == 1  # the study's FFT stays out
 
 
 def test_route_figures_pure_and_tolerant(tmp_path, monkeypatch):
