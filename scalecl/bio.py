@@ -45,7 +45,7 @@ from .evaluate import QATensors, encode_qa, qa_accuracy, qa_batches
 from .methods import get_method, method_names
 from .models import model_from_config, tiny_config
 from .perf import check_compute, configure_device
-from .runlayer import Dist, Run, atomic_dir, check_out_dir, fit, init_distributed
+from .runlayer import Dist, Run, atomic_dir, check_out_dir, distributed, fit
 from .runs import TMP_PREFIX, config_hash, pick_device, provenance, remove_temporaries
 from .train import OptimConfig, progress_bar
 
@@ -322,13 +322,9 @@ def run_bio(
 
     Finished method runs are found first: when every asked-for method has finished, no stage is built.
     """
-    d = init_distributed()
-    try:
+    with distributed() as d:
         return _run_bio(d, rc, methods, out, cache, preset_name, force, device, checkpoints, resume, stop_after,
                         report_to)
-    finally:
-        if d.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _run_bio(d: Dist, rc: BioRunConfig, methods: list[str], out: Path, cache: Path, preset_name: str, force: bool,

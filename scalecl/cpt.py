@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
@@ -44,7 +43,7 @@ from .methods import get_method, method_names
 from .models import load_base_config, load_base_model, model_from_config, tiny_config
 from .perf import check_compute, configure_device
 from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
-from .runlayer import Dist, Run, check_out_dir, fit, init_distributed
+from .runlayer import Dist, Run, check_out_dir, distributed, fit
 from .runs import config_hash, pick_device, provenance
 from .train import OptimConfig, progress_bar
 
@@ -310,13 +309,9 @@ def run_cpt(
     report_to: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Continual pre-training of each method from the same base; returns one result dict per method run."""
-    d = init_distributed()
-    try:
+    with distributed() as d:
         return _run_cpt(d, rc, methods, out, cache, checkpoints, preset_name, force, resume, stop_after, device,
                         report_to)
-    finally:
-        if d.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _status(d: Dist, text: str):

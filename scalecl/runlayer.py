@@ -73,15 +73,22 @@ class Dist:
             dist.barrier()
 
 
-def init_distributed() -> Dist:
-    """Join the process group torchrun / accelerate launch set up (WORLD_SIZE > 1); a no-op otherwise."""
+@contextlib.contextmanager
+def distributed() -> Iterator[Dist]:
+    """Join the process group torchrun / accelerate launch set up (WORLD_SIZE > 1) for the duration of a
+    command, and leave it afterwards; one process without either."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return Dist()
+        yield Dist()
+        return
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=timedelta(hours=3))  # rank 0 may pre-train a cached base
-    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        yield Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------------------
