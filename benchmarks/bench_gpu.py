@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from scalecl import ScaleConfig, upscale
-from scalecl.models import model_from_config, tiny_config
+from scalecl.base_models import model_from_config, tiny_config
+from scalecl.machine import provenance
 from scalecl.perf import configure_device, model_flops, peak_tflops
-from scalecl.runs import provenance
-from scalecl.train import OptimConfig, train
+from scalecl.train import Hooks, OptimConfig, TrainPlan, train
 
 # Llama-3.2-1B: d 2048, 16 layers, 32 heads of 64, 8 KV heads, SwiGLU 8192, vocab 128,256, tied embeddings
 LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -98,8 +98,9 @@ def our_step(model, batch: dict, steps: int, device: torch.device, autocast) -> 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     oc = OptimConfig(lr=1e-5, schedule="constant", clip=1.0)
-    train(model, repeat(batch), 2 * steps, oc, autocast_dtype=autocast, sync_every=steps, on_log=rows.extend,
-          flops=model_flops(model), peak_tflops=peak_tflops(device, autocast)["tflops"])
+    plan = TrainPlan(2 * steps, oc, autocast=autocast, sync_every=steps)
+    train(model, repeat(batch), plan, hooks=Hooks(on_log=rows.extend), flops=model_flops(model),
+          peak_tflops=peak_tflops(device, autocast)["tflops"])
     timed = rows[steps:]
     out = {"step_s": statistics.mean(r["seconds"] for r in timed), "tokens_per_s": timed[-1]["tokens_per_s"],
            "model_tflops": timed[-1]["model_tflops"], "mfu": timed[-1]["mfu"],
@@ -148,8 +149,8 @@ def preservation_diff(arch: str, kw: dict, device: torch.device, autocast, ids: 
     with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         ref = base(ids).logits.float()
         for mode in ("blocks", "concat"):
-            with env("SCALECL_SCALE_PRODUCTS", mode):
-                out[mode] = (wide(ids).logits.float() - ref).abs().max().item()
+            wide.scale_state.products = mode  # SCALECL_SCALE_PRODUCTS is read once, when a model is built
+            out[mode] = (wide(ids).logits.float() - ref).abs().max().item()
     del base, wide
     return out
 

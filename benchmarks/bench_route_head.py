@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scalecl.machine import tune_cpu_allocator
 from scalecl.methods.scale.layers import PathState, UpHead
-from scalecl.runs import tune_cpu_allocator
 
 
 def explicit(head: UpHead, h: torch.Tensor) -> torch.Tensor:
@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     base = nn.Linear(a.hidden, a.vocab, bias=False).requires_grad_(False)
-    state = PathState("route", tau=0.9)
+    state = PathState("route", tau=0.9, router="logit")
     state.n_groups, state.const_preserve, state.const_adapt = 1, 1, 0  # preserve half constant, adapt not
     head = UpHead(base, a.hidden_up, state)
     nn.init.normal_(head.weight_up, std=0.02)

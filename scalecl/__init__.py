@@ -1,13 +1,12 @@
 """scalecl: width-upscaled continual learning of LLMs (SCALE, arXiv 2511.03270), baselines and benchmarks."""
 
 from .checkpoint import load_model, save_model
-from .config import ScaleConfig
 from .errors import ScaleclError
 from .methods import get_method, method_names
-from .methods.scale import routing_fractions, scale_path, upscale
+from .methods.scale import ScaleConfig, routing_fractions, scale_path, upscale
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
     "ScaleConfig", "ScaleclError", "get_method", "load_model", "method_names", "routing_fractions",
-    "save_model", "scale_path", "upscale",
+    "save_model", "scale_path", "upscale", "__version__",
 ]

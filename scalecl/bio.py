@@ -3,9 +3,9 @@
 Stage 1 pre-trains a random-init GPT-NeoX on biographies, stage 2 fine-tunes it on Task 0 QA, stage 3
 applies a method and fine-tunes on Task 1 QA of new people while first-token accuracy on held-out Task 0
 people and on Task 1 people is tracked. Stages 1 and 2 do not depend on the method: each is cached under a
-hash of everything it depends on and reused by every method. Every stage is a run of the run layer
-(scalecl.runlayer): checkpointed, resumable, guarded against divergence; a finished method run is found
-before any stage is built.
+hash of everything it depends on and reused by every method. `BioExperiment` is what the sweep
+(scalecl.sweep) runs; every stage is a run (scalecl.run, trained by scalecl.fit): checkpointed, resumable,
+guarded against divergence; a finished method run is found before any stage is built.
 
 Protocol details that follow the reference code (zzz47zzz/spurious-forgetting): every biography text
 starts with a space (" Name ..."); in pre-training the token right after each EOS is not a target (it
@@ -23,43 +23,40 @@ writes caches, checkpoints and results.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
+from .base_models import model_from_config, shape_config
 from .checkpoint import load_model, read_meta
 from .config import BioRunConfig, StageConfig
 from .data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from .data.biography import biographies as render_biographies
 from .data.tokenizer import encode_plain, first_answer_tokens, load_tokenizer, train_bio_tokenizer
 from .errors import ScaleclError
-from .evaluate import QATensors, encode_qa, qa_accuracy, qa_batches
-from .methods import get_method, method_names
-from .models import model_from_config, tiny_config
-from .perf import check_compute, configure_device
-from .runlayer import Dist, Run, atomic_dir, check_out_dir, distributed, fit
-from .runs import TMP_PREFIX, config_hash, pick_device, provenance, remove_temporaries
-from .train import OptimConfig, progress_bar
+from .files import TMP_PREFIX, atomic_dir, remove_temporaries
+from .fit import Runtime, TrainPlan, fit
+from .machine import provenance
+from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
+from .optim import OptimConfig
+from .processes import Dist
+from .qa import QATensors, encode_qa, qa_accuracy, qa_batches
+from .run import Run
+from .schema import config_hash
+from .sweep import Paths
 
 console = Console()
-METHOD_ORDER = ("fft", "lora", "freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
 # Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
 # caches written by an older format are never reused.
 TEXT_FORMAT = 2
-
-
-def say(text: str) -> None:
-    """Print on the main process only (under torchrun every process runs the same code)."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
-        console.print(text, highlight=False)
 
 
 class RowShards:
@@ -91,7 +88,7 @@ class RowShards:
 
 
 def micro_batch(rc: BioRunConfig, sc: StageConfig, world: int) -> tuple[int, int]:
-    """(rows per forward, accumulation steps) of a stage with `world` processes (checked by check_bio)."""
+    """(rows per forward, accumulation steps) of a stage with `world` processes (checked by BioExperiment.check)."""
     per = sc.batch // world
     micro = min(rc.compute.micro_batch, per) if rc.compute.micro_batch else per
     return micro, per // micro
@@ -104,15 +101,6 @@ class BioData:
     tokenizer: Any
     tokenizer_dir: str | None
     qa: dict[str, QATensors]  # task0_train, task0_heldout, task1
-
-
-def optim(sc: StageConfig, lr: float | None = None) -> OptimConfig:
-    return OptimConfig(lr=lr if lr is not None else sc.lr, weight_decay=sc.weight_decay, beta1=sc.beta1,
-                       beta2=sc.beta2, eps=sc.eps, warmup_steps=sc.warmup, schedule=sc.schedule,
-                       min_lr_ratio=sc.min_lr_ratio, clip=sc.clip)
-
-
-_optim = optim  # older name, kept for scripts
 
 
 def bio_config(rc: BioRunConfig) -> BioConfig:
@@ -196,22 +184,10 @@ def vocab_rows(rc: BioRunConfig, n_tokens: int) -> int:
 
 def base_model_config(rc: BioRunConfig, tokenizer=None):
     """The stage-1 model's config (with a placeholder vocabulary when no tokenizer is given: sizes only)."""
-    m = rc.model
-    if m.hidden % m.heads:
-        raise ScaleclError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
-    special = {}
-    if tokenizer is not None:
-        special = dict(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id)
-    kw = dict(rotary_pct=m.rotary_pct) if m.arch == "gpt_neox" else {}
-    return tiny_config(
-        m.arch, vocab_size=vocab_rows(rc, len(tokenizer)) if tokenizer is not None else max(m.vocab, 8),
-        hidden_size=m.hidden, num_hidden_layers=m.layers, num_attention_heads=m.heads, intermediate_size=m.ffn,
-        max_position_embeddings=m.context, **kw, **special,
-    )
-
-
-_base_model_config = base_model_config  # older name, kept for scripts
+    if tokenizer is None:
+        return shape_config(rc.model, max(rc.model.vocab, 8))
+    return shape_config(rc.model, vocab_rows(rc, len(tokenizer)), eos_token_id=tokenizer.eos_token_id,
+                        bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
 
 def attribute_priors(qa: QATensors) -> dict[str, float]:
@@ -236,263 +212,217 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# runs
+# cached stages
 
 
-def method_run(rc: BioRunConfig, method, out: Path, checkpoints: Path, preset_name: str, d: Dist = Dist()) -> Run:
-    """The stage-3 run of one method, named by everything its numbers depend on."""
-    lr = rc.stage3.lr * rc.lr_scale.get(method.name, 1.0)
-    named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale", "compute")}
-    h = config_hash(named, method.name, method.options(), lr)
-    name = f"{preset_name}-{method.name}-{h}"
-    identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
-                "config_hash": h}
-    return Run(identity, out / name, checkpoints / "bio" / name, keep=rc.checkpoint.keep, main=d.main)
-
-
-def _stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist = Dist()) -> Run:
+def stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist, tokenizer) -> Run:
     """A cached stage: its final model is the cache folder itself; checkpoints beside it until it is done."""
     name = f"{stage}-{key}"
     identity = {"experiment": f"bio-{stage}", "name": name, "method": None, "options": {}, "config_hash": key}
-    return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep, main=d.main)
+    return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep, main=d.main,
+               save_kw={"tokenizer": tokenizer})
 
 
-def _cached_stage(run: Run, build, batches, sc: StageConfig, *, info, dev, autocast, progress, desc, every,
-                  tokenizer, rc: BioRunConfig | None = None, d: Dist = Dist()) -> tuple[torch.nn.Module | None, dict]:
-    """Load a finished stage from the cache, or train it (resuming its own checkpoints) and cache it.
-
-    Under torchrun every process trains (and runs `info`'s evaluations); rank 0 writes the cache.
-    """
+def cached_stage(run: Run, plan: TrainPlan, *, build: Callable[[], torch.nn.Module], batches: Iterator[dict],
+                 info: Callable[[torch.nn.Module], dict], rt: Runtime) -> dict:
+    """Load a finished stage's record from the cache, or train the stage (resuming its own checkpoints) and
+    cache it. Under torchrun every process trains (and runs `info`'s evaluations); rank 0 writes the cache."""
+    d = rt.d
     d.barrier()  # every process sees the same cache
     meta = read_meta(run.final_dir)
     if meta is not None:
-        return None, {**meta.get("stage", {}), "cached": True}
+        return {**meta.get("stage", {}), "cached": True}
     t = time.perf_counter()
-    compute = rc.compute if rc is not None else None
-    micro, accum = micro_batch(rc, sc, d.world) if rc is not None else (sc.batch, 1)
-    res = fit(run, build, RowShards(batches, micro, d.world, d.rank), sc.steps, optim(sc), device=dev,
-              resume="auto", save_every=every, autocast=autocast, progress=progress, desc=desc,
-              save_kw={"tokenizer": tokenizer}, say=say, compute=compute, d=d, accum=accum)
+    res = fit(run, plan, build=build, batches=batches, rt=rt)
     stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model),
-             "accumulation": accum, "speed": res.speed,
+             "accumulation": plan.accum, "speed": res.speed,
              "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
     if d.main:
-        run.finish(None, (res.export.cpu(), None, {"tokenizer": tokenizer, "extra": {"stage": stage}}))
+        run.finish(None, res.export.cpu(), extra={"stage": stage})
         for p in run.checkpoints():  # the cache folder now holds the stage: its checkpoints are spent
-            import shutil
-
             shutil.rmtree(p, ignore_errors=True)
     d.barrier()
-    return res.model, {**stage, "cached": False}
+    return {**stage, "cached": False}
 
 
-def check_bio(rc: BioRunConfig, methods: list[str], out: Path, cache: Path, checkpoints: Path,
-              device: str | None, d: Dist = Dist()):
-    """Every check that writes nothing: names, device, folders, data sizes, batches, each method's options."""
-    for name in methods:
-        if name not in method_names():
-            raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(METHOD_ORDER)} or all")
-    if d.world > 1 and device in (None, "cuda") and torch.cuda.is_available():
-        device = f"cuda:{d.local_rank}"  # one GPU per process
-    dev = pick_device(device)
-    check_compute(rc.compute, dev, d.world)
-    for stage in ("stage1", "stage2", "stage3"):
-        sc = getattr(rc, stage)
-        if sc.batch % d.world or (sc.batch // d.world) % micro_batch(rc, sc, d.world)[0]:
-            raise ScaleclError(f"{stage}.batch={sc.batch} must be a multiple of processes x compute.micro_batch = "
-                               f"{d.world} x {rc.compute.micro_batch or 'batch / processes'}")
-    for path, what in ((out, "--out"), (cache, "--cache"), (checkpoints, "--checkpoints")):
-        check_out_dir(path, what)
-    bio_config(rc)
-    probe = base_model_config(rc)  # sizes only: the vocabulary comes with the tokenizer
-    prepared = {name: get_method(name, **rc.method_options(name)) for name in methods}
-    for m in prepared.values():
-        m.check(probe)
-    return dev, prepared
+# ---------------------------------------------------------------------------------------------------------
+# the experiment
 
 
-def run_bio(
-    rc: BioRunConfig, methods: list[str], out: Path, cache: Path, preset_name: str, force: bool = False,
-    device: str | None = None, *, checkpoints: Path | None = None, resume: bool = False,
-    stop_after: int | None = None, report_to: tuple[str, ...] = (),
-) -> list[dict[str, Any]]:
-    """Run stages 1-2 (cached) and stage 3 for each method; returns one result dict per method.
+class BioExperiment:
+    """The biography protocol as an experiment of the sweep: stages 1-2 cached, stage 3 per method."""
 
-    Finished method runs are found first: when every asked-for method has finished, no stage is built.
-    """
-    with distributed() as d:
-        return _run_bio(d, rc, methods, out, cache, preset_name, force, device, checkpoints, resume, stop_after,
-                        report_to)
+    kind = "bio"
 
+    def __init__(self, rc: BioRunConfig, preset_name: str, paths: Paths) -> None:
+        self.rc, self.preset, self.paths = rc, preset_name, paths
+        self.cache = paths.cache / "bio"
+        self.data: BioData | None = None
+        self.device = torch.device("cpu")
+        self.started: dict[str, Any] = {}
+        self.stage_info: dict[str, Any] = {}
 
-def _run_bio(d: Dist, rc: BioRunConfig, methods: list[str], out: Path, cache: Path, preset_name: str, force: bool,
-             device: str | None, checkpoints: Path | None, resume: bool, stop_after: int | None,
-             report_to: tuple[str, ...]) -> list[dict[str, Any]]:
-    checkpoints = checkpoints if checkpoints is not None else Path("checkpoints")
-    dev, prepared = check_bio(rc, methods, out, cache, checkpoints, device, d)
-    tokenizer = open_tokenizer(rc.tokenizer) if rc.tokenizer != "local" else None  # fails before any write
-    order = [m for m in METHOD_ORDER if m in methods]
-    runs = {name: method_run(rc, prepared[name], out, checkpoints, preset_name, d) for name in order}
-    done = {name: runs[name].result() for name in order}
-    todo = [name for name in order if force or done[name] is None]
-    for name in order:
-        if name not in todo:
-            say(f"{name}: finished run found at {runs[name].out_dir} (use --force to rerun)")
-    if not todo:
-        results = [done[n] for n in order]
-        if d.main:
-            _print_summary(results)
-        return results if d.main else []
+    # -- before anything is written ----------------------------------------------------------------------
 
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    configure_device(dev, rc.compute.tf32)
-    started = provenance() | {"device": str(dev)}  # taken at the start: the code that runs is this commit's
-    autocast = torch.bfloat16 if rc.dtype == "bfloat16" and dev.type == "cuda" else None
-    cache = cache / "bio"
-    t0 = time.perf_counter()
-    for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it
-        if d.main == (turn == "main"):
-            with console.status("generating biographies and tokenizer") if d.main else contextlib.nullcontext():
-                data = prepare_data(rc, cache, tokenizer)
-        d.barrier()
-    data_s = time.perf_counter() - t0
-    base_cfg = base_model_config(rc, data.tokenizer)
-    say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows {base_cfg.vocab_size:,}), "
-        f"QA task0 {len(data.qa['task0_train']):,} / held-out {len(data.qa['task0_heldout']):,} / "
-        f"task1 {len(data.qa['task1']):,} ({data_s:.1f} s)")
+    def check(self, methods: dict[str, Method], d: Dist) -> None:
+        rc = self.rc
+        for stage in ("stage1", "stage2", "stage3"):
+            sc = getattr(rc, stage)
+            if sc.batch % d.world or (sc.batch // d.world) % micro_batch(rc, sc, d.world)[0]:
+                raise ScaleclError(f"{stage}.batch={sc.batch} must be a multiple of processes x "
+                                   f"compute.micro_batch = {d.world} x {rc.compute.micro_batch or 'batch / processes'}")
+        bio_config(rc)
+        probe = base_model_config(rc)  # sizes only: the vocabulary comes with the tokenizer
+        for m in methods.values():
+            m.check(probe)
 
-    k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT)
-    k2 = config_hash(k1, rc.stage2)
-    heldout = data.qa["task0_heldout"]
-    every = rc.checkpoint.every
-    results = []
-    with progress_bar() if d.main else contextlib.nullcontext() as progress:
-        stage_kw = dict(dev=dev, autocast=autocast, progress=progress, every=every, tokenizer=data.tokenizer, rc=rc,
-                        d=d)
+    def stage3_lr(self, method: Method) -> float:
+        """Task 1's learning rate: stage3.lr times the method's lr_scale."""
+        return self.rc.stage3.lr * self.rc.lr_scale.get(method.name, 1.0)
 
-        def build1():
-            return model_from_config(base_cfg, seed=rc.seed)
+    def run_of(self, method: Method, d: Dist) -> Run:
+        rc = self.rc
+        named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale", "compute")}
+        h = config_hash(named, method.name, method.options(), self.stage3_lr(method))
+        name = f"{self.preset}-{method.name}-{h}"
+        identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
+                    "config_hash": h}
+        return Run(identity, self.paths.out / name, self.paths.checkpoints / "bio" / name, keep=rc.checkpoint.keep,
+                   main=d.main, method=method)
 
+    # -- shared data and stages ----------------------------------------------------------------------------
+
+    def prepare(self, rt: Runtime) -> None:
+        rc, d = self.rc, rt.d
+        tokenizer = open_tokenizer(rc.tokenizer) if rc.tokenizer != "local" else None  # fails before any write
+        self.device = rt.device
+        self.started = provenance() | {"device": str(rt.device)}  # the code that runs is this commit's
+        t0 = time.perf_counter()
+        for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it
+            if d.main == (turn == "main"):
+                with console.status("generating biographies and tokenizer") if d.main else contextlib.nullcontext():
+                    self.data = prepare_data(rc, self.cache, tokenizer)
+            d.barrier()
+        data = self.data
+        self.stage_info["data_s"] = round(time.perf_counter() - t0, 1)
+        self.base_cfg = base_model_config(rc, data.tokenizer)
+        rt.say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows "
+               f"{self.base_cfg.vocab_size:,}), QA task0 {len(data.qa['task0_train']):,} / held-out "
+               f"{len(data.qa['task0_heldout']):,} / task1 {len(data.qa['task1']):,} ({self.stage_info['data_s']} s)")
+        self.slices = {"task0": _slice(data.qa["task0_heldout"], rc.eval.slice_people),
+                       "task1": _slice(data.qa["task1"], rc.eval.slice_people)}
+
+    def _stage_plan(self, sc: StageConfig, desc: str, d: Dist, **kw: Any) -> TrainPlan:
+        """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `d.world`
+        processes, bf16 autocast on CUDA when asked for, checkpoint cadence and compute options."""
+        autocast = torch.bfloat16 if self.rc.dtype == "bfloat16" and self.device.type == "cuda" else None
+        return TrainPlan(sc.steps, OptimConfig.of(sc, kw.pop("lr", sc.lr), sc.warmup),
+                         accum=micro_batch(self.rc, sc, d.world)[1], autocast=autocast,
+                         save_every=self.rc.checkpoint.every, compute=self.rc.compute, desc=desc, **kw)
+
+    def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:
+        return RowShards(batches, micro_batch(self.rc, sc, d.world)[0], d.world, d.rank)
+
+    def stages(self, rt: Runtime) -> None:
+        """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
+        rc, data, d = self.rc, self.data, rt.d
+        k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT)
+        k2 = config_hash(k1, rc.stage2)
         lo, hi = ranges(data.cfg).pretrain
         docs = encode_plain(data.tokenizer, pretrain_texts(data.people, data.cfg, lo, hi))
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
-        _, s1 = _cached_stage(
-            _stage_run(cache, "stage1", k1, rc.checkpoint.keep, d), build1, s1_batches, rc.stage1,
+        keep = rc.checkpoint.keep
+        s1_run = stage_run(self.cache, "stage1", k1, keep, d, data.tokenizer)
+        s1 = cached_stage(
+            s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", d, resume="auto"),
+            build=lambda: model_from_config(self.base_cfg, seed=rc.seed),
+            batches=self._shards(s1_batches, rc.stage1, d),
             info=lambda m: {"params": sum(p.numel() for p in m.parameters()), "corpus_tokens": corpus,
-                             "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)},
-            desc="stage 1: pre-train", **stage_kw)
-        s2_run = _stage_run(cache, "stage2", k2, rc.checkpoint.keep, d)
-        _, s2 = _cached_stage(
-            s2_run, lambda: load_model(cache / f"stage1-{k1}"), qa_batches(data.qa["task0_train"], rc.stage2.batch,
-                                                                          rc.seed),
-            rc.stage2, info=lambda m: {"task0_heldout": qa_accuracy(m, heldout, rc.eval.batch),
-                                       "task0_train": qa_accuracy(m, data.qa["task0_train"], rc.eval.batch)},
-            desc="stage 2: Task 0 QA", **stage_kw)
-        say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
-            f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
-        stages = {"data_s": round(data_s, 1), "stage1": s1, "stage2": s2}
-        for name in order:
-            if name not in todo:
-                results.append(done[name])
-                continue
-            r = _run_method(rc, data, prepared[name], runs[name], s2_run.final_dir, preset_name, stages, force,
-                            resume, stop_after, dev, started, autocast, progress, report_to, d)
-            if r is not None:
-                results.append(r)
-    if not d.main:
-        return []
-    _print_summary(results)
-    return results
+                            "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)}, rt=rt)
+        s2_run = stage_run(self.cache, "stage2", k2, keep, d, data.tokenizer)
+        heldout, train0 = data.qa["task0_heldout"], data.qa["task0_train"]
+        s2 = cached_stage(
+            s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", d, resume="auto"),
+            build=lambda: load_model(s1_run.final_dir),
+            batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, d),
+            info=lambda m: {"task0_heldout": qa_accuracy(m, heldout, rc.eval.batch),
+                            "task0_train": qa_accuracy(m, train0, rc.eval.batch)}, rt=rt)
+        rt.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
+               f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
+        self.stage2_dir = s2_run.final_dir
+        self.stage_info |= {"stage1": s1, "stage2": s2}
 
+    # -- one method ----------------------------------------------------------------------------------------
 
-def _run_method(rc, data: BioData, method, run: Run, stage2_dir: Path, preset_name: str, stages: dict,
-                force: bool, resume: bool, stop_after: int | None, dev, started: dict, autocast,
-                progress, report_to: tuple[str, ...] = (), d: Dist = Dist()) -> dict[str, Any] | None:
-    name = method.name
-    lr = rc.stage3.lr * rc.lr_scale.get(name, 1.0)
-    t0_slice = _slice(data.qa["task0_heldout"], rc.eval.slice_people)
-    t1_slice = _slice(data.qa["task1"], rc.eval.slice_people)
+    def build(self, method: Method) -> torch.nn.Module:
+        torch.manual_seed(self.rc.seed)  # methods with random initialisation (rnd blocks) draw from here
+        return method.apply(load_model(self.stage2_dir))
 
-    def build():
-        torch.manual_seed(rc.seed)  # methods with random initialisation (rnd blocks) draw from here
-        return method.apply(load_model(stage2_dir))
+    def save_kw(self) -> dict[str, Any]:
+        return {"tokenizer": self.data.tokenizer, "base_model": str(self.stage2_dir)}
 
-    def evaluate(model, step: int, loss: float) -> dict[str, Any]:
+    def batches(self, method: Method, rt: Runtime) -> Iterator[dict]:
+        rc = self.rc
+        return self._shards(qa_batches(self.data.qa["task1"], rc.stage3.batch, rc.seed + 3), rc.stage3, rt.d)
+
+    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
+        rc, lr = self.rc, self.stage3_lr(method)
+        return self._stage_plan(rc.stage3, f"stage 3: {method.name}", rt.d, lr=lr,
+                                eval_steps=rc.eval.steps(rc.stage3.steps),
+                                tracker_config={"method": method.name, "options": method.options(), "lr": lr,
+                                                **asdict(rc)})
+
+    def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
         rec = {"step": step, "loss": None if step == 0 else round(loss, 6)}
-        for split, qa in (("task0", t0_slice), ("task1", t1_slice)):
-            rec |= _flat(split, qa_accuracy(model, qa, rc.eval.batch, method=method))
+        for split, qa in self.slices.items():
+            rec |= _flat(split, qa_accuracy(model, qa, self.rc.eval.batch, method=method))
         # routing over every token of the Task 0 slice (kept under its old name for older plots)
         rec |= {k.removeprefix("task0/"): v for k, v in rec.items() if k in ("task0/route_preserve",
                                                                               "task0/route_adapt")}
         return rec
 
-    save_kw = {"tokenizer": data.tokenizer, "base_model": str(stage2_dir)}
-    micro, accum = micro_batch(rc, rc.stage3, d.world)
-    batches = RowShards(qa_batches(data.qa["task1"], rc.stage3.batch, rc.seed + 3), micro, d.world, d.rank)
-    res = fit(run, build, batches, rc.stage3.steps,
-              optim(rc.stage3, lr), method=method, device=dev, evaluate=evaluate,
-              eval_steps=rc.eval.steps(rc.stage3.steps), resume=resume, force=force,
-              save_every=rc.checkpoint.every, stop_at=stop_after, autocast=autocast, progress=progress,
-              desc=f"stage 3: {name}", save_kw=save_kw, say=say, report_to=report_to,
-              config={"method": name, "options": method.options(), "lr": lr, **asdict(rc)},
-              compute=rc.compute, d=d, accum=accum)
-    if not res.complete:
-        return None
-    model = res.model
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    n_total = sum(p.numel() for p in model.parameters())
-    final = {"task0_heldout": qa_accuracy(model, data.qa["task0_heldout"], rc.eval.batch, exact=True),
-             "task1": qa_accuracy(model, data.qa["task1"], rc.eval.batch, exact=True)}  # every process: lock-step
-    if not d.main:
-        d.barrier()
-        return None
-    t0 = [r["task0/acc"] for r in res.records]
-    t1 = [r["task1/acc"] for r in res.records]
-    result = {
-        "experiment": "bio", "preset": preset_name, "method": name, "method_options": method.options(),
-        "description": method.describe(), "lr": lr, "trainable_params": n_train, "total_params": n_total,
-        "config": asdict(rc), "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
-        "vocab": {"tokenizer": len(data.tokenizer), "model": model.config.vocab_size},
-        "provenance": started | {"finished": provenance()["date"]},
-        "wall_s": {"data": stages["data_s"], "stage1": stages["stage1"]["wall_s"], "stage2": stages["stage2"]["wall_s"],
-                   "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
-        "stages_cached": {"stage1": stages["stage1"]["cached"], "stage2": stages["stage2"]["cached"]},
-        "processes": d.world,
-        "accumulation": {"stage1": stages["stage1"].get("accumulation"), "stage2": stages["stage2"].get("accumulation"),
-                         "stage3": accum},
-        "speed": res.speed,
-        "stage1": {k: v for k, v in stages["stage1"].items() if k != "cached"},
-        "stage2": {k: v for k, v in stages["stage2"].items() if k != "cached"},
-        "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
-                   "task1": attribute_priors(data.qa["task1"])},
-        "summary": {"task0_start": t0[0], "task0_end": t0[-1], "task0_min": min(t0), "task1_start": t1[0],
-                    "task1_end": t1[-1], "final_loss": res.losses[-1]},
-        "final": final,
-        "checkpoint": str(run.final_dir),
-    }
-    if res.resumed_from:
-        result["resumed_from_step"] = res.resumed_from
-    run.finish(result, (res.export.cpu(), method, save_kw))
-    say(f"{name}: wrote {run.out_dir}; final model {run.final_dir}")
-    d.barrier()
-    return result
+    def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
+        rc, data, model, st = self.rc, self.data, res.model, self.stage_info
+        final = {"task0_heldout": qa_accuracy(model, data.qa["task0_heldout"], rc.eval.batch, exact=True),
+                 "task1": qa_accuracy(model, data.qa["task1"], rc.eval.batch, exact=True)}  # every process: lock-step
+        t0 = [r["task0/acc"] for r in res.records]
+        t1 = [r["task1/acc"] for r in res.records]
+        stages = {k: {kk: vv for kk, vv in st[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
+        return {
+            "experiment": "bio", "preset": self.preset, "method": method.name, "method_options": method.options(),
+            "description": method.describe(), "lr": self.stage3_lr(method),
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "total_params": sum(p.numel() for p in model.parameters()),
+            "config": asdict(rc), "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
+            "vocab": {"tokenizer": len(data.tokenizer), "model": model.config.vocab_size},
+            "provenance": self.started | {"finished": provenance()["date"]},
+            "wall_s": {"data": st["data_s"], "stage1": st["stage1"]["wall_s"], "stage2": st["stage2"]["wall_s"],
+                       "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
+            "stages_cached": {"stage1": st["stage1"]["cached"], "stage2": st["stage2"]["cached"]},
+            "processes": rt.d.world,
+            "accumulation": {"stage1": st["stage1"].get("accumulation"), "stage2": st["stage2"].get("accumulation"),
+                             "stage3": micro_batch(rc, rc.stage3, rt.d.world)[1]},
+            "speed": res.speed, **stages,
+            "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
+                       "task1": attribute_priors(data.qa["task1"])},
+            "summary": {"task0_start": t0[0], "task0_end": t0[-1], "task0_min": min(t0), "task1_start": t1[0],
+                        "task1_end": t1[-1], "final_loss": res.losses[-1]},
+            "final": final,
+            "checkpoint": str(run.final_dir),
+        }
 
-
-def _print_summary(results: list[dict]) -> None:
-    if not results:
-        return
-    table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices during "
-                        "training, full ranges at the end)")
-    table.add_column("method", no_wrap=True)
-    for col in ("T0 start", "T0 min", "T0 end", "T1 start", "T1 end", "T0 full", "T1 full"):
-        table.add_column(col, justify="right")
-    for r in results:
-        s = r["summary"]
-        table.add_row(r["method"], *(f"{s[k]:.3f}" for k in ("task0_start", "task0_min", "task0_end", "task1_start",
-                                                               "task1_end")),
-                      f"{r['final']['task0_heldout']['acc']:.3f}", f"{r['final']['task1']['acc']:.3f}")
-    console.print(table)
+    def summary(self, results: list[dict[str, Any]]) -> None:
+        table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices "
+                            "during training, full ranges at the end)")
+        table.add_column("method", no_wrap=True)
+        for col in ("T0 start", "T0 min", "T0 end", "T1 start", "T1 end", "T0 full", "T1 full"):
+            table.add_column(col, justify="right")
+        for r in results:
+            s = r["summary"]
+            table.add_row(r["method"], *(f"{s[k]:.3f}" for k in ("task0_start", "task0_min", "task0_end",
+                                                                   "task1_start", "task1_end")),
+                          f"{r['final']['task0_heldout']['acc']:.3f}", f"{r['final']['task1']['acc']:.3f}")
+        console.print(table)

@@ -40,8 +40,9 @@ import re
 import secrets
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import safetensors.torch as st
 import torch
@@ -65,7 +66,7 @@ _PLAIN_METHODS = (None, "fft", "freeze", "llama-pro")
 # Where a checkpoint may be written
 
 
-def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """Refuse, in one line and before any work, an output folder whose writing could lose the user's data.
 
     Refused: the current folder or one of its ancestors, a file, a path under a file, a symbolic link, a
@@ -145,7 +146,7 @@ def _clean_stale_siblings(out: Path) -> None:
 
 def _move_into_place(tmp: Path, out: Path) -> None:
     """Rename the finished temporary folder to `out`, moving an existing checkpoint aside first."""
-    if out.is_dir() and any(out.iterdir()):  # an existing checkpoint, cleared for replacement by check_out_dir
+    if out.is_dir() and any(out.iterdir()):  # an existing checkpoint (check_checkpoint_dest cleared it)
         old = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
         os.rename(out, old)
         try:
@@ -185,7 +186,7 @@ def save_model(
     checkpoint records it for peft, and stores the base itself when it is not a hub id or plain folder.
     overwrite: replace an existing checkpoint of the suite at out_dir (never anything else).
     """
-    out = check_out_dir(out_dir, overwrite)
+    out = check_checkpoint_dest(out_dir, overwrite)
     method = _resolve_method(model, method)
     layout = "scale" if getattr(model, "scale_spec", None) is not None else "lora" if _is_peft(model) else "plain"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -218,6 +219,40 @@ def save_model(
     return out
 
 
+class Prepared(NamedTuple):
+    """What `prepare_checkpoint` wrote: the folder, the model and its base (for a parameter table)."""
+
+    path: Path
+    model: PreTrainedModel
+    source: str  # where the base came from, as the checkpoint records it
+    base_total: Counter  # the base's parameters per kind (summary.param_counts)
+
+
+def prepare_checkpoint(
+    method: Method, out_dir: str | os.PathLike, model: str | None = None, random_config: str | None = None,
+    *, seed: int = 0, overwrite: bool = False,
+) -> Prepared:
+    """Apply `method` to a base and write the checkpoint ready to train (`scalecl prepare`; `scalecl upscale`
+    is this with a SCALE method).
+
+    The base is exactly one of `model` (hub id or folder) and `random_config` (models.resolve_base). The
+    destination is checked first, then every size on the base's config, all before the weights load; `seed`
+    seeds random bases and random initialisation.
+    """
+    from .base_models import resolve_base
+    from .summary import param_counts
+
+    check_checkpoint_dest(out_dir, overwrite)
+    base = resolve_base(model, random_config, seed)
+    method.check(base.config)
+    weights = base.load()
+    base_total, _ = param_counts(weights)
+    torch.manual_seed(seed)
+    prepared = method.apply(weights)
+    path = save_model(prepared, out_dir, method, base_model=base.source, overwrite=overwrite)
+    return Prepared(path, prepared, base.source, base_total)
+
+
 def _is_peft(model) -> bool:
     from peft import PeftModel
 
@@ -230,8 +265,8 @@ def _resolve_method(model, method: Method | None) -> Method | None:
 
     is_scale, is_lora = getattr(model, "scale_spec", None) is not None, _is_peft(model)
     if method is None:
-        if is_scale:
-            cfg = model.scale_config.to_dict()
+        if is_scale:  # the options asked for (scalecl's upscale), else the widening as built (remote code)
+            cfg = (getattr(model, "scale_config", None) or model.scale_spec).to_dict()
             return get_method(f"scale-{cfg.pop('variant')}", **cfg)
         if is_lora:
             c = model.peft_config["default"]
@@ -275,7 +310,7 @@ def _write_scale(model: PreTrainedModel, folder: Path) -> None:
 
 def _lora_base_source(base_model: str | None, out: Path) -> str | None:
     """The LoRA base as peft should record it (hub id or absolute folder), or None if it must be stored."""
-    from .models import _HUB_ID
+    from .base_models import _HUB_ID
 
     if not base_model:
         return None
@@ -422,7 +457,7 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrit
         raise ScaleclError(f"{name} cannot be merged into a plain model of the base's shape (split norms, new heads); "
                            f"its checkpoint already loads with AutoModelForCausalLM.from_pretrained(DIR, "
                            f"trust_remote_code=True)")
-    out = check_out_dir(out_dir, overwrite)
+    out = check_checkpoint_dest(out_dir, overwrite)
     model = load_model(p)
     if name == "lora":
         from .methods.lora import merge_lora

@@ -15,6 +15,8 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from .errors import ScaleclError
+from .methods.scale.config import ScaleConfig, option_help
+from .schema import Raw
 
 console = Console()
 err_console = Console(stderr=True)
@@ -75,36 +77,6 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def _build_base(model: str | None, random_config: str | None, seed: int):
-    """Resolve --model / --random-config into (config, loader) so sizes are checked before weights load."""
-    from .models import arch_of, load_base_config, load_base_model, model_from_config, tiny_config
-
-    if (model is None) == (random_config is None):
-        raise ScaleclError("give exactly one of --model (hub id or directory) and --random-config")
-    if model is not None:
-        config = load_base_config(model)
-        return config, lambda: load_base_model(model), model
-    if Path(random_config).suffix == ".json":
-        if not Path(random_config).is_file():
-            raise ScaleclError(f"config file {random_config} does not exist")
-        from transformers import AutoConfig
-
-        try:
-            spec = json.loads(Path(random_config).read_text())
-            if not isinstance(spec, dict) or "model_type" not in spec:
-                raise ValueError("no 'model_type'")
-        except (OSError, ValueError) as e:
-            raise ScaleclError(f"config file {random_config} is not a JSON transformers config ({e})") from None
-        arch_of(type("C", (), {"model_type": spec["model_type"]}))  # unsupported families fail here, by name
-        try:
-            config = AutoConfig.for_model(**spec)
-        except (TypeError, ValueError) as e:
-            raise ScaleclError(f"config file {random_config}: {str(e).splitlines()[0]}") from None
-    else:
-        config = tiny_config(random_config)
-    return config, lambda: model_from_config(config, seed=seed), f"random:{random_config}"
-
-
 @app.command()
 @user_errors
 def upscale(
@@ -115,48 +87,43 @@ def upscale(
         help="Instead of --model, a random-init base: 'gpt_neox' (alias 'pythia') or 'llama' for a tiny model, "
         "or a path to a transformers config JSON.",
     ),
-    variant: str = typer.Option("route", "--variant", help="preserve | adapt | route (paper Eq. 3, 4, 5)."),
-    hidden_up: int = typer.Option(128, "--hidden-up", help="Channels added to the residual stream and attention (multiple of head_dim)."),
-    ffn_up: int = typer.Option(128, "--ffn-up", help="Intermediate units added to every MLP."),
-    l_fp: int | None = typer.Option(
-        None, "--l-fp", help="Lowest layers whose W12 stays frozen at zero (0..L). Default: L for preserve, L-1 otherwise."
-    ),
-    collab: str = typer.Option("attn,mlp", "--collab", help="Modules whose W12 trains in collaborative layers: attn, mlp or attn,mlp."),
-    init: str = typer.Option("svd,zero", "--init", help="Initialisation of W21,W22: each zero, rnd or svd (paper Fig. 5)."),
-    tau: float = typer.Option(0.9, "--tau", help="Route's cosine threshold in [-1, 1] (the paper gives no value)."),
-    router: str = typer.Option(
-        "logit", "--router", help="What Route's cosine compares: logit (paper Eq. 5, raw logits), centered (logits "
-        "centred over the vocabulary) or prob (softmax probabilities).",
-    ),
-    embed_init: str = typer.Option(
-        "zero", "--embed-init", help="New embedding columns: zero, or rnd (normal, std = the base's initializer_range; "
-        "untied embeddings only, so the head's new columns still start at zero).",
-    ),
+    # SCALE's options: defaults and help declared once, on modeling's ScaleSpec (ScaleConfig inherits them)
+    variant: str = typer.Option(ScaleConfig.variant, "--variant", help=option_help("variant")),
+    hidden_up: int = typer.Option(ScaleConfig.hidden_up, "--hidden-up", help=option_help("hidden_up")),
+    ffn_up: int = typer.Option(ScaleConfig.ffn_up, "--ffn-up", help=option_help("ffn_up")),
+    l_fp: int | None = typer.Option(ScaleConfig.l_fp, "--l-fp", help=option_help("l_fp")),
+    collab: str = typer.Option(",".join(ScaleConfig.collab), "--collab", help=option_help("collab")),
+    init: str = typer.Option(",".join(ScaleConfig.init), "--init", help=option_help("init")),
+    tau: float = typer.Option(ScaleConfig.tau, "--tau", help=option_help("tau")),
+    router: str = typer.Option(ScaleConfig.router, "--router", help=option_help("router")),
+    embed_init: str = typer.Option(ScaleConfig.embed_init, "--embed-init", help=option_help("embed_init")),
     seed: int = typer.Option(0, "--seed", help="Seed for random-init bases and rnd initialisation."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing scalecl checkpoint at --out "
                                    "(never a folder holding anything else)."),
 ) -> None:
-    """Widen a model with SCALE and write the checkpoint (safetensors + scalecl.json + remote code for transformers)."""
-    import torch
+    """Widen a model with SCALE and write the checkpoint (safetensors + scalecl.json + remote code for transformers).
 
-    from .checkpoint import check_out_dir, save_model
-    from .config import ScaleConfig
-    from .methods import get_method
-    from .summary import param_counts
+    The same as `scalecl prepare --method scale-<variant>`, with SCALE's options as flags.
+    """
+    from .checkpoint import check_checkpoint_dest
 
-    check_out_dir(out, overwrite)  # before anything else: a folder of the user's is never touched
+    check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
                       init=_csv(init), tau=tau, router=router, embed_init=embed_init)  # names and ranges first
-    method = get_method(f"scale-{cfg.variant}", **{k: v for k, v in cfg.to_dict().items() if k != "variant"})
-    config, load, source = _build_base(model, random_config, seed)
-    method.check(config)  # every size check before the weights load
-    base = load()
-    base_total, _ = param_counts(base)
-    torch.manual_seed(seed)
-    widened = method.apply(base)
-    _print_params(method, source, base_total, widened)
-    path = save_model(widened, out, method, base_model=source, overwrite=overwrite)
-    console.print(f"wrote {path}")
+    options = {k: v for k, v in cfg.to_dict().items() if k != "variant"}
+    _prepare(f"scale-{cfg.variant}", options, out, model, random_config, seed, overwrite)
+
+
+def _prepare(method_name: str, options: dict, out: Path, model: str | None, random_config: str | None,
+             seed: int, overwrite: bool) -> None:
+    """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
+    from .checkpoint import prepare_checkpoint
+    from .methods import get_method
+
+    method = get_method(method_name, **options)
+    done = prepare_checkpoint(method, out, model, random_config, seed=seed, overwrite=overwrite)
+    _print_params(method, done.source, done.base_total, done.model)
+    console.print(f"wrote {done.path}")
 
 
 def _print_params(method, source: str, base_total, model) -> None:
@@ -173,28 +140,16 @@ def _print_params(method, source: str, base_total, model) -> None:
     console.print(method.describe(), highlight=False)
 
 
-def _method_options(name: str, pairs: list[str]) -> dict:
-    """Parse --set key=value pairs; options typed as tuples take comma lists (collab=attn,mlp)."""
-    import dataclasses
-    import typing
-
-    from .config import parse_scalar
-    from .methods import REGISTRY, get_method
-
-    if name not in REGISTRY:
-        get_method(name)  # raises the one-line unknown-method error
-    hints = typing.get_type_hints(REGISTRY[name])
-    known = {f.name for f in dataclasses.fields(REGISTRY[name])}
+def _option_texts(pairs: list[str]) -> dict[str, Raw]:
+    """--set key=value pairs as {key: text}; the method types them (Method.coerce_options: tuples take comma
+    lists, collab=attn,mlp)."""
     opts = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or not key:
             raise ScaleclError(f"--set expects key=value, got {pair!r}")
-        if key not in known:
-            raise ScaleclError(f"method {name} has no option {key!r}; options: {', '.join(sorted(known)) or 'none'}")
-        is_tuple = typing.get_origin(hints.get(key)) is tuple
-        opts[key] = tuple(parse_scalar(v) for v in _csv(value)) if is_tuple or "," in value else parse_scalar(value)
+        opts[key] = Raw(value.strip())
     return opts
 
 
@@ -216,23 +171,13 @@ def prepare(
                                    "(never a folder holding anything else)."),
 ) -> None:
     """Apply any method to a base model and write the checkpoint ready to train (safetensors + scalecl.json)."""
-    import torch
+    from .checkpoint import check_checkpoint_dest
+    from .methods import REGISTRY, get_method
 
-    from .checkpoint import check_out_dir, save_model
-    from .methods import get_method
-    from .summary import param_counts
-
-    check_out_dir(out, overwrite)  # before anything else: a folder of the user's is never touched
-    method = get_method(method_name, **_method_options(method_name, options))
-    config, load, source = _build_base(model, random_config, seed)
-    method.check(config)  # every size check before the weights load
-    base = load()
-    base_total, _ = param_counts(base)
-    torch.manual_seed(seed)
-    prepared = method.apply(base)
-    _print_params(method, source, base_total, prepared)
-    path = save_model(prepared, out, method, base_model=source, overwrite=overwrite)
-    console.print(f"wrote {path}")
+    check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
+    if method_name not in REGISTRY:
+        get_method(method_name)  # the one-line unknown-method error, before the options are read
+    _prepare(method_name, _option_texts(options), out, model, random_config, seed, overwrite)
 
 
 @app.command()
@@ -260,7 +205,7 @@ def merge(
 @user_errors
 def budgets() -> None:
     """Trainable parameters of every method at the paper's two settings (meta-device models, no weights)."""
-    from .methods.budget import paper_budgets
+    from .budget import paper_budgets
 
     rows = paper_budgets()
     for setting in dict.fromkeys(r.setting for r in rows):  # one table per setting, in order
@@ -320,17 +265,13 @@ def train_bio(
         "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
-    from .bio import METHOD_ORDER, run_bio
+    from .bio import BioExperiment
     from .config import load_preset
-    from .runlayer import check_report_to
+    from .sweep import Paths, SweepOptions, parse_methods, sweep
 
-    if stop_after is not None and stop_after < 1:
-        raise ScaleclError(f"--stop-after must be a positive step, got {stop_after}")
-    trackers = check_report_to(report_to)
+    opts = SweepOptions(force, resume, stop_after, report_to, device)
     rc = load_preset("bio", preset, sets + ([f"tokenizer={tokenizer}"] if tokenizer else []))
-    methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
-    results = run_bio(rc, methods, out, cache, preset, force=force, device=device, checkpoints=checkpoints,
-                      resume=resume, stop_after=stop_after, report_to=trackers)
+    results = sweep(BioExperiment(rc, preset, Paths(out, cache, checkpoints)), parse_methods(method), opts)
     console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run; "
                   f"`scalecl plot --results {out}` draws them", highlight=False)
 
@@ -346,8 +287,8 @@ def plot(
                              "(CSV/MD/TeX). The committed figures: --results results --out paper_figures."),
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
+    from .files import check_writable_dir
     from .report import plot_all
-    from .runlayer import check_out_dir
 
     roots = results or [p for p in (Path("runs"), Path("results")) if p.is_dir()]
     if not roots:
@@ -355,7 +296,7 @@ def plot(
     for r in roots:
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
-    check_out_dir(out)
+    check_writable_dir(out)
     written = plot_all(roots, out)
     if not written:
         raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}")
@@ -394,11 +335,12 @@ def eval_harness(
     out: Path = typer.Option(Path("results/harness"), "--out", help="Results folder (one subfolder per model and settings)."),
 ) -> None:
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
-    from .harness import format_rows, parse_metric_overrides, run_harness
+    from .harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
 
+    settings = HarnessSettings(num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, max_length=max_length,
+                               bootstrap_iters=bootstrap_iters, device=device)
     run = run_harness(
-        model, tasks, tokenizer=tokenizer, include_paths=include_path, num_fewshot=num_fewshot, limit=limit,
-        batch_size=batch_size, device=device, max_length=max_length, dtype=dtype, bootstrap_iters=bootstrap_iters,
+        model, tasks, settings, tokenizer=tokenizer, include_paths=include_path, dtype=dtype,
         metric_overrides=parse_metric_overrides(metric), out=out,
     )
     table = Table(title=run.title, caption=run.caption)
@@ -449,16 +391,12 @@ def train_cpt(
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
     from .config import load_preset
-    from .cpt import METHOD_ORDER, run_cpt
-    from .runlayer import check_report_to
+    from .cpt import CptExperiment
+    from .sweep import Paths, SweepOptions, parse_methods, sweep
 
-    trackers = check_report_to(report_to)
+    opts = SweepOptions(force, resume, stop_after, report_to, device)
     rc = load_preset("cpt", preset, sets)
-    methods = list(METHOD_ORDER) if method == "all" else list(_csv(method))
-    if stop_after is not None and stop_after < 1:
-        raise ScaleclError(f"--stop-after must be a positive step, got {stop_after}")
-    results = run_cpt(rc, methods, out, cache, checkpoints, preset, force=force, resume=resume,
-                      stop_after=stop_after, device=device, report_to=trackers)
+    results = sweep(CptExperiment(rc, preset, Paths(out, cache, checkpoints)), parse_methods(method), opts)
     if results:
         console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
 
@@ -486,24 +424,14 @@ def eval_ppl(
 ) -> None:
     """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
     from .config import CorpusConfig
-    from .cpt import eval_ppl as run_eval
-    from .runs import write_json
+    from .eval_ppl import check_record_out
+    from .eval_ppl import eval_ppl as run_eval
+    from .files import write_json
 
     if skip < 0 or take < 0 or batch < 1:
         raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
     if out is not None:
-        from .runlayer import check_out_dir
-
-        if out.is_dir():
-            raise ScaleclError(f"--out {out} is a folder; give a file name for the JSON record")
-        check_out_dir(out.parent, "--out")
-        if out.exists():  # replace only a record this command wrote
-            try:
-                ours = {"ppl", "model", "dataset"} <= set(json.loads(out.read_text()))
-            except (OSError, ValueError, TypeError):
-                ours = False
-            if not ours:
-                raise ScaleclError(f"--out {out} exists and is not a record written by eval-ppl; not overwriting it")
+        check_record_out(out)  # replace only a record this command wrote
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
     r = run_eval(model, spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
     if out is not None:
@@ -542,33 +470,17 @@ def study(
         "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
 ) -> None:
     """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
-    from .runlayer import check_report_to
     from .study import run_study
+    from .sweep import Paths, SweepOptions
 
-    results = run_study(name, preset, values, sets, out, cache, checkpoints, force=force, device=device,
-                        resume=resume, report_to=check_report_to(report_to))
+    opts = SweepOptions(force, resume, None, report_to, device)
+    results = run_study(name, preset, values, sets, Paths(out, cache, checkpoints), opts)
     console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot --results {out.parent}` draws the figure",
                   highlight=False)
 
 
-def _planned(name: str, issue: str):
-    def cmd() -> None:
-        err_console.print(f"scalecl {name}: not yet implemented ({issue}).")
-        raise typer.Exit(1)
-
-    cmd.__doc__ = f"(planned) {issue}"
-    return cmd
-
-
-for _name, _issue in [
-]:
-    app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(
-        _planned(_name, _issue)
-    )
-
-
 def main() -> None:
-    from .runs import tune_cpu_allocator
+    from .machine import tune_cpu_allocator
 
     tune_cpu_allocator()  # before any tensor exists; see its docstring (SCALECL_TUNE_MALLOC=0 turns it off)
     app()

@@ -2,127 +2,17 @@
 
 from __future__ import annotations
 
-import math
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ScaleclError
-
-VARIANTS = ("preserve", "adapt", "route")
-INITS = ("zero", "rnd", "svd")
-COLLAB_MODULES = ("attn", "mlp")
-ROUTERS = ("logit", "centered", "prob")
-EMBED_INITS = ("zero", "rnd")
-
-
-@dataclass(frozen=True)
-class ScaleConfig:
-    """How to widen a decoder and which upscaled blocks train (paper Sections 3-4, spec/method.md).
-
-    variant:   "preserve" (every W12 frozen at zero, Eq. 3), "adapt" (W12 trains above l_fp, Eq. 4),
-               "route" (both paths, cosine router, Eq. 5).
-    hidden_up: channels added to the residual stream and to attention (a multiple of head_dim).
-    ffn_up:    intermediate units added to every MLP.
-    l_fp:      number of lowest layers whose W12 stays frozen at zero. None means L for preserve and
-               L - 1 for adapt/route (only the top layer collaborates, the paper's biography setting).
-    collab:    modules whose W12 trains in collaborative layers ("attn", "mlp" or both).
-    init:      initialisation of (W21, W22), each "zero", "rnd" (He normal) or "svd" (paper Fig. 5).
-    tau:       Route's cosine threshold in [-1, 1]. The paper gives no value; 0.9 is this project's
-               default and is always recorded with the run.
-    router:    what Route's cosine compares: "logit" (the paper's Eq. 5, raw logits), "centered" (logits
-               centred over the vocabulary, z - mean_v z, so a uniform shift does not count) or "prob"
-               (softmax probabilities). The decision is hard in every case.
-    embed_init: the new embedding columns: "zero" (default) or "rnd" (normal, std = the base config's
-               initializer_range, 0.02 for GPT-NeoX and Llama). "rnd" needs untied embeddings: the head's
-               new columns start at zero only then, and with them the base function.
-    """
-
-    variant: str = "route"
-    hidden_up: int = 128
-    ffn_up: int = 128
-    l_fp: int | None = None
-    collab: tuple[str, ...] = ("attn", "mlp")
-    init: tuple[str, str] = ("svd", "zero")
-    tau: float = 0.9
-    router: str = "logit"
-    embed_init: str = "zero"
-
-    def __post_init__(self) -> None:
-        # normalise lists from JSON and strings from the CLI ("attn", "svd,zero") into hashable tuples
-        for name in ("collab", "init"):
-            v = getattr(self, name)
-            object.__setattr__(self, name, tuple(v.split(",")) if isinstance(v, str) else tuple(v))
-        self.validate()
-
-    def validate(self) -> None:
-        """Checks that need no model: names and ranges."""
-        if self.variant not in VARIANTS:
-            raise ScaleclError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
-        if len(self.init) != 2 or any(i not in INITS for i in self.init):
-            raise ScaleclError(
-                f"init must be a pair of {'/'.join(INITS)} for (W21, W22), got {','.join(map(str, self.init))}"
-            )
-        if not self.collab or any(c not in COLLAB_MODULES for c in self.collab):
-            raise ScaleclError(f"collab must be attn, mlp or attn,mlp; got {','.join(map(str, self.collab))}")
-        if not isinstance(self.hidden_up, int) or self.hidden_up <= 0:
-            raise ScaleclError(f"hidden_up must be a positive integer, got {self.hidden_up}")
-        if not isinstance(self.ffn_up, int) or self.ffn_up < 0:
-            raise ScaleclError(f"ffn_up must be a non-negative integer, got {self.ffn_up}")
-        if not -1.0 <= float(self.tau) <= 1.0:
-            raise ScaleclError(f"tau must lie in [-1, 1], got {self.tau}")
-        if self.l_fp is not None and (not isinstance(self.l_fp, int) or self.l_fp < 0):
-            raise ScaleclError(f"l_fp must be a non-negative integer, got {self.l_fp}")
-        if self.router not in ROUTERS:
-            raise ScaleclError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
-        if self.embed_init not in EMBED_INITS:
-            raise ScaleclError(f"unknown embed_init {self.embed_init!r}; choose one of {', '.join(EMBED_INITS)}")
-
-    def resolved_l_fp(self, num_layers: int) -> int:
-        """The number of function-preserving layers for a model with `num_layers` layers."""
-        if self.l_fp is None:
-            return num_layers if self.variant == "preserve" else num_layers - 1
-        if self.l_fp > num_layers:
-            raise ScaleclError(f"l_fp must lie in 0..{num_layers} for this model, got {self.l_fp}")
-        if self.variant == "preserve" and self.l_fp != num_layers:
-            raise ScaleclError(
-                f"preserve keeps every W12 frozen (l_fp = {num_layers}); got l_fp={self.l_fp}: use adapt or route"
-            )
-        return self.l_fp
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["collab"] = list(self.collab)
-        d["init"] = list(self.init)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ScaleConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ScaleclError(f"unknown ScaleConfig keys: {', '.join(sorted(unknown))}")
-        return cls(**d)
-
+from .optim import SCHEDULES, AdamWConfig
+from .schema import Raw, check_config, coerce, merge, opt, parse_scalar, parse_sets, parse_value  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------------------
 # Experiment configs: presets are TOML files of overrides on these dataclasses. One typed schema: every key
 # has a declared type and, where it matters, a range or a set of choices; unknown keys, wrong types and
 # values out of range are one clear error before any work (load_preset -> check_config).
-
-
-class Raw(str):
-    """A value typed on the command line (--set key=value): still text, converted by the key's declared type."""
-
-
-def opt(default: Any = None, *, factory: Any = None, ge: float | None = None, gt: float | None = None,
-        le: float | None = None, lt: float | None = None, choices: tuple | None = None) -> Any:
-    """A dataclass field with its valid range or choices (checked by check_config)."""
-    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -145,24 +35,14 @@ class ModelShape:
             raise ScaleclError(f"{where}hidden={self.hidden} is not divisible by {where}heads={self.heads}")
 
 
-SCHEDULES = ("constant", "cosine", "linear")
-
-
 @dataclass
-class StageConfig:
-    """Steps, batch and optimiser of one training stage (a new AdamW and schedule each stage)."""
+class StageConfig(AdamWConfig):
+    """Steps, batch, learning rate and warm-up of one training stage (a new AdamW and schedule each stage)."""
 
     steps: int = opt(100, ge=1)
     batch: int = opt(32, ge=1)
     lr: float = opt(1e-4, gt=0.0)
     warmup: int = opt(0, ge=0)
-    schedule: str = opt("constant", choices=SCHEDULES)
-    min_lr_ratio: float = opt(0.1, ge=0.0, le=1.0)  # cosine: the rate decays to min_lr_ratio x lr
-    weight_decay: float = opt(0.0, ge=0.0)
-    beta1: float = opt(0.9, ge=0.0, lt=1.0)
-    beta2: float = opt(0.999, ge=0.0, lt=1.0)
-    eps: float = opt(1e-8, gt=0.0)
-    clip: float = opt(1.0, ge=0.0)  # 0 = no clipping
 
 
 PARALLEL = ("ddp", "fsdp")
@@ -319,8 +199,9 @@ class BaseShape:
 
 
 @dataclass
-class CptTrainConfig:
-    """Continual pre-training of every method: one optimizer, linear decay after a warm-up ratio."""
+class CptTrainConfig(AdamWConfig):
+    """Continual pre-training of every method: one optimizer (rates per method: `lr`), linear decay after a
+    warm-up ratio."""
 
     steps: int = opt(300, ge=1)
     batch: int = opt(16, ge=1)  # global batch in sequences (all processes and accumulation steps together)
@@ -328,12 +209,6 @@ class CptTrainConfig:
     seq_len: int = opt(128, ge=2)
     warmup_ratio: float = opt(0.06, ge=0.0, lt=1.0)
     schedule: str = opt("linear", choices=SCHEDULES)
-    min_lr_ratio: float = opt(0.1, ge=0.0, le=1.0)  # cosine only
-    weight_decay: float = opt(0.0, ge=0.0)
-    beta1: float = opt(0.9, ge=0.0, lt=1.0)
-    beta2: float = opt(0.999, ge=0.0, lt=1.0)
-    eps: float = opt(1e-8, gt=0.0)
-    clip: float = opt(1.0, ge=0.0)
 
 
 @dataclass
@@ -412,171 +287,6 @@ def _check_method_options(methods: dict[str, dict], where: str, resolve) -> None
 PRESET_TYPES: dict[str, type] = {"bio": BioRunConfig, "cpt": CptRunConfig}
 
 
-def _type_name(hint: Any) -> str:
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
-
-
-def coerce(value: Any, hint: Any, key: str) -> Any:
-    """`value` as the declared type `hint`: command-line text (Raw) is parsed, typed TOML values are checked.
-
-    key names the value in the error ("config key stage1.steps expects an integer, got 'x'").
-
-    bool is never taken for an int (true is not 1 step), and None only where the type allows it.
-    """
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        if value is None or (isinstance(value, Raw) and value.strip().lower() in ("none", "null")):
-            if type(None) in args:
-                return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return coerce(value, inner[0], key)
-        for a in inner:
-            try:
-                return coerce(value, a, key)
-            except ScaleclError:
-                pass
-        raise ScaleclError(f"{key} expects {' or '.join(_type_name(a) for a in inner)}, got {value!r}")
-    if origin is tuple:
-        items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-        if not isinstance(items, list | tuple):
-            raise ScaleclError(f"{key} expects a list, got {value!r}")
-        item_type = args[0] if args else Any
-        return tuple(coerce(Raw(v.strip()) if isinstance(value, Raw) else v, item_type, key) for v in items)
-    if hint is Any:
-        return value  # typed later by its owner (method options: Method.coerce_options)
-    text = value.strip() if isinstance(value, Raw) else None
-    if hint is bool:
-        if text is not None and text.lower() in ("true", "false"):
-            return text.lower() == "true"
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if text is not None:
-            try:
-                return int(text)
-            except ValueError:
-                pass
-        elif isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if text is not None:
-            try:
-                v = float(text)
-                if math.isfinite(v):
-                    return v
-            except ValueError:
-                pass
-        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return str(value)
-    else:
-        raise TypeError(f"unsupported config type {hint!r} for {key}")
-    raise ScaleclError(f"{key} expects {_type_name(hint)}, got {value!r}")
-
-
-def _check_range(value: Any, meta: dict, key: str) -> None:
-    if value is None:
-        return
-    if "choices" in meta and value not in meta["choices"]:
-        raise ScaleclError(f"config key {key} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
-    for op, test, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
-                           ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
-        if op in meta and not test(value, meta[op]):
-            raise ScaleclError(f"config key {key} must be {word} {meta[op]:g}, got {value!r}")
-
-
-def _merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
-    """Apply a nested dict of overrides to a dataclass instance: unknown keys, wrong types and bad ranges raise."""
-    hints = typing.get_type_hints(type(obj))
-    names = {f.name: f for f in fields(obj)}
-    for k, v in updates.items():
-        if k not in names:
-            raise ScaleclError(f"unknown config key {where}{k}; known: {', '.join(names)}")
-        cur, hint = getattr(obj, k), hints[k]
-        if is_dataclass(cur):
-            if not isinstance(v, dict):
-                raise ScaleclError(f"config key {where}{k} is a section, not a value")
-            _merge(cur, v, f"{where}{k}.")
-        elif typing.get_origin(hint) is dict:
-            if not isinstance(v, dict):
-                raise ScaleclError(f"config key {where}{k} is a table, not a value")
-            setattr(obj, k, _update_table(cur, v, typing.get_args(hint)[1], f"{where}{k}."))
-        else:
-            value = coerce(v, hint, f"config key {where}{k}")
-            _check_range(value, names[k].metadata, f"{where}{k}")
-            setattr(obj, k, value)
-    return obj
-
-
-def _update_table(cur: dict, updates: dict, value_hint: Any, where: str) -> dict:
-    """A per-name table (lr.<method>, methods.<method>.<option>): values typed by the table's value type."""
-    out = dict(cur)
-    for k, v in updates.items():
-        if typing.get_origin(value_hint) is dict:
-            if not isinstance(v, dict):
-                raise ScaleclError(f"config key {where}{k} is a table, not a value")
-            out[k] = _update_table(out.get(k, {}), v, typing.get_args(value_hint)[1], f"{where}{k}.")
-        else:
-            out[k] = coerce(v, value_hint, f"config key {where}{k}")
-    return out
-
-
-def check_config(obj: Any, where: str = "") -> None:
-    """Ranges of every field (presets included) and each section's own cross-field check()."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if is_dataclass(value):
-            check_config(value, f"{where}{f.name}.")
-        else:
-            _check_range(value, f.metadata, f"{where}{f.name}")
-    if hasattr(obj, "check"):
-        obj.check(where)
-
-
-def parse_scalar(text: str) -> Any:
-    """A command-line value: none/null -> None, true/false -> bool, then int, float, else the string."""
-    low = text.strip().lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text.strip()
-
-
-def parse_value(text: str) -> Any:
-    """A --set value of untyped options: a scalar, or a comma list of scalars."""
-    if "," in text:
-        return [parse_scalar(t) for t in text.split(",") if t]
-    return parse_scalar(text)
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """["stage1.steps=100", "methods.scale.hidden_up=64"] -> nested dict of Raw texts (typed when merged)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, val = item.partition("=")
-        if not sep or not key.strip():
-            raise ScaleclError(f"--set expects key=value, got {item!r}")
-        node = out
-        *parents, leaf = [p.strip() for p in key.strip().split(".")]
-        if not all(parents) or not leaf:
-            raise ScaleclError(f"--set key {key!r} has an empty part")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ScaleclError(f"--set {item!r}: {p} was given a value before")
-        node[leaf] = Raw(val.strip())
-    return out
-
-
 def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type: type | None = None) -> Any:
     """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a checked config.
 
@@ -595,7 +305,7 @@ def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type
         avail = sorted(p.name.removeprefix(f"{kind}_").removesuffix(".toml")
                        for p in resources.files("scalecl.presets").iterdir() if p.name.startswith(f"{kind}_"))
         raise ScaleclError(f"unknown preset {name!r}; choose one of {', '.join(avail)}")
-    cfg = _merge(config_type(), tomllib.loads(path.read_text()), "")
-    cfg = _merge(cfg, parse_sets(sets or []), "")
+    cfg = merge(config_type(), tomllib.loads(path.read_text()), "")
+    cfg = merge(cfg, parse_sets(sets or []), "")
     check_config(cfg)
     return cfg

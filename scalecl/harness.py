@@ -27,7 +27,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -302,40 +302,56 @@ def preserve_mode(model):
             m.training = flag
 
 
+@dataclass(frozen=True)
+class HarnessSettings:
+    """How lm-eval runs a model: the knobs of ``simple_evaluate`` and of the HFLM wrapper.
+
+    ``num_fewshot``: few-shot examples (the paper: 0); ``limit``: at most N examples per task (smoke runs
+    only); ``batch_size``: a positive integer, ``"auto"`` or ``"auto:N"``; ``max_length``: context length given
+    to lm-eval (default: the model's max positions, at most 2048); ``bootstrap_iters``: lm-eval bootstrap
+    iterations for stderrs (0: none); ``log_samples``: keep lm-eval's per-example samples in the results;
+    ``device``: where to evaluate (``run_harness``: default cuda if available; ``evaluate_model``: default
+    where the model already is).
+    """
+
+    num_fewshot: int | None = 0
+    limit: int | None = None
+    batch_size: int | str = 8
+    max_length: int | None = None
+    bootstrap_iters: int = 100_000
+    log_samples: bool = False
+    device: str | torch.device | None = None
+
+
 def evaluate_model(
     model,
     tokenizer,
     selection: TaskSelection,
     task_manager=None,
-    *,
-    num_fewshot: int | None = 0,
-    limit: int | None = None,
-    batch_size: int | str = 8,
-    max_length: int | None = None,
-    bootstrap_iters: int = 100_000,
-    log_samples: bool = False,
-    device: str | torch.device | None = None,
+    settings: HarnessSettings | None = None,
 ) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on an in-memory model; returns lm-eval's results dict.
 
-    The model comes back in the mode (train/eval) and on the device it came in.
+    `settings` defaults to ``HarnessSettings()``. The model comes back in the mode (train/eval) and on the
+    device it came in.
     """
     import lm_eval
 
     if task_manager is None:
         _, task_manager = resolve_tasks(list(selection.specs), selection.include_paths)
-    if limit is not None and limit <= 0:
-        raise ScaleclError(f"--limit must be a positive number of examples per task, got {limit}")
+    s = settings or HarnessSettings()
+    if s.limit is not None and s.limit <= 0:
+        raise ScaleclError(f"--limit must be a positive number of examples per task, got {s.limit}")
     start_device = next(model.parameters()).device
     with preserve_mode(model):
         try:
-            if device is not None:
-                model.to(device)
-            lm, _ = wrap_model(model, tokenizer, batch_size=batch_size, max_length=max_length)
+            if s.device is not None:
+                model.to(s.device)
+            lm, _ = wrap_model(model, tokenizer, batch_size=s.batch_size, max_length=s.max_length)
             try:
                 results = lm_eval.simple_evaluate(
-                    model=lm, tasks=list(selection.specs), task_manager=task_manager, num_fewshot=num_fewshot,
-                    limit=limit, bootstrap_iters=bootstrap_iters, log_samples=log_samples,
+                    model=lm, tasks=list(selection.specs), task_manager=task_manager, num_fewshot=s.num_fewshot,
+                    limit=s.limit, bootstrap_iters=s.bootstrap_iters, log_samples=s.log_samples,
                 )
             except (OSError, ConnectionError) as e:
                 raise ScaleclError(
@@ -528,33 +544,25 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def run_harness(
     model_path: str | os.PathLike,
     tasks: str | Sequence[str] = "paper",
+    settings: HarnessSettings | None = None,
     *,
     tokenizer: str | None = None,
     include_paths: Sequence[str | os.PathLike] = (),
-    num_fewshot: int = 0,
-    limit: int | None = None,
-    batch_size: int | str = 8,
-    device: str | None = None,
-    max_length: int | None = None,
     dtype: str = "float32",
-    bootstrap_iters: int = 100_000,
     metric_overrides: Mapping[str, str] | None = None,
     out: str | os.PathLike = "results/harness",
 ) -> HarnessRun:
-    """Load a checkpoint, evaluate it with lm-eval, write results under ``<out>/<model>-<hash>/``."""
-    from .checkpoint import load_model, read_meta
-    from .runs import config_hash, pick_device, provenance, write_atomic, write_json
+    """Load a checkpoint, evaluate it with lm-eval, write results under ``<out>/<model>-<hash>/``.
 
-    # cheap checks first: nothing heavy runs on bad input
-    if limit is not None and limit <= 0:
-        raise ScaleclError(f"--limit must be a positive number of examples per task, got {limit}")
-    if num_fewshot < 0:
-        raise ScaleclError(f"--num-fewshot must be >= 0, got {num_fewshot}")
-    if max_length is not None and max_length <= 0:
-        raise ScaleclError(f"--max-length must be positive, got {max_length}")
-    batch_size = _check_batch_size(batch_size)
-    if dtype not in _DTYPES:
-        raise ScaleclError(f"unknown dtype {dtype!r}; choose {', '.join(_DTYPES)}")
+    `settings` (default ``HarnessSettings()``) says how lm-eval runs; `dtype` is the dtype the checkpoint is
+    loaded in (float32, bfloat16 or float16) and `metric_overrides` maps a task to the metric reported for it.
+    """
+    from .checkpoint import load_model, read_meta
+    from .files import write_atomic, write_json
+    from .machine import pick_device, provenance
+    from .schema import config_hash
+
+    s = _check_settings(settings or HarnessSettings(), dtype)  # cheap checks first: nothing heavy runs on bad input
     path = Path(model_path).expanduser()
     if not path.is_dir():
         raise ScaleclError(f"model path {model_path} does not exist or is not a checkpoint directory")
@@ -567,32 +575,42 @@ def run_harness(
     vocab = model.get_input_embeddings().num_embeddings
     if len(tok) > vocab:
         raise ScaleclError(f"tokenizer has {len(tok)} tokens but the model's embedding only {vocab}: wrong --tokenizer?")
-    max_length = int(max_length or default_max_length(model))
-    dev = pick_device(device)
+    s = replace(s, max_length=int(s.max_length or default_max_length(model)), device=pick_device(s.device))
     tied = head_is_tied(model)
-    results = evaluate_model(
-        model, tok, selection, tm, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,
-        max_length=max_length, bootstrap_iters=bootstrap_iters, device=dev,
-    )
+    results = evaluate_model(model, tok, selection, tm, s)
     rows = score_rows(results, method, metric_overrides=metric_overrides, order=selection.specs)
 
-    settings = {"tasks": list(selection.specs), "include_paths": list(selection.include_paths),
-                "num_fewshot": num_fewshot, "limit": limit, "max_length": max_length, "dtype": dtype}
-    name = f"{path.resolve().name}-{config_hash(settings)}"
+    settings_json = {"tasks": list(selection.specs), "include_paths": list(selection.include_paths),
+                     "num_fewshot": s.num_fewshot, "limit": s.limit, "max_length": s.max_length, "dtype": dtype}
+    name = f"{path.resolve().name}-{config_hash(settings_json)}"
     out_dir = Path(out) / name
     label = "base model" if method is None else method
-    title = f"{path.resolve().name} ({label}), {num_fewshot}-shot" + (f", limit {limit}" if limit else "")
+    title = f"{path.resolve().name} ({label}), {s.num_fewshot}-shot" + (f", limit {s.limit}" if s.limit else "")
     caption = paper_label(method)
     write_json(out_dir / "lm_eval_results.json", json_safe(results))
     write_atomic(out_dir / "scores.csv", rows_to_csv(rows))
     write_atomic(out_dir / "scores.md", rows_to_markdown(rows, title, caption))
     write_json(out_dir / "run.json", {
         "model": str(path.resolve()), "method": method, "options": (meta or {}).get("options", {}),
-        "tokenizer": tokenizer or "(checkpoint)", "settings": settings, "batch_size": batch_size,
-        "device": str(dev), "head_tied_to_embedding": tied, "metric_overrides": dict(metric_overrides or {}),
+        "tokenizer": tokenizer or "(checkpoint)", "settings": settings_json, "batch_size": s.batch_size,
+        "device": str(s.device), "head_tied_to_embedding": tied, "metric_overrides": dict(metric_overrides or {}),
         "paper": caption, "scores": [asdict(r) for r in rows], "provenance": provenance(),
     })
-    return HarnessRun(out_dir, rows, method, title, caption, max_length, results)
+    return HarnessRun(out_dir, rows, method, title, caption, s.max_length, results)
+
+
+def _check_settings(s: HarnessSettings, dtype: str) -> HarnessSettings:
+    """The user-facing checks of `run_harness`, in order; returns `s` with the batch size normalised."""
+    if s.limit is not None and s.limit <= 0:
+        raise ScaleclError(f"--limit must be a positive number of examples per task, got {s.limit}")
+    if s.num_fewshot < 0:
+        raise ScaleclError(f"--num-fewshot must be >= 0, got {s.num_fewshot}")
+    if s.max_length is not None and s.max_length <= 0:
+        raise ScaleclError(f"--max-length must be positive, got {s.max_length}")
+    s = replace(s, batch_size=_check_batch_size(s.batch_size))
+    if dtype not in _DTYPES:
+        raise ScaleclError(f"unknown dtype {dtype!r}; choose {', '.join(_DTYPES)}")
+    return s
 
 
 def _check_batch_size(batch_size: int | str) -> int | str:

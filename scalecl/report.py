@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -14,11 +14,16 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from .errors import ScaleclError  # noqa: E402
-from .runs import write_atomic  # noqa: E402
+from .files import write_atomic  # noqa: E402
+from .methods.base import METHOD_ORDER  # noqa: E402
 
-METHOD_ORDER = ("fft", "lora", "freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
+# Every figure has a `draw_*` function that builds it from the results files and yields (file stem, Figure)
+# pairs, open and unsaved, so its content can be inspected; the `fig*` function beside it saves each one.
+Drawn = Iterator[tuple[str, Figure]]
+
 LABELS = {"fft": "FFT", "lora": "LoRA", "freeze": "Freeze", "llama-pro": "LLaMA Pro", "scale-preserve": "SCALE-Preserve",
           "scale-adapt": "SCALE-Adapt", "scale-route": "SCALE-Route"}
 # Paper Sec. 5.2 / Fig. 8, quoted for comparison (the paper gives these in prose, not as a table)
@@ -89,6 +94,11 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def _save_all(figures: Iterable[tuple[str, Figure]], out: Path) -> list[Path]:
+    """Save (and close) each drawn figure as it is built: one figure open at a time."""
+    return [p for stem, fig in figures for p in _save(fig, out, stem)]
+
+
 def _bio_caption(r: dict) -> str:
     d, m, s3 = r["data"], r["config"]["model"], r["config"]["stage3"]
     return (f"preset '{r['preset']}': {d['n_bio']:,} people pre-trained, {d['n_bio'] // 2:,} QA-trained (Task 0), "
@@ -99,8 +109,12 @@ def _bio_caption(r: dict) -> str:
 
 def fig8(results: Path, out: Path) -> list[Path]:
     """Task 0 / Task 1 first-token accuracy vs Task 1 steps, one panel per method (paper Fig. 8)."""
+    return _save_all(draw_fig8(results), out)
+
+
+def draw_fig8(results: Path) -> Drawn:
+    """Paper Fig. 8 per preset: a panel per method, titled by its label, in method order."""
     runs = load_runs(results, "bio")
-    written = []
     for preset, group in runs.groupby("preset", sort=False):
         n = len(group)
         ncols = min(4, n)
@@ -126,8 +140,7 @@ def fig8(results: Path, out: Path) -> list[Path]:
         first = group.iloc[0]["result"]
         fig.text(0.5, -0.02, _bio_caption(first) + "\n" + PAPER_FIG8, ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout(rect=(0, 0, 1, 0.95))
-        written += _save(fig, out, f"fig8_bio_{preset}")
-    return written
+        yield f"fig8_bio_{preset}", fig
 
 
 def bio_table(results: Path) -> pd.DataFrame:
@@ -181,7 +194,11 @@ def _cpt_caption(r: dict) -> str:
 
 def fig9(results: Path, out: Path) -> list[Path]:
     """Forgetting (old-domain) and learning (new-domain) perplexity vs steps, all methods (paper Fig. 9)."""
-    written = []
+    return _save_all(draw_fig9(results), out)
+
+
+def draw_fig9(results: Path) -> Drawn:
+    """Paper Fig. 9 per preset: old- and new-domain perplexity, a line per method."""
     for preset, group in load_runs(results, "cpt").groupby("preset", sort=False):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for _, row in group.iterrows():
@@ -201,13 +218,16 @@ def fig9(results: Path, out: Path) -> list[Path]:
         axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]), ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        written += _save(fig, out, f"fig9_cpt_{preset}")
-    return written
+        yield f"fig9_cpt_{preset}", fig
 
 
 def fig4(results: Path, out: Path) -> list[Path]:
     """Representation cosine (original channels, step 0 vs now) and forgetting PPL: width vs depth (Fig. 4)."""
-    written = []
+    return _save_all(draw_fig4(results), out)
+
+
+def draw_fig4(results: Path) -> Drawn:
+    """Paper Fig. 4 per preset with a width or depth run: representation cosine and old-domain perplexity."""
     wanted = ("scale-preserve", "scale-adapt", "llama-pro")
     names = {"scale-preserve": "Width (Preserve)", "scale-adapt": "Width (Adapt)", "llama-pro": "Depth (LLaMA Pro)"}
     for preset, group in load_runs(results, "cpt").groupby("preset", sort=False):
@@ -232,8 +252,7 @@ def fig4(results: Path, out: Path) -> list[Path]:
             ax.legend(fontsize=8)
         fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]), ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        written += _save(fig, out, f"fig4_width_vs_depth_{preset}")
-    return written
+        yield f"fig4_width_vs_depth_{preset}", fig
 
 
 def _study_label(study: str, opts: dict) -> str:
@@ -275,21 +294,34 @@ def study_table(results: Path, study: str) -> pd.DataFrame:
 STUDY_TABLES = {"init": "table_fig5_init", "l_fp": "table_fig6_l_fp", "collab": "table_fig7_collab"}
 
 
-def _finish_study(fig, results: Path, out: Path, study: str, df: pd.DataFrame, stem: str, note: str = "") -> list[Path]:
-    """Caption (method + run settings), save the figure, and write the study's table beside it."""
+def _study_caption(fig: Figure, results: Path, study: str, df: pd.DataFrame, note: str = "") -> Figure:
+    """Caption a study's figure (method + run settings) and lay it out."""
     r0 = load_runs(results, "cpt", study=study).iloc[0]["result"]
     fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + _cpt_caption(r0), ha="center", va="top", fontsize=8,
              wrap=True)
     fig.tight_layout()
-    return _save(fig, out, stem) + write_table(df.drop(columns="dir"), out, STUDY_TABLES[study])
+    return fig
+
+
+def _save_study(figures: Drawn, results: Path, out: Path, study: str) -> list[Path]:
+    """Save a study's figure and write the study's table beside it (nothing when there is no figure)."""
+    paths = _save_all(figures, out)
+    if not paths:
+        return []
+    return paths + write_table(study_table(results, study).drop(columns="dir"), out, STUDY_TABLES[study])
 
 
 def fig5(results: Path, out: Path) -> list[Path]:
     """Forgetting and learning PPL per (W21, W22) initialisation pair (paper Fig. 5); one row of panels per
     embedding variant (tied or untied base, new embedding columns zero or random) when the study has several."""
+    return _save_study(draw_fig5(results), results, out, "init")
+
+
+def draw_fig5(results: Path) -> Drawn:
+    """Paper Fig. 5: a row of (forgetting, learning) panels per embedding variant, a line per init pair."""
     df = study_table(results, "init")
     if df.empty:
-        return []
+        return
     variants = list(dict.fromkeys(df["variant"]))
     fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
     for (ax_old, ax_new), variant in zip(axes, variants, strict=True):
@@ -305,14 +337,19 @@ def fig5(results: Path, out: Path) -> list[Path]:
             ax.set_ylabel("perplexity")
             ax.grid(alpha=0.3)
             ax.legend(title="W21,W22", fontsize=8)
-    return _finish_study(fig, results, out, "init", df, "fig5_init_pairs")
+    yield "fig5_init_pairs", _study_caption(fig, results, "init", df)
 
 
 def fig6(results: Path, out: Path) -> list[Path]:
     """Forgetting vs learning perplexity as the number of function-preserving layers l_fp varies (Fig. 6)."""
+    return _save_study(draw_fig6(results), results, out, "l_fp")
+
+
+def draw_fig6(results: Path) -> Drawn:
+    """Paper Fig. 6: end-of-run forgetting and learning perplexity against l_fp, one point per run."""
     df = study_table(results, "l_fp")
     if df.empty:
-        return []
+        return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     axes[0].plot(df["l_fp"], df["old_ppl_end"], marker="o", color="tab:red")
     axes[0].set_title("(a) forgetting PPL at the end")
@@ -323,14 +360,19 @@ def fig6(results: Path, out: Path) -> list[Path]:
         ax.set_xticks(df["l_fp"].tolist())
         ax.set_ylabel("perplexity")
         ax.grid(alpha=0.3)
-    return _finish_study(fig, results, out, "l_fp", df, "fig6_l_fp")
+    yield "fig6_l_fp", _study_caption(fig, results, "l_fp", df)
 
 
 def fig7(results: Path, out: Path) -> list[Path]:
     """Forgetting PPL against the average upscaled-weight norm, collaborative module attn vs mlp (Fig. 7)."""
+    return _save_study(draw_fig7(results), results, out, "collab")
+
+
+def draw_fig7(results: Path) -> Drawn:
+    """Paper Fig. 7: old-domain perplexity against the upscaled weights' norm, a line per collab setting."""
     df = study_table(results, "collab")
     if df.empty:
-        return []
+        return
     fig, ax = plt.subplots(figsize=(6, 4))
     for _, row in df.iterrows():
         m = load_metrics(row["dir"])
@@ -340,7 +382,7 @@ def fig7(results: Path, out: Path) -> list[Path]:
     ax.set_ylabel("forgetting PPL (old domain)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _finish_study(fig, results, out, "collab", df, "fig7_collab_modules", f", l_fp={df['l_fp'].iloc[0]}")
+    yield "fig7_collab_modules", _study_caption(fig, results, "collab", df, f", l_fp={df['l_fp'].iloc[0]}")
 
 
 def cpt_table(results: Path) -> pd.DataFrame:
@@ -516,9 +558,8 @@ def _missing_note(names: list[str], what: str) -> str:
     return f"\nNot drawn (no {what}; older runs): {', '.join(names)}." if names else ""
 
 
-def _train_log_figure(results, out: Path, experiment: str, column: str, stem: str) -> list[Path]:
+def _draw_train_log(results: Path | Sequence[Path], experiment: str, column: str, stem: str) -> Drawn:
     """One figure per group of runs: a per-step train_log.jsonl column against the step, a line per run."""
-    written = []
     for tag, study, runs in _groups(results, experiment):
         if column == "lr" and study is not None:
             continue  # a study's runs share one schedule; the main runs' figure shows it
@@ -561,18 +602,29 @@ def _train_log_figure(results, out: Path, experiment: str, column: str, stem: st
         fig.text(0.5, -0.02, title + "\n" + _caption(first) + _missing_note(missing, "train_log.jsonl"),
                  ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        written += _save(fig, out, f"{stem}_{tag}")
-    return written
+        yield f"{stem}_{tag}", fig
 
 
 def fig_train_loss(results: Path | Sequence[Path], out: Path) -> list[Path]:
     """Training loss per step, raw and smoothed, a line per method (per setting in a study): does it learn?"""
-    return [p for exp in ("bio", "cpt") for p in _train_log_figure(results, out, exp, "loss", "train_loss")]
+    return _save_all(draw_train_loss(results), out)
+
+
+def draw_train_loss(results: Path | Sequence[Path]) -> Drawn:
+    """The training-loss figures: per run a faint raw line and a bold smoothed one that carries its label."""
+    for exp in ("bio", "cpt"):
+        yield from _draw_train_log(results, exp, "loss", "train_loss")
 
 
 def fig_lr_schedule(results: Path | Sequence[Path], out: Path) -> list[Path]:
     """The learning-rate schedule each method trained with, as logged: rates differ per method (lr_scale)."""
-    return [p for exp in ("bio", "cpt") for p in _train_log_figure(results, out, exp, "lr", "lr_schedule")]
+    return _save_all(draw_lr_schedule(results), out)
+
+
+def draw_lr_schedule(results: Path | Sequence[Path]) -> Drawn:
+    """The learning-rate figures of the main runs (a study's runs share one schedule): a line per run."""
+    for exp in ("bio", "cpt"):
+        yield from _draw_train_log(results, exp, "lr", "lr_schedule")
 
 
 def _has(m: pd.DataFrame, key: str) -> bool:
@@ -613,7 +665,11 @@ def fig_routing(results: Path | Sequence[Path], out: Path) -> list[Path]:
     Bio: all real tokens of the Task 0 and Task 1 slices, and at the scored answer position (adapt = 1 -
     preserve there); cpt: old- and new-domain evaluation text. One row per Route run of a group.
     """
-    written = []
+    return _save_all(draw_routing(results), out)
+
+
+def draw_routing(results: Path | Sequence[Path]) -> Drawn:
+    """The routing figures: a row of panels per Route run (all tokens; bio also the answer position)."""
     for experiment in ("bio", "cpt"):
         for tag, study, runs in _groups(results, experiment):
             picked = [(row, m) for row, m in _route_runs(runs)
@@ -674,8 +730,7 @@ def fig_routing(results: Path | Sequence[Path], out: Path) -> list[Path]:
             fig.text(0.5, -0.01, what + (f"; study '{study}'." if study else ".") + "\n" + _caption(r0),
                      ha="center", va="top", fontsize=8, wrap=True)
             fig.tight_layout()
-            written += _save(fig, out, f"routing_{tag}")
-    return written
+            yield f"routing_{tag}", fig
 
 
 def _score(m: pd.DataFrame, task: str, stat: str) -> pd.Series | None:
@@ -688,10 +743,14 @@ def fig_router_score(results: Path | Sequence[Path], out: Path) -> list[Path]:
 
     Per Route run and task: median line, q25-q75 and q05-q95 bands, the mean dashed, tau dotted.
     """
+    return _save_all(draw_router_score(results), out)
+
+
+def draw_router_score(results: Path | Sequence[Path]) -> Drawn:
+    """The router-score figures: a row per Route run with the score recorded, a panel per task."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    written = []
     for tag, study, runs in _groups(results, "bio"):
         picked, missing = [], []
         for row, m in _route_runs(runs):
@@ -744,8 +803,7 @@ def fig_router_score(results: Path | Sequence[Path], out: Path) -> list[Path]:
                  + _missing_note(missing, "answer-position record"), ha="center", va="top", fontsize=8,
                  wrap=True)
         fig.tight_layout()
-        written += _save(fig, out, f"router_score_{tag}")
-    return written
+        yield f"router_score_{tag}", fig
 
 
 def _early_mean(m: pd.DataFrame, y: pd.Series | None) -> float:
@@ -820,12 +878,22 @@ def _fft_reference(results: Path | Sequence[Path], r0: dict) -> tuple[pd.DataFra
 def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> list[Path]:
     """Paper Fig. 8 for one Route study: Task 0 / Task 1 accuracy and answer routing, a line per setting."""
     df = route_study_table(results, study)
-    if df.empty:
+    paths = _save_all(draw_route_study(results, study, df), out)
+    if not paths:
         return []
+    stem = BIO_STUDIES.get(study, f"fig8_route_{study}")
+    return paths + write_table(df.drop(columns="dir"), out, f"table_{stem}")
+
+
+def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataFrame | None = None) -> Drawn:
+    """Paper Fig. 8 for one Route study (`table`: its route_study_table, when already built)."""
+    df = route_study_table(results, study) if table is None else table
+    if df.empty:
+        return
     runs = [(row, _metrics_or_none(Path(row["dir"]))) for _, row in df.iterrows()]
     runs = [(row, m) for row, m in runs if m is not None]
     if not runs:
-        return []
+        return
     # panel (c): routing at the answer position; runs older than those records show routing over all tokens
     answers = any(_answer_preserve(m, t) is not None for _, m in runs for t, _, _ in TASKS)
     route = _answer_preserve if answers else (lambda m, task: _route_series(m, task, "preserve"))
@@ -887,8 +955,7 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
     fig.text(0.5, -0.02, f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}."
              + refs + fft_note + "\n" + _bio_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
-    return _save(fig, out, BIO_STUDIES.get(study, f"fig8_route_{study}")) + write_table(
-        df.drop(columns="dir"), out, f"table_{BIO_STUDIES.get(study, f'fig8_route_{study}')}")
+    yield BIO_STUDIES.get(study, f"fig8_route_{study}"), fig
 
 
 def fig_route_studies(results: Path | Sequence[Path], out: Path) -> list[Path]:

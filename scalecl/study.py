@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .config import load_preset
 from .errors import ScaleclError
+from .sweep import Paths, SweepOptions, check, sweep
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Study:
 def _layers(rc) -> int:
     if getattr(rc, "base", "builtin") == "builtin":
         return rc.model.layers
-    from .models import load_base_config
+    from .base_models import load_base_config
 
     return load_base_config(rc.base).num_hidden_layers
 
@@ -88,31 +88,26 @@ def study_configs(study: str, preset: str, values: str | None, sets: list[str]) 
     return s, vals, configs
 
 
-def run_study(
-    study: str, preset: str, values: str | None, sets: list[str], out: Path, cache: Path, checkpoints: Path,
-    force: bool = False, device: str | None = None, resume: bool = False, report_to: tuple[str, ...] = (),
-) -> list[dict[str, Any]]:
-    """Run one run per swept value (after checking all of them); returns their result dicts."""
+def experiments(study: str, preset: str, values: str | None, sets: list[str], paths: Paths
+                ) -> tuple[Study, list[tuple[str, Any]]]:
+    """(study, [(value, experiment)]): one experiment per swept value, writing under <out>/<study>/."""
     s, vals, configs = study_configs(study, preset, values, sets)
     if s.experiment == "cpt":
-        from .cpt import check_cpt, run_cpt
-
-        for v, cfg in zip(vals, configs, strict=True):
-            _labelled(v, study, lambda cfg=cfg: check_cpt(cfg, [s.method], out / study, cache, checkpoints, device))
-        return [r for cfg in configs for r in run_cpt(cfg, [s.method], out / study, cache, checkpoints, preset,
-                                                       force=force, resume=resume, device=device,
-                                                       report_to=report_to)]
-    from .bio import check_bio, run_bio
-
-    for v, cfg in zip(vals, configs, strict=True):
-        _labelled(v, study, lambda cfg=cfg: check_bio(cfg, [s.method], out / study, cache, checkpoints, device))
-    return [r for cfg in configs for r in run_bio(cfg, [s.method], out / study, cache, preset, force=force,
-                                                   device=device, checkpoints=checkpoints, resume=resume,
-                                                   report_to=report_to)]
+        from .cpt import CptExperiment as kind
+    else:
+        from .bio import BioExperiment as kind
+    where = Paths(paths.out / study, paths.cache, paths.checkpoints)
+    return s, [(v, kind(cfg, preset, where)) for v, cfg in zip(vals, configs, strict=True)]
 
 
-def _labelled(value: str, study: str, check: Callable[[], Any]) -> None:
-    try:
-        check()
-    except ScaleclError as e:
-        raise ScaleclError(f"{study} value {value!r}: {e}") from None
+def run_study(study: str, preset: str, values: str | None, sets: list[str], paths: Paths,
+              opts: SweepOptions | None = None) -> list[dict[str, Any]]:
+    """Run one run per swept value (after checking all of them); returns their result dicts."""
+    opts = opts or SweepOptions()
+    s, exps = experiments(study, preset, values, sets, paths)
+    for v, exp in exps:
+        try:
+            check(exp, [s.method], opts)
+        except ScaleclError as e:
+            raise ScaleclError(f"{study} value {v!r}: {e}") from None
+    return [r for _, exp in exps for r in sweep(exp, [s.method], opts)]

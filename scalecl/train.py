@@ -3,7 +3,7 @@
 Beyond a plain loop it does gradient accumulation, data parallelism (a DistributedDataParallel-wrapped
 model: gradients are synchronised on the last micro-batch of a step only, the logged loss is the mean over
 processes), exact resumption (`on_save` receives the full training state: optimizer, schedule, RNG and the
-data position; `resume=` continues from it with the same numbers as an uninterrupted run), a per-step log
+data position; `state=` continues from it with the same numbers as an uninterrupted run), a per-step log
 (loss, learning rate, gradient norm, tokens, seconds) and a guard against divergence: a non-finite loss or
 gradient norm raises TrainingDiverged before any evaluation or checkpoint can record the broken model.
 
@@ -24,7 +24,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,23 +47,48 @@ from transformers.optimization import (
 )
 
 from .errors import TrainingDiverged
+from .optim import OptimConfig
 from .parallel import is_fsdp, load_optimizer_state, local, optimizer_state
 from .perf import ModelFlops
 
 
 @dataclass
-class OptimConfig:
-    """AdamW + schedule for one stage; a new optimizer and schedule start at every stage."""
+class TrainPlan:
+    """How one run trains: everything besides the model, its data and its evaluation.
 
-    lr: float
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    schedule: str = "constant"  # constant | cosine (to min_lr_ratio * lr) | linear (to 0)
-    min_lr_ratio: float = 0.1
-    clip: float | None = 1.0
+    steps: optimizer steps; optim: AdamW and its schedule; accum: micro-batches per optimizer step;
+    autocast: a dtype to autocast forwards to (None: full precision); eval_steps: steps after which the
+    run is evaluated (step 0 always; None: every step); save_every: steps between checkpoints (0: none);
+    stop_at: stop after this step with a checkpoint; sync_every: steps between host reads of the loss
+    (None: compute.sync_every resolved for the device, else 1). The rest is the run layer's (scalecl.fit):
+    resume ("auto": when a checkpoint exists) and force, compute (a ComputeConfig: activation
+    checkpointing, compile, DDP or FSDP2), trackers and their config, and the progress bar's label.
+    """
+
+    steps: int
+    optim: OptimConfig
+    accum: int = 1
+    autocast: torch.dtype | None = None
+    eval_steps: Collection[int] | None = ()
+    save_every: int = 0
+    stop_at: int | None = None
+    sync_every: int | None = None
+    resume: bool | str = False
+    force: bool = False
+    compute: Any = None
+    report_to: tuple[str, ...] = ()
+    tracker_config: dict[str, Any] = field(default_factory=dict)
+    desc: str = "train"
+
+
+@dataclass
+class Hooks:
+    """What the loop calls: on_step(step, loss) after evaluation steps (and at step 0 of a fresh run),
+    on_save(step, state) at checkpoint steps, on_log(rows) with the per-step rows at every sync point."""
+
+    on_step: Callable[[int, float], None] | None = None
+    on_save: Callable[[int, dict[str, Any]], None] | None = None
+    on_log: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 def make_optimizer(model: nn.Module, oc: OptimConfig, steps: int):
@@ -139,153 +164,165 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
     return {k: v.to(device) for k, v in batch.items()}
 
 
+
+class _StepLog:
+    """The steps trained since the last sync point, read from the device at once, checked and logged."""
+
+    def __init__(self, world: int, flops: ModelFlops | None, peak_tflops: float | None, on_log) -> None:
+        self.world, self.flops, self.peak, self.on_log = world, flops, peak_tflops, on_log
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, float, int, float]] = []
+        self.losses: list[float] = []
+        self.window = time.perf_counter()
+
+    def add(self, step: int, loss: torch.Tensor, gnorm: torch.Tensor, lr: float, tokens: int, fl: float) -> None:
+        self.pending.append((step, loss, gnorm, lr, tokens, fl))
+
+    def restart_clock(self) -> None:
+        """Time spent outside training (evaluation, checkpoints) is not a step's time."""
+        self.window = time.perf_counter()
+
+    def sync(self) -> list[dict[str, Any]]:
+        """Read the pending steps' numbers from the device once, check them, log them; returns the rows."""
+        if not self.pending:
+            return []
+        vals = torch.stack([torch.stack([lo.float(), gn.float()]) for _, lo, gn, _, _, _ in self.pending]).tolist()
+        now = time.perf_counter()
+        per_step = (now - self.window) / len(self.pending)
+        self.window = now
+        rows = [self._row(p, loss, gnorm, per_step) for p, (loss, gnorm) in zip(self.pending, vals, strict=True)]
+        self.pending.clear()
+        if self.on_log is not None:
+            self.on_log(rows)
+        return rows
+
+    def _row(self, pending: tuple, loss: float, gnorm: float, per_step: float) -> dict[str, Any]:
+        step, _, _, lr, tokens, fl = pending
+        if not (math.isfinite(loss) and math.isfinite(gnorm)):
+            self.pending.clear()
+            raise TrainingDiverged(f"training diverged at step {step}: loss {loss}, gradient norm {gnorm} (lr "
+                                   f"{lr:g}); nothing was recorded as finished")
+        self.losses.append(loss)
+        world = self.world
+        row = {"step": step, "loss": round(loss, 6), "lr": lr, "grad_norm": round(gnorm, 6),
+               "tokens": tokens * world, "seconds": round(per_step, 6),
+               "tokens_per_s": round(tokens * world / per_step, 1) if per_step > 0 else None}
+        if self.flops is not None:
+            tflops = fl * world / per_step / 1e12 if per_step > 0 else None
+            row["model_tflops"] = None if tflops is None else _sig(tflops)
+            row["mfu"] = _sig(tflops / (self.peak * world)) if tflops is not None and self.peak else None
+        return row
+
+
+def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flops: ModelFlops | None):
+    """One optimizer step's forwards and backwards: (mean loss, tokens, model FLOPs). With DDP gradients
+    are all-reduced on the last micro-batch only; FSDP reduce-scatters after every one (memory)."""
+    device = next(model.parameters()).device
+    ddp = isinstance(model, DistributedDataParallel)
+    tokens, step_flops = 0, 0.0
+    loss = torch.zeros((), device=device) if accum > 1 else None
+    for i in range(accum):
+        host = next(batches)
+        n = _tokens(host)
+        tokens += n
+        if flops is not None:
+            step_flops += n * flops.per_token(host["input_ids"].shape[-1])
+        batch = _to_device(host, device)
+        sync_grads = i == accum - 1 or not ddp
+        with contextlib.nullcontext() if sync_grads else model.no_sync():
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                micro = model(**batch).loss
+            if accum == 1:
+                micro.backward()
+                return micro.detach(), tokens, step_flops
+            (micro / accum).backward()
+        loss += micro.detach().float() / accum
+    return loss, tokens, step_flops
+
+
+def _resume(model: nn.Module, batches, plan: TrainPlan, opt, sched, state: dict[str, Any]) -> tuple[int, list]:
+    """Optimizer, schedule, data position and RNG of a saved state; returns (step, losses so far)."""
+    load_optimizer_state(model, opt, state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    start = int(state["step"])
+    if state.get("data") is not None and hasattr(batches, "load_state_dict"):
+        batches.load_state_dict(state["data"])
+    else:
+        for _ in range(start * plan.accum):
+            next(batches)
+    set_rng_state(state["rng"])
+    return start, list(state["losses"])
+
+
 def train(
     model: nn.Module,
     batches: Iterator[dict[str, torch.Tensor]],
-    steps: int,
-    oc: OptimConfig,
-    on_step: Callable[[int, float], None] | None = None,
-    progress: Progress | None = None,
-    desc: str = "train",
-    autocast_dtype: torch.dtype | None = None,
+    plan: TrainPlan,
     *,
-    eval_steps: Collection[int] | None = None,
-    accum: int = 1,
-    save_every: int = 0,
-    on_save: Callable[[int, dict[str, Any]], None] | None = None,
-    on_log: Callable[[list[dict[str, Any]]], None] | None = None,
-    sync_every: int = 1,
-    resume: dict[str, Any] | None = None,
-    stop_at: int | None = None,
+    hooks: Hooks | None = None,
+    state: dict[str, Any] | None = None,
     flops: ModelFlops | None = None,
     peak_tflops: float | None = None,
+    progress: Progress | None = None,
 ) -> list[float]:
-    """Run `steps` optimizer steps on `batches` (dicts of model inputs incl. labels); returns the losses.
+    """Run plan.steps optimizer steps on `batches` (dicts of model inputs incl. labels); returns the losses.
 
-    on_step(step, loss) is called at step 0 before training (not again on resume: the first run evaluated
-    it) and after every step in `eval_steps` (every step when eval_steps is None): evaluations hook in here.
-    accum: micro-batches per optimizer step; each is weighted 1/accum, so with equal-sized micro-batches
-    the update equals one step on their union. With a DDP-wrapped model, gradients are all-reduced on the
-    last micro-batch only (no_sync before), and the logged loss is averaged over processes.
-    on_save(step, state) is called every `save_every` steps and at `stop_at`, after on_step; `state`
-    (optimizer, scheduler, RNG, data position, losses so far) passed back as `resume=` continues exactly.
-    The data position is `batches.state_dict()` when the iterator has one (load_state_dict restores it);
-    otherwise the consumed micro-batches are skipped by drawing them again.
-    on_log(rows) receives one row per step (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s, and with
-    `flops` model_tflops and mfu) at every sync point; `seconds` is the wall time of the sync window divided
-    evenly over its steps (all processes' tokens count). mfu = model_tflops / (peak_tflops x processes), null
-    without a peak.
+    hooks.on_step(step, loss) is called at step 0 before training (not again on resume: the first run
+    evaluated it) and after every step in plan.eval_steps (every step when None): evaluations hook in here.
+    Each of plan.accum micro-batches is weighted 1/accum, so with equal-sized micro-batches the update equals
+    one step on their union; with a DDP- or FSDP-wrapped model the logged loss is the mean over processes.
+    hooks.on_save(step, state) is called every plan.save_every steps and at plan.stop_at, after on_step;
+    `state` (optimizer, scheduler, RNG, data position, losses so far) passed back as `state=` continues
+    exactly. The data position is `batches.state_dict()` when the iterator has one (load_state_dict restores
+    it); otherwise the consumed micro-batches are skipped by drawing them again.
+    hooks.on_log(rows) receives one row per step (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s,
+    and with `flops` model_tflops and mfu) at every sync point (every plan.sync_every steps, evaluation and
+    checkpoint steps, the last step); `seconds` is the sync window's wall time divided evenly over its steps
+    (all processes' tokens count). mfu = model_tflops / (peak_tflops x processes), null without a peak.
     A non-finite loss or gradient norm raises TrainingDiverged at the next sync point, before on_step or
-    on_save can see the model it produced.
-    stop_at: stop after this step (a checkpoint is offered to on_save first); the losses so far are returned.
+    on_save can see the model it produced. At plan.stop_at the loop stops; the losses so far are returned.
     """
-    if accum < 1:
-        raise ValueError(f"accum must be >= 1, got {accum}")
-    device = next(model.parameters()).device
-    ddp = isinstance(model, DistributedDataParallel)
-    parallel = ddp or is_fsdp(model)  # a plain model trains alone even in a process group
-    world = dist.get_world_size() if parallel else 1
-    opt, sched = make_optimizer(model, oc, steps)
+    if plan.accum < 1:
+        raise ValueError(f"accum must be >= 1, got {plan.accum}")
+    hooks = hooks or Hooks()
+    parallel = isinstance(model, DistributedDataParallel) or is_fsdp(model)  # a plain model trains alone
+    opt, sched = make_optimizer(model, plan.optim, plan.steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    start, losses = 0, []
-    if resume is not None:
-        load_optimizer_state(model, opt, resume["optimizer"])
-        sched.load_state_dict(resume["scheduler"])
-        start, losses = int(resume["step"]), list(resume["losses"])
-        if resume.get("data") is not None and hasattr(batches, "load_state_dict"):
-            batches.load_state_dict(resume["data"])
-        else:
-            for _ in range(start * accum):
-                next(batches)
-        set_rng_state(resume["rng"])
-    task = progress.add_task(desc, total=steps, completed=start, loss="-") if progress is not None else None
-    if on_step is not None and resume is None:
-        on_step(0, float("nan"))
-    pending: list[tuple[int, torch.Tensor, torch.Tensor, float, int, float]] = []  # step, loss, gnorm, lr, tokens, flops
-    window = [time.perf_counter()]
-
-    def sync() -> None:
-        """Read the pending steps' numbers from the device once, check them, log them."""
-        if not pending:
-            return
-        vals = torch.stack([torch.stack([lo.float(), gn.float()]) for _, lo, gn, _, _, _ in pending]).tolist()
-        now = time.perf_counter()
-        per_step = (now - window[0]) / len(pending)
-        window[0] = now
-        rows = []
-        for (step, _, _, lr, tokens, fl), (loss, gnorm) in zip(pending, vals, strict=True):
-            if not (math.isfinite(loss) and math.isfinite(gnorm)):
-                pending.clear()
-                raise TrainingDiverged(
-                    f"training diverged at step {step}: loss {loss}, gradient norm {gnorm} (lr {lr:g}); "
-                    f"nothing was recorded as finished")
-            losses.append(loss)
-            row = {"step": step, "loss": round(loss, 6), "lr": lr, "grad_norm": round(gnorm, 6),
-                   "tokens": tokens * world, "seconds": round(per_step, 6),
-                   "tokens_per_s": round(tokens * world / per_step, 1) if per_step > 0 else None}
-            if flops is not None:
-                tflops = fl * world / per_step / 1e12 if per_step > 0 else None
-                row["model_tflops"] = None if tflops is None else _sig(tflops)
-                row["mfu"] = _sig(tflops / (peak_tflops * world)) if tflops is not None and peak_tflops else None
-            rows.append(row)
-        pending.clear()
-        if task is not None:
-            progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")
-        if on_log is not None:
-            on_log(rows)
-
+    start, losses = _resume(model, batches, plan, opt, sched, state) if state is not None else (0, [])
+    log = _StepLog(dist.get_world_size() if parallel else 1, flops, peak_tflops, hooks.on_log)
+    log.losses = losses
+    task = progress.add_task(plan.desc, total=plan.steps, completed=start, loss="-") if progress is not None else None
+    if hooks.on_step is not None and state is None:
+        hooks.on_step(0, float("nan"))
+    log.restart_clock()
+    sync_every = plan.sync_every or 1
     model.train()
-    for step in range(start + 1, steps + 1):
+    for step in range(start + 1, plan.steps + 1):
         lr = sched.get_last_lr()[0]  # the rate this step uses
-        tokens, step_flops = 0, 0.0
-        if accum == 1:
-            host = next(batches)
-            tokens = _tokens(host)
-            step_flops = tokens * flops.per_token(host["input_ids"].shape[-1]) if flops is not None else 0.0
-            batch = _to_device(host, device)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = model(**batch).loss
-            loss.backward()
-            loss = loss.detach()
-        else:
-            loss = torch.zeros((), device=device)
-            for i in range(accum):
-                host = next(batches)
-                tokens += _tokens(host)
-                if flops is not None:
-                    step_flops += _tokens(host) * flops.per_token(host["input_ids"].shape[-1])
-                batch = _to_device(host, device)
-                sync_grads = i == accum - 1 or not ddp  # FSDP reduce-scatters every micro-batch (memory)
-                with contextlib.nullcontext() if sync_grads else model.no_sync():
-                    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        micro = model(**batch).loss
-                    (micro / accum).backward()
-                loss += micro.detach().float() / accum
-        if oc.clip:
-            gnorm = torch.nn.utils.clip_grad_norm_(trainable, oc.clip)
+        loss, tokens, step_flops = _forward_backward(model, batches, plan.accum, plan.autocast, flops)
+        if plan.optim.clip:
+            gnorm = torch.nn.utils.clip_grad_norm_(trainable, plan.optim.clip)
         else:
             gnorm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None])
-        gnorm = local(gnorm)  # FSDP: a replicated DTensor of the global norm
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        pending.append((step, _process_mean(loss, parallel), gnorm.detach(), lr, tokens, step_flops))
-        evaluating = on_step is not None and (eval_steps is None or step in eval_steps)
-        stopping = stop_at is not None and step >= stop_at
-        saving = on_save is not None and ((save_every and step % save_every == 0) or stopping)
-        if evaluating or saving or stopping or step == steps or len(pending) >= sync_every:
-            sync()
+        log.add(step, _process_mean(loss, parallel), local(gnorm).detach(), lr, tokens, step_flops)
+        evaluating = hooks.on_step is not None and (plan.eval_steps is None or step in plan.eval_steps)
+        stopping = plan.stop_at is not None and step >= plan.stop_at
+        saving = hooks.on_save is not None and ((plan.save_every and step % plan.save_every == 0) or stopping)
+        if evaluating or saving or stopping or step == plan.steps or len(log.pending) >= sync_every:
+            rows = log.sync()
+            if task is not None and rows:
+                progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")
         if evaluating:
-            on_step(step, losses[-1])
+            hooks.on_step(step, losses[-1])
             model.train()
-            window[0] = time.perf_counter()  # evaluation time is not training time
+            log.restart_clock()
         if saving:
-            on_save(step, {
-                "step": step, "losses": list(losses), "optimizer": optimizer_state(model, opt),
-                "scheduler": sched.state_dict(),
-                "rng": rng_state(), "data": batches.state_dict() if hasattr(batches, "state_dict") else None,
-            })
-            window[0] = time.perf_counter()
+            hooks.on_save(step, {"step": step, "losses": list(losses), "optimizer": optimizer_state(model, opt),
+                                 "scheduler": sched.state_dict(), "rng": rng_state(),
+                                 "data": batches.state_dict() if hasattr(batches, "state_dict") else None})
+            log.restart_clock()
         if stopping:
             break
     model.eval()

@@ -1,11 +1,15 @@
-"""Shared helpers: tiny models built in process, a few optimizer steps, byte snapshots."""
+"""Shared fixtures and helpers: tiny models built in process, a few optimizer steps, byte snapshots, one
+thread for tiny matrices, and continual pre-training on local text (test_cpt, test_parallel, test_speed)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from scalecl.models import model_from_config, tiny_config
+from scalecl.base_models import model_from_config, tiny_config
 
 torch.set_num_threads(2)
 
@@ -61,3 +65,69 @@ def split_threshold(cos: torch.Tensor) -> float:
     n = c.numel()
     i = n // 4 + int((c[n // 4 + 1 : 3 * n // 4] - c[n // 4 : 3 * n // 4 - 1]).argmax())
     return (c[i] + c[i + 1]).item() / 2
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices run fastest on one thread, and stay fast when the 2 CPU cores are shared. A module opts in
+    with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Continual pre-training on local text. The package imports stay inside the functions: a module that does not
+# use them collects even while these parts of the package are broken.
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """Local text (English and Korean biographies as jsonl folders) and tiny random bases saved with a tokenizer."""
+    from scalecl.checkpoint import save_model
+    from scalecl.data.bilingual import (
+        BilingualConfig,
+        english_biographies,
+        korean_biographies,
+        split_documents,
+        train_bpe_tokenizer,
+    )
+
+    root = tmp_path_factory.mktemp("cpt_local")
+    cfg = BilingualConfig(people=60, heldout=12, texts=2)
+    for lang, texts in (("en", english_biographies(cfg)), ("ko", korean_biographies(cfg))):
+        for split, docs in split_documents(texts, cfg, lang).items():
+            (root / "corpus" / lang).mkdir(parents=True, exist_ok=True)
+            (root / "corpus" / lang / f"{split}.jsonl").write_text(
+                "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
+    tok = train_bpe_tokenizer(english_biographies(cfg) + korean_biographies(cfg), vocab_size=400)
+    for arch in ("llama", "gpt_neox"):
+        config = tiny_config(arch, vocab_size=len(tok), max_position_embeddings=64, eos_token_id=tok.eos_token_id)
+        save_model(model_from_config(config, seed=0), root / arch, base_model=f"random tiny {arch}", tokenizer=tok)
+    return root
+
+
+def local_sets(local: Path, arch: str = "llama", *extra: str) -> list[str]:
+    """`--set` overrides of the tiny cpt preset that train on the `local` fixture's text and base."""
+    c = local / "corpus"
+    return [f"base={local / arch}", f"data.path={c / 'ko'}", f"old_eval.path={c / 'en'}", "old_eval.split=test",
+            f"new_eval.path={c / 'ko'}", "new_eval.split=test", "train.seq_len=32", "train.batch=4", "train.steps=6",
+            "eval.every=3", "eval.rep_batch=4", *extra]
+
+
+def run(tmp: Path, sets: list[str], methods: list[str], **kw) -> list[dict]:
+    """Sweep the tiny cpt preset (with `sets`) over `methods` in one process, everything written under `tmp`."""
+    import scalecl.cpt as cpt
+    from scalecl.config import load_preset
+    from scalecl.sweep import Paths, SweepOptions, sweep
+
+    rc = load_preset("cpt", "tiny", sets)
+    return sweep(cpt.CptExperiment(rc, "tiny", Paths(tmp / "out", tmp / "cache", tmp / "runs")), methods,
+                 SweepOptions(**kw))
+
+
+def records(out: Path, method: str) -> list[dict]:
+    """The metrics.jsonl records of a method's tiny run under `out`."""
+    (d,) = [p for p in out.iterdir() if p.name.startswith(f"tiny-{method}-")]
+    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]

@@ -10,13 +10,15 @@ import torch
 from typer.testing import CliRunner
 
 import scalecl.bio as bio
-import scalecl.runlayer as runlayer
+import scalecl.fit as fit_module
+from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.config import load_preset
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
-from scalecl.evaluate import encode_qa, qa_accuracy, qa_train_batch
-from scalecl.models import model_from_config, tiny_config
+from scalecl.optim import OptimConfig
+from scalecl.qa import encode_qa, qa_accuracy, qa_train_batch
+from scalecl.train import TrainPlan
 
 runner = CliRunner()
 FAST = ["--set", "stage1.steps=30", "--set", "stage2.steps=5", "--set", "stage3.steps=12",
@@ -27,15 +29,15 @@ FAST = ["--set", "stage1.steps=30", "--set", "stage2.steps=5", "--set", "stage3.
 def calls():
     """Record every training stage that runs (by its progress description)."""
     seen: list[str] = []
-    real = runlayer.train
+    real = fit_module.train
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("desc", ""))
-        return real(*args, **kwargs)
+    def spy(model, batches, plan, **kwargs):
+        seen.append(plan.desc)
+        return real(model, batches, plan, **kwargs)
 
-    runlayer.train = spy
+    fit_module.train = spy
     yield seen
-    runlayer.train = real
+    fit_module.train = real
 
 
 @pytest.fixture(scope="module")
@@ -191,10 +193,10 @@ def test_same_seed_same_stage1(tmp_path):
     for _ in range(2):
         torch.manual_seed(rc.seed)
         m = model_from_config(bio.base_model_config(rc, data.tokenizer), seed=rc.seed)
-        from scalecl.evaluate import qa_batches
+        from scalecl.qa import qa_batches
         from scalecl.train import train
 
-        train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), 3, bio.optim(rc.stage1))
+        train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), TrainPlan(3, OptimConfig.of(rc.stage1, rc.stage1.lr)))
         blobs.append(b"".join(p.detach().numpy().tobytes() for p in m.parameters()))
     assert blobs[0] == blobs[1]
 
@@ -227,9 +229,9 @@ def test_a_given_tokenizer_directory_is_used(tmp_path):
 def test_routing_at_the_answer_position_matches_two_explicit_paths(tiny_qa):
     """answer/route_preserve and the router-score quantiles are those of cos(Z_preserve, Z_adapt) at the scored
     position (the last prompt token), computed here from the two paths' full logits."""
-    from scalecl.evaluate import QUANTILES
     from scalecl.methods import get_method
     from scalecl.methods.scale import scale_path
+    from scalecl.qa import QUANTILES
 
     tok, _, qa = tiny_qa
     method = get_method("scale-route", hidden_up=32, ffn_up=32, l_fp=1)

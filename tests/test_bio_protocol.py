@@ -17,7 +17,8 @@ from scalecl.cli import app
 from scalecl.config import load_preset
 from scalecl.data.biography import generate_people, preset, ranges
 from scalecl.data.tokenizer import encode_plain, train_bio_tokenizer
-from scalecl.methods import get_method
+from scalecl.methods import METHOD_ORDER, get_method
+from scalecl.optim import OptimConfig
 from scalecl.train import make_optimizer
 
 
@@ -31,6 +32,7 @@ def test_paper_preset_uses_the_pythia_tokenizer_and_its_padded_vocabulary():
     assert load_preset("bio", "cpu").tokenizer == "local" and load_preset("bio", "cpu").model.vocab == 0
 
 
+@pytest.mark.slow
 def test_paper_preset_offline_is_one_line_naming_the_local_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: the hub id cannot resolve
@@ -48,7 +50,7 @@ def test_stages_2_and_3_use_the_reference_optimizer(name):
     rc = load_preset("bio", name)
     for sc in (rc.stage2, rc.stage3):
         model = torch.nn.Linear(4, 4)
-        opt, sched = make_optimizer(model, bio.optim(sc), sc.steps)
+        opt, sched = make_optimizer(model, OptimConfig.of(sc, sc.lr, sc.warmup), sc.steps)
         assert all(g["eps"] == 1e-6 for g in opt.param_groups)
         rates = []
         for _ in range(sc.steps):
@@ -107,6 +109,6 @@ def test_evaluation_cadence():
 def test_every_method_fits_every_bio_preset(name):
     rc = load_preset("bio", name)
     config = bio.base_model_config(rc)
-    for method in bio.METHOD_ORDER:
+    for method in METHOD_ORDER:
         get_method(method, **rc.method_options(method)).check(config)
     assert math.isclose(rc.lr_scale["scale-route"], 10.0)  # paper Sec. 5.1: Route at 10x the FFT rate

@@ -23,9 +23,9 @@ from conftest import ARCH_CASES, make_base, random_batch, train_steps
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
+from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.methods import get_method
-from scalecl.models import model_from_config, tiny_config
 
 SCALE = {"hidden_up": 32, "ffn_up": 16}
 PLAIN_METHODS = {"fft": {}, "lora": {"rank": 4}, "freeze": {"k": 1}, "llama-pro": {"n": 3}}
@@ -91,13 +91,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices run fastest on one thread, and stay fast when the 2 CPU cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matrices, one thread
 
 
 @pytest.fixture(scope="module")
@@ -372,8 +366,8 @@ def _lls(env: dict, name: str) -> torch.Tensor:
     from scalecl import harness
 
     sel, tm = harness.resolve_tasks("local_mc", [env["tasks"]])
-    r = harness.evaluate_model(load_model(env["paths"][name]), env["tok"], sel, tm, limit=8, batch_size=4,
-                               bootstrap_iters=0, log_samples=True)
+    r = harness.evaluate_model(load_model(env["paths"][name]), env["tok"], sel, tm,
+                               harness.HarnessSettings(limit=8, batch_size=4, bootstrap_iters=0, log_samples=True))
     return torch.tensor([[float(x[0][0]) for x in s["resps"]] for s in r["samples"]["local_mc"]])
 
 

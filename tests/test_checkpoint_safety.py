@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 import scalecl.checkpoint as ckpt
 from scalecl import save_model
+from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.errors import ScaleclError
 from scalecl.methods import get_method
-from scalecl.models import model_from_config, tiny_config
 
 runner = CliRunner()
 UPSCALE = ["upscale", "--random-config", "llama", "--hidden-up", "32", "--ffn-up", "16", "--variant", "adapt"]

@@ -42,7 +42,7 @@ def test_upscale_writes_a_loadable_checkpoint(tmp_path):
 
 
 def test_upscale_from_a_local_checkpoint_directory(tmp_path):
-    from scalecl.models import model_from_config, tiny_config
+    from scalecl.base_models import model_from_config, tiny_config
 
     model_from_config(tiny_config("gpt_neox")).save_pretrained(tmp_path / "base")
     res = runner.invoke(app, ["upscale", "--model", str(tmp_path / "base"), "--out", str(tmp_path / "up"),
@@ -85,7 +85,7 @@ def test_missing_model_path_and_unsupported_architecture(tmp_path):
 
 _ALLOC_PROBE = """
 import os, resource, sys, torch
-from scalecl.runs import provenance, tune_cpu_allocator
+from scalecl.machine import provenance, tune_cpu_allocator
 tuned = tune_cpu_allocator()
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -15,59 +15,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import local_sets, records, run
 from typer.testing import CliRunner
 
-import scalecl.cpt as cpt
-from scalecl.checkpoint import save_model
+from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.config import PAPER_CPT_LR, load_preset
-from scalecl.data.bilingual import (
-    BilingualConfig,
-    english_biographies,
-    korean_biographies,
-    split_documents,
-    train_bpe_tokenizer,
-)
 from scalecl.data.corpus import CorpusSpec, PackedChunks, RankBatches, iter_texts
-from scalecl.models import model_from_config, tiny_config
-from scalecl.train import OptimConfig, train
+from scalecl.methods import METHOD_ORDER
+from scalecl.train import OptimConfig, TrainPlan, train
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory):
-    """Local text (English and Korean biographies as jsonl folders) and tiny random bases saved with a tokenizer."""
-    root = tmp_path_factory.mktemp("cpt_local")
-    cfg = BilingualConfig(people=60, heldout=12, texts=2)
-    for lang, texts in (("en", english_biographies(cfg)), ("ko", korean_biographies(cfg))):
-        for split, docs in split_documents(texts, cfg, lang).items():
-            (root / "corpus" / lang).mkdir(parents=True, exist_ok=True)
-            (root / "corpus" / lang / f"{split}.jsonl").write_text(
-                "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
-    tok = train_bpe_tokenizer(english_biographies(cfg) + korean_biographies(cfg), vocab_size=400)
-    for arch in ("llama", "gpt_neox"):
-        config = tiny_config(arch, vocab_size=len(tok), max_position_embeddings=64, eos_token_id=tok.eos_token_id)
-        save_model(model_from_config(config, seed=0), root / arch, base_model=f"random tiny {arch}", tokenizer=tok)
-    return root
-
-
-def local_sets(local: Path, arch: str = "llama", *extra: str) -> list[str]:
-    c = local / "corpus"
-    return [f"base={local / arch}", f"data.path={c / 'ko'}", f"old_eval.path={c / 'en'}", "old_eval.split=test",
-            f"new_eval.path={c / 'ko'}", "new_eval.split=test", "train.seq_len=32", "train.batch=4", "train.steps=6",
-            "eval.every=3", "eval.rep_batch=4", *extra]
-
-
-def run(tmp: Path, sets: list[str], methods: list[str], **kw) -> list[dict]:
-    rc = load_preset("cpt", "tiny", sets)
-    return cpt.run_cpt(rc, methods, tmp / "out", tmp / "cache", tmp / "runs", "tiny", **kw)
-
-
-def records(out: Path, method: str) -> list[dict]:
-    (d,) = [p for p in out.iterdir() if p.name.startswith(f"tiny-{method}-")]
-    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
@@ -111,7 +70,8 @@ def test_gradient_accumulation_matches_one_big_batch(local):
     for micro in (4, 2, 1):
         model = model_from_config(tiny_config("llama", vocab_size=len(tok)), seed=0)
         batches = RankBatches(PackedChunks(lambda: iter_texts(spec), tok, 32, loop=True), micro)
-        losses = train(model, batches, 4, OptimConfig(lr=1e-3, warmup_steps=1, schedule="linear"), accum=4 // micro)
+        plan = TrainPlan(4, OptimConfig(lr=1e-3, warmup_steps=1, schedule="linear"), accum=4 // micro)
+        losses = train(model, batches, plan)
         out.append((losses, torch.cat([p.detach().flatten() for p in model.parameters()])))
     for losses, params in out[1:]:
         torch.testing.assert_close(losses, out[0][0], rtol=1e-5, atol=0)  # fp32 summation order only
@@ -160,10 +120,10 @@ def test_two_process_run_builds_the_builtin_base_on_rank_0(tmp_path):
 def test_tiny_preset_end_to_end_with_builtin_corpus_and_eval_ppl(tmp_path, monkeypatch):
     """The offline command: stand-in corpus, cached base, metrics.jsonl + result.json, skip, eval-ppl."""
     descs: list[str] = []
-    import scalecl.runlayer as runlayer
+    import scalecl.fit as fit_module
 
-    real = runlayer.train
-    monkeypatch.setattr(runlayer, "train", lambda *a, **k: descs.append(k.get("desc")) or real(*a, **k))
+    real = fit_module.train
+    monkeypatch.setattr(fit_module, "train", lambda *a, **k: descs.append(a[2].desc) or real(*a, **k))
     args = ["train-cpt", "--preset", "tiny", "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"),
             "--checkpoints", str(tmp_path / "runs"), "--set", "pretrain.steps=10", "--set", "train.steps=4"]
     res = runner.invoke(app, [*args, "--method", "scale-route"])
@@ -249,10 +209,10 @@ def test_presets_and_paper_numbers():
     assert paper.method_options("scale-preserve") == {"hidden_up": 256, "ffn_up": 1024}
     assert paper.method_options("scale-route") == {"hidden_up": 256, "ffn_up": 1024, "l_fp": 3}
     assert [paper.method_options(m) for m in ("lora", "freeze", "llama-pro")] == [{"rank": 256}, {"k": 3}, {"n": 4}]
+    from scalecl.budget import llama_32_1b_config
     from scalecl.methods import get_method
-    from scalecl.methods.budget import llama_32_1b_config
 
-    for name in cpt.METHOD_ORDER:  # every paper option fits Llama-3.2-1B
+    for name in METHOD_ORDER:  # every paper option fits Llama-3.2-1B
         get_method(name, **paper.method_options(name)).check(llama_32_1b_config())
     cpu = load_preset("cpt", "cpu")
     assert cpu.base == "builtin" and cpu.data.path == "builtin:ko" and cpu.dtype == "float32"

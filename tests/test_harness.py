@@ -20,11 +20,11 @@ import torch
 from typer.testing import CliRunner
 
 from scalecl import harness
+from scalecl.base_models import model_from_config, tiny_config
 from scalecl.checkpoint import load_model, save_model
 from scalecl.cli import app
 from scalecl.data.tokenizer import train_tokenizer
 from scalecl.methods import get_method
-from scalecl.models import model_from_config, tiny_config
 
 runner = CliRunner()
 KOBEST_DIR = Path(lm_eval.__file__).parent / "tasks" / "kobest"
@@ -178,8 +178,8 @@ def test_upscaled_at_init_has_the_base_loglikelihoods(env):
     assert sel.specs == ("kobest_copa", "local_mc") and sel.include_paths == (str(env["tasks"].resolve()),)
 
     def lls(name):
-        res = harness.evaluate_model(load_model(env["ckpts"][name]), env["tok"], sel, tm, limit=LIMIT, batch_size=2,
-                                     bootstrap_iters=0, log_samples=True)
+        res = harness.evaluate_model(load_model(env["ckpts"][name]), env["tok"], sel, tm, harness.HarnessSettings(
+            limit=LIMIT, batch_size=2, bootstrap_iters=0, log_samples=True))
         return {t: torch.tensor([[r[0] for r in s["resps"]] for s in res["samples"][t]]).squeeze(-1)
                 for t in sel.specs}, res
 
@@ -191,8 +191,8 @@ def test_upscaled_at_init_has_the_base_loglikelihoods(env):
     moved = load_model(env["ckpts"]["scale-route"])
     with torch.no_grad():
         moved.lm_head.weight_up.normal_(0, 1.0)
-    res = harness.evaluate_model(moved, env["tok"], sel, tm, limit=LIMIT, batch_size=2, bootstrap_iters=0,
-                                 log_samples=True)
+    res = harness.evaluate_model(moved, env["tok"], sel, tm, harness.HarnessSettings(
+        limit=LIMIT, batch_size=2, bootstrap_iters=0, log_samples=True))
     other = torch.tensor([[r[0] for r in s["resps"]] for s in res["samples"]["local_mc"]]).squeeze(-1)
     assert not torch.allclose(other, base[0]["local_mc"], atol=1e-2)
 
@@ -234,8 +234,8 @@ def test_tied_scale_head_stays_shared_and_mode_restored(env):
     model.train()
     model.model.layers[0].eval()  # mixed modes are restored module by module
     sel, tm = harness.resolve_tasks("local_mc", [env["tasks"]])
-    res = harness.evaluate_model(model, env["tok"], sel, tm, limit=2, batch_size=2, bootstrap_iters=0,
-                                 max_length=64, device="cpu")
+    res = harness.evaluate_model(model, env["tok"], sel, tm, harness.HarnessSettings(
+        limit=2, batch_size=2, bootstrap_iters=0, max_length=64, device="cpu"))
     assert res["max_length"] == 64
     assert model.training and not model.model.layers[0].training and model.model.layers[1].training
     assert model.lm_head.weight_up is model.model.embed_tokens.weight_up

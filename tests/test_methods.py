@@ -14,11 +14,11 @@ import torch
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
+from scalecl.base_models import ARCHS, head_dim, kv_heads, model_from_config, tiny_config
+from scalecl.budget import llama_32_1b_config, paper_budgets, pythia_160m_config, trainable_counts
 from scalecl.cli import app
 from scalecl.methods import count_parameters, get_method, trainable_parameters
-from scalecl.methods.budget import llama_32_1b_config, paper_budgets, pythia_160m_config, trainable_counts
 from scalecl.methods.lora import merge_lora
-from scalecl.models import ARCHS, head_dim, kv_heads, model_from_config, tiny_config
 
 ARCH_KINDS = ("gpt_neox", "llama")
 SCALE_OPTS = {"hidden_up": 32, "ffn_up": 16}  # 32 = Llama GQA group (4) x head_dim (8); GPT-NeoX head_dim 16
@@ -35,13 +35,7 @@ PRESERVES_BASE = {"lora", "llama-pro", "scale-preserve", "scale-adapt", "scale-r
 ATOL = 1e-5  # fp32 on CPU
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices run fastest on one thread, and stay fast when the 2 CPU cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matrices, one thread
 
 
 @pytest.fixture(scope="module", params=ARCH_KINDS)
@@ -218,7 +212,7 @@ def test_cli_prepare_bad_input(args, tmp_path):
 
 
 def test_cli_budgets(budget_rows, monkeypatch):
-    monkeypatch.setattr("scalecl.methods.budget.paper_budgets", lambda: budget_rows)  # computed once
+    monkeypatch.setattr("scalecl.budget.paper_budgets", lambda: budget_rows)  # computed once
     res = runner.invoke(app, ["budgets"])
     assert res.exit_code == 0, res.output
     assert "llama-pro" in res.output and "1,235,814,400" in res.output

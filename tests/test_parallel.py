@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cpt import local, local_sets, records, run  # noqa: F401  (the module's fixture and helpers)
+from conftest import local_sets, records, run
 
-import scalecl.cpt as cpt
 from scalecl.checkpoint import load_model
 from scalecl.config import CorpusConfig
+from scalecl.eval_ppl import eval_ppl
 from scalecl.state import load_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +35,8 @@ def torchrun(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.Com
     return proc
 
 
-def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local):  # noqa: F811
+@pytest.mark.slow
+def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local):
     sets = local_sets(local, "llama", "train.micro_batch=2", "checkpoint.every=2")
     single = {r["method"]: r for r in run(tmp_path / "one", sets, ["fft", "scale-route"])}
     two = tmp_path / "two"
@@ -64,7 +65,7 @@ def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local): 
         # the final model is a full checkpoint: loaded alone, it scores the last evaluation's new-domain PPL
         model = load_model(res["checkpoint"])
         assert sum(p.numel() for p in model.parameters() if p.requires_grad) == res["trainable_params"]
-        ppl = cpt.eval_ppl(res["checkpoint"], CorpusConfig(path=str(local / "corpus" / "ko"), split="test"), 32, 16,
+        ppl = eval_ppl(res["checkpoint"], CorpusConfig(path=str(local / "corpus" / "ko"), split="test"), 32, 16,
                            tmp_path / "cache")
         assert ppl["ppl"] == pytest.approx(res["final"]["new/ppl"], rel=1e-5)
 
@@ -72,7 +73,7 @@ def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local): 
 def test_position_keyed_optimizer_state_loads_by_name():
     """A 1-process / DDP checkpoint's optimizer state (keyed by position) resumes where states are keyed by
     name (FSDP), and the other way round: the moments land on the same parameters."""
-    from scalecl.models import model_from_config, tiny_config
+    from scalecl.base_models import model_from_config, tiny_config
     from scalecl.parallel import _by_name, load_optimizer_state
     from scalecl.train import OptimConfig, make_optimizer
 
@@ -95,6 +96,7 @@ def test_position_keyed_optimizer_state_loads_by_name():
                 torch.testing.assert_close(opt2.state[p2][k], opt.state[p][k], rtol=0, atol=0, msg=n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
     """train-bio, 2 processes: stages 1-3 sharded by rows of every global batch, the same numbers as one

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
-from scalecl.report import bio_table, load_runs
+from scalecl.report import (
+    METHOD_ORDER,
+    bio_table,
+    draw_fig4,
+    draw_fig5,
+    draw_fig6,
+    draw_fig7,
+    draw_fig8,
+    draw_fig9,
+    draw_lr_schedule,
+    draw_route_study,
+    draw_router_score,
+    draw_routing,
+    draw_train_loss,
+    load_runs,
+)
 
 runner = CliRunner()
 
@@ -87,8 +103,8 @@ def fake_cpt_run(root, method, opts=None, old=(10.0, 12.0, 11.0), new=(50.0, 20.
     (d / "result.json").write_text(json.dumps(result))
 
 
-def test_cpt_figures_studies_and_table2(tmp_path):
-    res = tmp_path / "results"
+def build_cpt_results(res):
+    """Main cpt runs, the three cpt studies (init, l_fp, collab) and one harness result."""
     for m in ("fft", "llama-pro", "scale-preserve", "scale-adapt", "scale-route"):
         fake_cpt_run(res / "cpt", m, {"l_fp": 2} if m == "scale-adapt" else {})
     for i, init in enumerate((["zero", "rnd"], ["rnd", "zero"], ["svd", "zero"])):
@@ -101,6 +117,11 @@ def test_cpt_figures_studies_and_table2(tmp_path):
     h.mkdir(parents=True)
     (h / "run.json").write_text(json.dumps({"model": "/x/route", "method": "scale-route", "scores": [
         {"task": "kobest_boolq", "score": 60.0}, {"task": "korean_avg", "score": 55.0}]}))
+
+
+def test_cpt_figures_studies_and_table2(tmp_path):
+    res = tmp_path / "results"
+    build_cpt_results(res)
     out = tmp_path / "figs"
     r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
     assert r.exit_code == 0, r.output
@@ -136,10 +157,12 @@ def fake_log(d, steps=50, lr=1e-3, loss0=3.0):
     (d / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def fake_route_bio_run(root, preset="cpu", opts=None, log=True, answers=True, vocab=None, tag="r", end0=0.5,
-                       answer_end=0.25, config_vocab=0):
-    """A bio Route run with every key the current code writes (answers=False, log=False: an older run)."""
+def fake_route_bio_run(root, preset="cpu", opts=None, older=False, vocab=None, tag="r", end0=0.5,
+                       config_vocab=0):
+    """A bio Route run with every key the current code writes (older=True: an older run, which has neither
+    train_log.jsonl nor answer-position keys). Answer routing ends at half of Task 0's end accuracy."""
     d = root / f"{preset}-scale-route-{tag}"
+    log, answers, answer_end = not older, not older, end0 / 2
     d.mkdir(parents=True)
     lines = []
     for i, s in enumerate(STEPS):
@@ -204,14 +227,14 @@ def build_route_results(tmp_path):
     fft = fake_bio_run(new, "fft")
     fake_log(fft, lr=1e-4)
     fake_bio_run(new, "lora")  # no train_log.jsonl: left out of the loss figure, named in its caption
-    fake_route_bio_run(old / "bio", preset="old", log=False, answers=False, tag="old")
+    fake_route_bio_run(old / "bio", preset="old", older=True, tag="old")
     fake_cpt_route_run(new)
     tau = new / "studies" / "tau"
     for t, end in ((0.99, 0.8), (-1, 0.2), (0.5, 0.4)):
-        fake_route_bio_run(tau, opts={"tau": t}, tag=f"t{t}", end0=end, answer_end=end / 2)
-    fake_route_bio_run(old / "studies" / "tau", opts={"tau": 0.9}, log=False, answers=False, tag="t0.9")
+        fake_route_bio_run(tau, opts={"tau": t}, tag=f"t{t}", end0=end)
+    fake_route_bio_run(old / "studies" / "tau", opts={"tau": 0.9}, older=True, tag="t0.9")
     fake_route_bio_run(new / "studies" / "router", opts={"tau": 0.9, "router": "prob"}, tag="prob")
-    fake_route_bio_run(old / "studies" / "router", opts={"tau": 0.9}, log=False, answers=False, tag="logit")
+    fake_route_bio_run(old / "studies" / "router", opts={"tau": 0.9}, older=True, tag="logit")
     fake_route_bio_run(new / "studies" / "router", opts={"tau": 0.9, "router": "centered"}, vocab=(1045, 50304),
                        config_vocab=50304, tag="centered50k")  # the sweep repeated on a padded vocabulary
     fake_route_bio_run(new / "studies" / "vocab", vocab=(1045, 50304), config_vocab=50304, tag="v50304")
@@ -286,7 +309,7 @@ def test_route_figures_pure_and_tolerant(tmp_path, monkeypatch):
         assert fig(empty, tmp_path / "o") == []
     assert route_study_table(empty, "tau").empty
     study = tmp_path / "res" / "studies" / "tau"
-    d = fake_route_bio_run(study, log=False, answers=False)
+    d = fake_route_bio_run(study, older=True)
     (d / "train_log.jsonl").write_text("")  # a run that trained no step writes an empty log
     assert load_train_log(d) is None
     (fake_route_bio_run(study, opts={"tau": 0.5}, tag="nometrics") / "metrics.jsonl").unlink()
@@ -302,3 +325,242 @@ def test_route_figures_pure_and_tolerant(tmp_path, monkeypatch):
     assert "router_score_study_tau.png" not in names  # no run recorded the router's score
     table = pd.read_csv(tmp_path / "o" / "table_fig8_route_tau.csv")
     assert len(table) == 2 and table["task0_answer_preserve_end"].isna().all()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What each figure draws: its panels, titles, axis labels, line labels and the values behind every line
+
+
+@pytest.fixture
+def drawn():
+    """Collect a draw_* function's (stem, Figure) pairs as a dict; every figure is closed after the test."""
+    figs = []
+
+    def collect(pairs) -> dict:
+        pairs = list(pairs)
+        figs.extend(fig for _, fig in pairs)
+        stems = [stem for stem, _ in pairs]
+        assert len(set(stems)) == len(stems), stems  # one file per figure
+        return dict(pairs)
+
+    yield collect
+    for fig in figs:
+        plt.close(fig)
+
+
+def labels(ax) -> list[str]:
+    """The labels of an axes' labelled lines (matplotlib names unlabelled ones '_child<n>')."""
+    return [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+
+
+def texts(legend) -> list[str]:
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def xs(line) -> list[float]:
+    return [float(v) for v in line.get_xdata()]
+
+
+def ys(line) -> list[float]:
+    return [float(v) for v in line.get_ydata()]
+
+
+def line(ax, label: str):
+    (found,) = [ln for ln in ax.get_lines() if ln.get_label() == label]
+    return found
+
+
+def caption(fig) -> str:
+    return "\n".join(t.get_text() for t in fig.texts)
+
+
+def test_fig8_draws_a_panel_per_method_with_its_accuracies(tmp_path, drawn):
+    task0 = {"fft": (0.9, 0.1, 0.1), "lora": (0.9, 0.3, 0.2), "freeze": (0.8, 0.5, 0.4),
+             "llama-pro": (0.9, 0.2, 0.25), "scale-route": (0.9, 0.85, 0.8)}
+    for method in ("scale-route", "fft", "lora", "llama-pro", "freeze"):  # written out of method order
+        fake_bio_run(tmp_path, method, t0=task0[method])
+    figs = drawn(draw_fig8(tmp_path))
+    assert list(figs) == ["fig8_bio_cpu"]
+    fig = figs["fig8_bio_cpu"]
+    shown = [ax for ax in fig.axes if ax.axison]
+    assert len(fig.axes) == 8 and len(shown) == 5  # a 2 x 4 grid: a panel per run, the other three off
+    assert [ax.get_title() for ax in shown] == ["FFT", "LoRA", "Freeze", "LLaMA Pro", "SCALE-Route"]
+    methods = [m for m in METHOD_ORDER if m in task0]
+    for ax, method in zip(shown, methods, strict=True):
+        assert labels(ax) == ["Task 0 (held-out)", "Task 1", "Task 0 chance floor"]
+        assert xs(line(ax, "Task 0 (held-out)")) == [0, 5, 10]
+        assert ys(line(ax, "Task 0 (held-out)")) == pytest.approx([100 * a for a in task0[method]])
+        assert ys(line(ax, "Task 1")) == pytest.approx([0, 50, 90])
+        assert ys(line(ax, "Task 0 chance floor")) == pytest.approx([5, 5])  # the pooled prior, 0.05
+        assert ax.get_xlabel() == "Task 1 step"
+    assert [ax.get_ylabel() for ax in fig.axes[::4]] == ["first-token acc. (%)"] * 2  # the first column
+    assert texts(fig.legends[0]) == ["Task 0 (held-out)", "Task 1", "Task 0 chance floor"]
+    assert "preset 'cpu': 1,000 people pre-trained" in caption(fig)
+
+
+def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
+    old = {"fft": (10.0, 14.0, 13.0), "llama-pro": (10.0, 12.0, 11.0), "scale-preserve": (10.0, 10.0, 10.0),
+           "scale-adapt": (10.0, 11.0, 10.5), "scale-route": (10.0, 10.5, 10.2)}
+    for method in ("scale-route", "scale-adapt", "fft", "scale-preserve", "llama-pro"):
+        fake_cpt_run(tmp_path, method, {"l_fp": 2} if method == "scale-adapt" else {}, old=old[method])
+    fig = drawn(draw_fig9(tmp_path))["fig9_cpt_cpu"]
+    assert len(fig.axes) == 2
+    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting: old-domain perplexity",
+                                                   "(b) learning: new-domain perplexity"]
+    names = ["FFT", "LLaMA Pro", "SCALE-Preserve", "SCALE-Adapt", "SCALE-Route"]  # method order
+    for ax, key in zip(fig.axes, ("old", "new"), strict=True):
+        assert labels(ax) == names
+        assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_yscale()) == ("training step", "perplexity", "log")
+        for ln, method in zip(ax.get_lines(), [m for m in METHOD_ORDER if m in old], strict=True):
+            assert xs(ln) == [0, 10, 20]
+            assert ys(ln) == pytest.approx(old[method] if key == "old" else (50.0, 20.0, 15.0))
+    assert fig.axes[0].get_legend() is None and texts(fig.axes[1].get_legend()) == names
+
+    fig = drawn(draw_fig4(tmp_path))["fig4_width_vs_depth_cpu"]
+    ax_cos, ax_ppl = fig.axes
+    assert (ax_cos.get_title(), ax_ppl.get_title()) == ("(a) representation forgetting",
+                                                        "(b) forgetting perplexity (old domain)")
+    assert ax_cos.get_ylabel() == "cosine of final hidden states (step 0 vs now)"
+    width_depth = ["Depth (LLaMA Pro)", "Width (Preserve)", "Width (Adapt), l_fp=2"]  # no FFT, no Route
+    for ax in (ax_cos, ax_ppl):
+        assert labels(ax) == width_depth and texts(ax.get_legend()) == width_depth
+        assert ax.get_xlabel() == "training step"
+    for ln in ax_cos.get_lines():
+        assert ys(ln) == pytest.approx([1.0, 0.99, 0.98])  # the run's rep_cos
+    assert [ys(ln) for ln in ax_ppl.get_lines()] == [
+        pytest.approx(old[m]) for m in ("llama-pro", "scale-preserve", "scale-adapt")]
+
+
+def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
+    build_cpt_results(tmp_path)
+    fig = drawn(draw_fig5(tmp_path))["fig5_init_pairs"]
+    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL (old domain)", "(b) learning PPL (new domain)"]
+    for ax, values in zip(fig.axes, ((10.0, 12.0, 11.0), (50.0, 20.0, 15.0)), strict=True):
+        assert labels(ax) == ["0,RND", "RND,0", "SVD,0"]  # (W21, W22) per run
+        assert ax.get_legend().get_title().get_text() == "W21,W22"
+        assert all(ys(ln) == pytest.approx(values) for ln in ax.get_lines())
+    assert caption(fig).startswith("scale-preserve; preset 'cpu'")
+
+    fig = drawn(draw_fig6(tmp_path))["fig6_l_fp"]
+    (old,), (new,) = (ax.get_lines() for ax in fig.axes)
+    assert xs(old) == xs(new) == [0, 1, 3]  # sorted by l_fp
+    assert ys(old) == [30, 29, 27] and ys(new) == [15, 15, 15]  # each run's end-of-training perplexity
+    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL at the end", "(b) learning PPL at the end"]
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "l_fp (function-preserving lower layers)" and ax.get_ylabel() == "perplexity"
+        assert list(ax.get_xticks()) == [0, 1, 3]
+
+    fig = drawn(draw_fig7(tmp_path))["fig7_collab_modules"]
+    (ax,) = fig.axes
+    assert labels(ax) == texts(ax.get_legend()) == ["W12 trains in attn", "W12 trains in mlp"]
+    for ln in ax.get_lines():
+        assert xs(ln) == [1.0, 2.0, 3.0] and ys(ln) == [10.0, 12.0, 11.0]  # up_norm against old/ppl
+    assert ax.get_xlabel() == "average norm of upscaled weights (W12, W21, W22)"
+    assert ax.get_ylabel() == "forgetting PPL (old domain)"
+    assert caption(fig).startswith("scale-adapt, l_fp=2; preset 'cpu'")
+
+
+def fake_loss(steps: int = 50, loss0: float = 3.0) -> list[float]:
+    """The loss column fake_log writes."""
+    return [loss0 / s * (1 + 0.3 * (-1) ** s) for s in range(1, steps + 1)]
+
+
+def test_training_log_figures_draw_each_logged_run(tmp_path, drawn):
+    roots = build_route_results(tmp_path)
+    figs = drawn(draw_train_loss(roots))
+    assert list(figs) == ["train_loss_bio_cpu", "train_loss_study_router", "train_loss_study_tau",
+                          "train_loss_study_vocab", "train_loss_cpt_cpu"]  # the older preset logged nothing
+    (ax,) = figs["train_loss_bio_cpu"].axes
+    assert labels(ax) == texts(ax.get_legend()) == ["FFT", "SCALE-Route"]  # LoRA has no train_log.jsonl
+    assert len(ax.get_lines()) == 4  # per run: the raw loss (faint) and its running mean (labelled)
+    raw, smooth = ax.get_lines()[:2]
+    assert xs(raw) == list(range(1, 51)) and ys(raw) == pytest.approx(fake_loss())
+    assert ys(smooth) == pytest.approx(pd.Series(fake_loss()).rolling(5, center=True, min_periods=1).mean())
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("Task 1 step", "training loss (per step)")
+    assert "Not drawn (no train_log.jsonl; older runs): LoRA." in caption(figs["train_loss_bio_cpu"])
+    (ax,) = figs["train_loss_study_tau"].axes
+    assert labels(ax) == ["tau=-1", "tau=0.5", "tau=0.99"] and ax.get_legend().get_title().get_text() == "tau"
+    assert "older runs): tau=0.9." in caption(figs["train_loss_study_tau"])
+    assert figs["train_loss_cpt_cpu"].axes[0].get_xlabel() == "training step"
+
+    figs = drawn(draw_lr_schedule(roots))
+    assert list(figs) == ["lr_schedule_bio_cpu", "lr_schedule_cpt_cpu"]  # studies share the main schedule
+    (ax,) = figs["lr_schedule_bio_cpu"].axes
+    assert labels(ax) == ["FFT", "SCALE-Route"] and ax.get_ylabel() == "learning rate"
+    for ln, lr in zip(ax.get_lines(), (1e-4, 1e-3), strict=True):
+        assert ys(ln) == pytest.approx([lr * (1 - s / 100) for s in range(1, 51)])
+    assert [ln.get_linestyle() for ln in ax.get_lines()] == ["-", "--"] and ax.get_yscale() == "log"
+
+
+ROUTES = ["preserve", "adapt"]
+
+
+def test_routing_figure_draws_each_route_run_per_path(tmp_path, drawn):
+    figs = drawn(draw_routing(build_route_results(tmp_path)))
+    assert list(figs) == ["routing_bio_cpu", "routing_bio_old", "routing_study_router", "routing_study_tau",
+                          "routing_study_vocab", "routing_cpt_cpu"]
+    f = [i / 10 for i in range(11)]
+    all_tokens, answer = figs["routing_bio_cpu"].axes  # one Route run: a row of two panels
+    assert (all_tokens.get_title(), answer.get_title()) == ("SCALE-Route: all tokens", "SCALE-Route: answer position")
+    lines = [f"{task}, {path}" for task in ("Task 0 (held-out)", "Task 1") for path in ROUTES]
+    assert labels(all_tokens) == labels(answer) == lines
+    assert ys(line(all_tokens, "Task 1, adapt")) == pytest.approx([100 * 0.7 * x for x in f])
+    assert ys(line(answer, "Task 0 (held-out), preserve")) == pytest.approx([100 * (1 - 0.75 * x) for x in f])
+    assert ys(line(answer, "Task 0 (held-out), adapt")) == pytest.approx([100 * 0.75 * x for x in f])
+    assert xs(line(answer, "Task 1, adapt")) == list(STEPS)
+    assert all_tokens.get_ylabel() == "tokens routed (%)" and answer.get_xlabel() == "Task 1 step"
+    assert len(figs["routing_bio_old"].axes) == 1  # an older run: no answer-position panel
+    tau = figs["routing_study_tau"].axes
+    assert [ax.get_title() for ax in tau[::2]] == [f"tau={t}: all tokens" for t in ("-1", "0.5", "0.9", "0.99")]
+    assert not tau[5].get_lines() and "no answer-position record" in tau[5].texts[0].get_text()
+    (cpt,) = figs["routing_cpt_cpu"].axes
+    assert cpt.get_title() == "SCALE-Route" and cpt.get_xlabel() == "training step"
+    assert labels(cpt) == [f"{d} domain, {path}" for d in ("old", "new") for path in ROUTES]
+    assert ys(line(cpt, "old domain, preserve")) == pytest.approx([100, 90, 80])
+    assert texts(figs["routing_cpt_cpu"].legends[0]) == labels(cpt)
+
+
+def test_router_score_figure_draws_median_mean_and_tau(tmp_path, drawn):
+    figs = drawn(draw_router_score(build_route_results(tmp_path)))
+    assert list(figs) == ["router_score_bio_cpu", "router_score_study_router", "router_score_study_tau",
+                          "router_score_study_vocab"]  # runs without the score (older ones) draw nothing
+    fig = figs["router_score_bio_cpu"]
+    assert [ax.get_title() for ax in fig.axes] == ["SCALE-Route: Task 0 (held-out)", "SCALE-Route: Task 1"]
+    f = [i / 10 for i in range(11)]
+    for ax, k in zip(fig.axes, (0.0, 0.05), strict=True):
+        tau, median, mean = ax.get_lines()
+        assert ys(tau) == [0.9, 0.9]
+        assert ys(median) == pytest.approx([0.9 - (0.5 + k) * x for x in f])
+        assert ys(mean) == pytest.approx([0.85 - (0.5 + k) * x for x in f])
+        assert len(ax.collections) == 2  # the q05-q95 and q25-q75 bands
+    assert fig.axes[0].get_ylabel() == "router cosine"
+    assert texts(fig.legends[0]) == ["median", "q25-q75", "q05-q95", "mean", "tau (preserve above)"]
+    tau = figs["router_score_study_tau"].axes
+    assert [ax.get_title() for ax in tau[::2]] == ["tau=-1: Task 0 (held-out)", "tau=0.5: Task 0 (held-out)",
+                                                   "tau=0.99: Task 0 (held-out)"]
+    assert [ys(ax.get_lines()[0])[0] for ax in tau[::2]] == [-1, 0.5, 0.99]  # each row its own tau
+    assert "older runs): tau=0.9." in caption(figs["router_score_study_tau"])
+
+
+def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
+    roots = build_route_results(tmp_path)
+    fig = drawn(draw_route_study(roots, "tau"))["fig8_route_tau"]
+    acc0, acc1, routed = fig.axes
+    assert [ax.get_title() for ax in fig.axes] == ["(a) Task 0 (held-out) accuracy", "(b) Task 1 accuracy",
+                                                   "(c) routed to preserve at the answer position"]
+    settings = ["tau=-1", "tau=0.5", "tau=0.9", "tau=0.99"]
+    assert labels(acc0) == [*settings, "Task 0 chance floor"] and labels(acc1) == settings
+    f = [i / 10 for i in range(11)]
+    for setting, end in zip(settings, (0.2, 0.4, 0.5, 0.8), strict=True):
+        assert ys(line(acc0, setting)) == pytest.approx([100 * (0.9 - (0.9 - end) * x) for x in f])
+        assert ys(line(acc1, setting)) == pytest.approx([100 * (0.05 + 0.9 * x) for x in f])
+    assert len(routed.get_lines()) == 3 * 2 + 2  # Task 0 and 1 per run with answer records, 2 legend keys
+    assert labels(routed) == ["Task 0 slice", "Task 1 slice"] and routed.get_ylabel() == "answer positions (%)"
+    assert ys(routed.get_lines()[0]) == pytest.approx([100 * (1 - 0.9 * x) for x in f])  # tau=-1, Task 0
+    assert [ax.get_xlabel() for ax in fig.axes] == ["Task 1 step"] * 3
+    assert texts(fig.legends[0]) == [*settings, "Task 0 chance floor", "Task 0 slice", "Task 1 slice"]
+    fig = drawn(draw_route_study(roots, "vocab"))["fig8_route_vocab"]
+    vocab = ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)", "FFT, vocab=50,304 (tokenizer 1,045)"]
+    assert labels(fig.axes[0])[:3] == vocab
+    assert [line(fig.axes[0], v).get_linestyle() for v in vocab] == ["-", "-", "--"]  # a reference run: dashed
+    assert ys(line(fig.axes[0], vocab[2])) == pytest.approx([90, 20, 30])

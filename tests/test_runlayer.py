@@ -99,6 +99,7 @@ KILLS = [  # bio: stage 1 checkpoints at steps 4..24 (6), stage 2 at 4 (1), then
 ]
 
 
+@pytest.mark.slow  # with the module's `reference` runs, which only these two tests use
 @pytest.mark.parametrize("experiment,crash", KILLS)
 def test_kill_at_a_named_moment_then_resume(tmp_path, reference, experiment, crash):
     args = [*(BIO if experiment == "bio" else CPT), "--method", "fft,scale-route", *folders(tmp_path)]
@@ -110,6 +111,7 @@ def test_kill_at_a_named_moment_then_resume(tmp_path, reference, experiment, cra
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["bio", "cpt"])
 def test_kill_at_random_moments_then_resume(tmp_path, reference, experiment):
     args = [*(BIO if experiment == "bio" else CPT), "--method", "fft,scale-route", *folders(tmp_path)]
@@ -201,6 +203,7 @@ def test_a_diverging_run_stops_and_records_nothing(tmp_path, experiment):
     assert again.exit_code in (1, 2) and "finished run found" not in again.output
 
 
+@pytest.mark.slow
 def test_foreign_files_survive_every_output_folder(tmp_path):
     """--out, --cache and --checkpoints pointed at a folder of someone else's files: they stay as they were."""
     mine = tmp_path / "mine"

@@ -21,13 +21,7 @@ TOL = dict(atol=1e-5, rtol=0.0)
 HU, FU = 32, 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices run fastest on one thread, and stay fast when the 2 CPU cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matrices, one thread
 
 
 def _explicit_scores(zp: torch.Tensor, za: torch.Tensor) -> dict[str, torch.Tensor]:

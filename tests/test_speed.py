@@ -14,14 +14,13 @@ import shutil
 
 import pytest
 import torch
-from conftest import make_base, random_batch, split_threshold
-from test_cpt import local, local_sets, records, run  # noqa: F401  (the module's fixture and helpers)
+from conftest import local_sets, make_base, random_batch, records, run, split_threshold
 from typer.testing import CliRunner
 
 from scalecl import get_method, load_model, save_model
+from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.config import ComputeConfig
-from scalecl.models import model_from_config, tiny_config
 from scalecl.perf import (
     PEAK_TFLOPS,
     ModelFlops,
@@ -30,7 +29,7 @@ from scalecl.perf import (
     peak_tflops,
     sync_every,
 )
-from scalecl.train import OptimConfig, train
+from scalecl.train import Hooks, OptimConfig, TrainPlan, train
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -63,7 +62,7 @@ def test_concat_products_equal_block_products(arch_case, variant, monkeypatch):
         m.scale_state.tau = split_threshold(m.lm_head.logit_cosine(hp[..., :64], ha[..., :64]))
     m.train()
     logits_b, grads_b = _grads(m, ids)
-    monkeypatch.setenv("SCALECL_SCALE_PRODUCTS", "concat")
+    m.scale_state.products = "concat"  # SCALECL_SCALE_PRODUCTS, as read when a model is built
     logits_c, grads_c = _grads(m, ids)
     torch.testing.assert_close(logits_c, logits_b, **TOL)
     assert grads_c.keys() == grads_b.keys()
@@ -100,7 +99,8 @@ def test_sdpa_everywhere_and_widened_models_agree_with_eager(tmp_path):
         torch.testing.assert_close(sdpa[mask.bool()], eager[mask.bool()], **TOL)
 
 
-def test_activation_checkpointing_trains_the_same_numbers(tmp_path, local):  # noqa: F811
+@pytest.mark.slow
+def test_activation_checkpointing_trains_the_same_numbers(tmp_path, local):
     sets = local_sets(local, "llama", "train.steps=3", "eval.every=3")
     plain = run(tmp_path / "a", sets, ["scale-route", "lora"])
     ckpt = run(tmp_path / "b", [*sets, "compute.activation_checkpointing=true"], ["scale-route", "lora"])
@@ -115,7 +115,7 @@ def test_activation_checkpointing_trains_the_same_numbers(tmp_path, local):  # n
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++") and not shutil.which("c++"), reason="inductor needs a C++ compiler")
-def test_compiled_blocks_train_the_same_numbers(tmp_path, local):  # noqa: F811
+def test_compiled_blocks_train_the_same_numbers(tmp_path, local):
     """compute.compile: every decoder block through torch.compile (inductor on CPU); same numbers to 1e-4."""
     sets = local_sets(local, "llama", "train.steps=2", "eval.every=2")
     (plain,) = run(tmp_path / "a", sets, ["scale-route"])
@@ -169,19 +169,20 @@ def test_mfu_in_the_step_log():
     flops = model_flops(m)
     batches = iter(lambda: {"input_ids": torch.randint(0, 128, (2, 16)), "labels": torch.randint(0, 128, (2, 16))},
                    None)
-    train(m, batches, 3, OptimConfig(lr=1e-3), on_log=rows.extend, sync_every=2, flops=flops, peak_tflops=0.5)
+    train(m, batches, TrainPlan(3, OptimConfig(lr=1e-3), sync_every=2), hooks=Hooks(on_log=rows.extend), flops=flops,
+          peak_tflops=0.5)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         want = 32 * flops.per_token(16) / r["seconds"] / 1e12
         assert r["model_tflops"] == pytest.approx(want, rel=1e-3, abs=1e-4)
         assert r["mfu"] == pytest.approx(r["model_tflops"] / 0.5, rel=1e-3, abs=1e-4)
     rows.clear()
-    train(m, batches, 1, OptimConfig(lr=1e-3), on_log=rows.extend, flops=flops, peak_tflops=None)
+    train(m, batches, TrainPlan(1, OptimConfig(lr=1e-3)), hooks=Hooks(on_log=rows.extend), flops=flops, peak_tflops=None)
     assert rows[0]["mfu"] is None and rows[0]["model_tflops"] > 0
     assert ModelFlops(10, 1, 4).to_dict() == {"matmul_params": 10, "layers": 1, "attn_width": 4}
 
 
-def test_result_records_speed(tmp_path, local):  # noqa: F811
+def test_result_records_speed(tmp_path, local):
     (res,) = run(tmp_path, local_sets(local, "llama", "train.steps=2", "eval.every=2"), ["fft"])
     s = res["speed"]
     assert s["steps_timed"] == 2 and s["tokens"] == 2 * 4 * 32 and s["tokens_per_s"] > 0

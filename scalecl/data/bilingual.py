@@ -237,8 +237,7 @@ def train_bpe_tokenizer(texts, vocab_size: int = 2048):
 
 def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Path:
     """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept."""
-    from ..runlayer import atomic_dir
-    from ..runs import remove_temporaries, write_atomic, write_json
+    from ..files import atomic_dir, remove_temporaries, write_atomic, write_json
 
     root = Path(root)
     if (root / "corpus.json").exists():

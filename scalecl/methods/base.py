@@ -15,6 +15,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..errors import ScaleclError
+from ..schema import coerce
 
 REGISTRY: dict[str, type[Method]] = {}
 
@@ -60,8 +61,6 @@ class Method:
     @classmethod
     def coerce_options(cls, opts: dict[str, Any], where: str = "") -> dict[str, Any]:
         """Options converted to their declared types (command-line text parsed, wrong types one clear error)."""
-        from ..config import coerce
-
         known = {f.name for f in fields(cls)}
         unknown = set(opts) - known
         if unknown:
@@ -76,14 +75,20 @@ class Method:
         return cls(**cls.coerce_options(opts))
 
 
+# The order methods are run, listed and drawn in: the baselines, then SCALE's variants (paper Table 1).
+METHOD_ORDER = ("fft", "lora", "freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
+
+
 def method_names() -> list[str]:
-    return list(REGISTRY)
+    """Registered methods in METHOD_ORDER (any other registered method after them)."""
+    rank = {m: i for i, m in enumerate(METHOD_ORDER)}
+    return sorted(REGISTRY, key=lambda m: rank.get(m, len(rank)))
 
 
 def get_method(name: str, **opts: Any) -> Method:
     """Build a registered method by its CLI name with its options."""
     if name not in REGISTRY:
-        raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(REGISTRY)}")
+        raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(method_names())}")
     return REGISTRY[name].from_options(**opts)
 
 

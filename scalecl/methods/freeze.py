@@ -11,8 +11,8 @@ from typing import ClassVar
 
 from transformers import PretrainedConfig, PreTrainedModel
 
+from ..base_models import arch_of, decoder_layers
 from ..errors import ScaleclError
-from ..models import arch_of, decoder_layers
 from .base import Method, register
 
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from ..base_models import arch_of, decoder_layers, set_submodule
 from ..errors import ScaleclError
-from ..models import arch_of, decoder_layers, set_submodule
 from .base import Method, register
 
 

@@ -10,8 +10,8 @@ from typing import ClassVar
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PretrainedConfig, PreTrainedModel
 
+from ..base_models import arch_of
 from ..errors import ScaleclError
-from ..models import arch_of
 from .base import Method, register
 
 

@@ -10,6 +10,7 @@ Standalone (torch only): copied verbatim into every SCALE checkpoint (see `model
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +24,16 @@ class PathState:
     mode "preserve": every W12 treated as zero (Z_preserve of Eq. 3/5).
     mode "route": the batch is doubled at the fork point, first half preserve, second half adapt (Eq. 5).
     router: the score Route compares with tau ("logit", "centered" or "prob"; see `UpHead.router_score`).
+    products: how the widened linears form their forward products, "blocks" or "concat" (`products_setting`,
+    read once when the model is built; set this attribute to change it on a built model).
+    The defaults of tau and router are declared once, on `scale_surgery.ScaleSpec`, which builds this state.
     """
 
-    def __init__(self, mode: str = "adapt", tau: float = 0.9, router: str = "logit") -> None:
+    def __init__(self, mode: str, tau: float, router: str, products: str = "blocks") -> None:
         self.mode = mode
         self.tau = tau
         self.router = router
+        self.products = products
         self.preserve_mask: torch.Tensor | None = None  # (B, T) bool, from the last routed forward
         self.route_score: torch.Tensor | None = None  # (B, T) float32 router score of that forward, detached
         # leading groups (decoder layers, then the final norm) whose original channels depend on no
@@ -65,8 +70,13 @@ def _init_block(w: torch.Tensor, how: str, base: torch.Tensor, part: str) -> Non
             raise ValueError(f"unknown init {how!r}")
 
 
-def _products() -> str:
+PRODUCTS = ("blocks", "concat")
+
+
+def products_setting() -> str:
     """How the forward forms its products: "blocks" (default) or "concat" (SCALECL_SCALE_PRODUCTS).
+
+    Read when a model is widened (scale_surgery.widen) and kept on its shared PathState, not per forward.
 
     blocks: x W^T (+ x_up W12^T) for the original rows, x [W21 W22]^T for the new ones: the original channels
     are the base's own product, bit for bit. concat: one product of x with the whole [[W, W12], [W21, W22]]
@@ -75,7 +85,7 @@ def _products() -> str:
     a per-device measurement (benchmarks/bench_gpu.py); the backward is block-wise either way.
     """
     mode = os.environ.get("SCALECL_SCALE_PRODUCTS", "blocks")
-    if mode not in ("blocks", "concat"):
+    if mode not in PRODUCTS:
         raise ValueError(f"SCALECL_SCALE_PRODUCTS={mode!r}: use blocks or concat")
     return mode
 
@@ -84,6 +94,15 @@ def _operand_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype F.linear would compute in: the autocast dtype when autocast is on, else the input's."""
     dev = x.device.type
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+class _Rows(NamedTuple):
+    """How `_BlockLinear` treats the rows of its input (see there); one flag per row half for the tuples."""
+
+    use_w12: tuple[bool, ...]
+    const: tuple[bool, ...]
+    shared: bool = False
+    concat: bool = False
 
 
 class _BlockLinear(torch.autograd.Function):
@@ -100,15 +119,19 @@ class _BlockLinear(torch.autograd.Function):
     The original output channels are computed as x W^T + b (+ x_up W12^T), the same product the base model
     computes, so they match the base's even before W12 is added.
 
-    use_w12 (one flag per row half): False treats W12 as zero (the preserve path).
-    fork: the rows of x are [preserve half; adapt half] (Route above its fork point), with flags for each.
+    The rows are described by `plan` (a _Rows):
+    use_w12 (one flag per row half): False treats W12 as zero (the preserve path). Two flags: the rows of x
+    are [preserve half; adapt half] (Route above its fork point), with flags for each.
+    const (one flag per row half): see above.
     shared: the two halves are known to be equal (a norm of the block input at Route's first forked block);
     the products they have in common are computed once, and only x_up W12^T is added for the adapt half.
+    concat: one product with the whole matrix instead of one per block (PathState.products).
     Under autocast the operands are cast to the autocast dtype, as F.linear would be.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, w12, w21, w22, bias_up, use_w12: tuple, const: tuple, shared: bool = False):
+    def forward(ctx, x, weight, bias, w12, w21, w22, bias_up, plan: _Rows):
+        use_w12, shared = plan.use_w12, plan.shared
         d_out, d_in = weight.shape
         dt = _operand_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
@@ -119,12 +142,11 @@ class _BlockLinear(torch.autograd.Function):
                 bu = bias_up.to(dt)
             y = x2.new_empty(x2.shape[0], d_out + w_new.shape[0])
             halves = _halves(x2.shape[0], len(use_w12))
-            concat = _products() == "concat"
             for k, (rows, with_w12) in enumerate(zip(halves, use_w12, strict=True)):
                 xr, top, bot = x2[rows], y[rows, :d_out], y[rows, d_out:]
                 if shared and k:  # same input as the first half: start from its products
                     y[rows] = y[halves[0]]
-                elif concat:  # one product with the whole matrix (W12 as zeros where it is not used)
+                elif plan.concat:  # one product with the whole matrix (W12 as zeros where it is not used)
                     w12_used = w12c if with_w12 else torch.zeros_like(w12c)
                     full = torch.cat([torch.cat([w, w12_used], dim=1), w_new], dim=0)
                     _mm_into(y[rows], xr, full.t(), None if b is None else torch.cat([b, bu]))
@@ -135,7 +157,7 @@ class _BlockLinear(torch.autograd.Function):
                 if with_w12 and w12c.shape[1]:
                     top.addmm_(xr[:, d_in:], w12c.t())
         ctx.save_for_backward(x2, w, w12c, w_new)
-        ctx.use_w12, ctx.const, ctx.x_shape, ctx.x_dtype = use_w12, const, x.shape, x.dtype
+        ctx.use_w12, ctx.const, ctx.x_shape, ctx.x_dtype = use_w12, plan.const, x.shape, x.dtype
         ctx.has_bias = bias is not None
         return y.view(*x.shape[:-1], y.shape[-1])
 
@@ -175,7 +197,7 @@ class _BlockLinear(torch.autograd.Function):
             g22 = g_up.t() @ x2[:, d_in:]
         if need[6] and ctx.has_bias:
             gbu = g_up.sum(0)
-        return gx, gw, gb, g12, g21, g22, gbu, None, None, None
+        return gx, gw, gb, g12, g21, g22, gbu, None
 
 
 def _halves(n: int, parts: int) -> list[slice]:
@@ -247,8 +269,8 @@ class UpLinear(nn.Module):
             use_w12, const = (False,), (self.layer < st.const_preserve,)
         else:
             use_w12, const = (True,), (self.layer < st.const_adapt,)
-        return _BlockLinear.apply(x, self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up,
-                                  use_w12, const, len(use_w12) == 2 and self.shared_input)
+        plan = _Rows(use_w12, const, len(use_w12) == 2 and self.shared_input, st.products == "concat")
+        return _BlockLinear.apply(x, self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up, plan)
 
     def extra_repr(self) -> str:
         return f"in={self.d_in}+{self.in_features - self.d_in}, out={self.d_out}+{self.out_features - self.d_out}"
@@ -348,7 +370,8 @@ class UpHead(nn.Module):
         else:
             const = (st.const_preserve if st.mode == "preserve" else st.const_adapt) >= top
         empty = self.weight.new_empty(0, self.d), self.weight.new_empty(0, self.in_features - self.d)
-        return _BlockLinear.apply(h, self.weight, None, self.weight_up, *empty, None, (True,), (const,))
+        plan = _Rows((True,), (const,), concat=st.products == "concat")
+        return _BlockLinear.apply(h, self.weight, None, self.weight_up, *empty, None, plan)
 
     def _route(self, h: torch.Tensor) -> torch.Tensor:
         """[h_p; h_a] (2B, T, d + d_up) -> the hidden state whose head product is Eq. 5's output (B, T, ...)."""

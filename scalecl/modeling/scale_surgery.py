@@ -5,21 +5,25 @@ widened versions and the config is updated to the widened sizes, so generation w
 work unchanged. Route forks the batch above the function-preserving layers with forward pre-hooks.
 
 Standalone (torch + transformers only): copied verbatim into every SCALE checkpoint. It takes a plain
-`ScaleSpec` and checks nothing a user could get wrong: `scalecl.config.ScaleConfig` and
+`ScaleSpec` and checks nothing a user could get wrong: `scalecl.methods.scale.ScaleConfig` and
 `scalecl.methods.scale.upscale` validate first and convert.
+
+`ScaleSpec` is also the one declaration of SCALE's options: their names, types, defaults, choices and
+meanings. This is the lowest layer (scalecl cannot be imported here), so everything above derives from it:
+`ScaleConfig` (a ScaleSpec that validates), the SCALE methods' options and the `scalecl upscale` flags.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from .scale_arch import Arch, head_dim, kv_heads, set_submodule
-from .scale_layers import PathState, SplitNorm, UpEmbedding, UpHead, UpLinear
+from .scale_layers import PathState, SplitNorm, UpEmbedding, UpHead, UpLinear, products_setting
 
 # kwargs of a decoder block whose batch dimension must follow the hidden states when Route forks
 _BATCHED_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
@@ -27,19 +31,59 @@ _BATCHED_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
 SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
+# the values each option can take (ScaleConfig checks them)
+VARIANTS = ("preserve", "adapt", "route")
+INITS = ("zero", "rnd", "svd")
+COLLAB_MODULES = ("attn", "mlp")
+ROUTERS = ("logit", "centered", "prob")
+EMBED_INITS = ("zero", "rnd")
+
+
+def _option(default: Any, help_text: str) -> Any:
+    """A ScaleSpec field: its default, plus the one-line help the user-facing layers show (CLI flags)."""
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass(frozen=True)
 class ScaleSpec:
-    """One widening as plain values, l_fp resolved (field meanings: scalecl.config.ScaleConfig)."""
+    """One widening as plain values (paper Sections 3-4, spec/method.md): SCALE's options, declared once.
 
-    variant: str
-    hidden_up: int
-    ffn_up: int
-    l_fp: int
-    collab: tuple[str, ...]
-    init: tuple[str, str]
-    tau: float
-    router: str = "logit"
-    embed_init: str = "zero"
+    variant:   "preserve" (every W12 frozen at zero, Eq. 3), "adapt" (W12 trains above l_fp, Eq. 4),
+               "route" (both paths, cosine router, Eq. 5).
+    hidden_up: channels added to the residual stream and to attention (a multiple of head_dim).
+    ffn_up:    intermediate units added to every MLP.
+    l_fp:      number of lowest layers whose W12 stays frozen at zero. None means L for preserve and
+               L - 1 for adapt/route (only the top layer collaborates, the paper's biography setting);
+               see `resolve_l_fp`. A spec recorded in a checkpoint always holds the resolved number.
+    collab:    modules whose W12 trains in collaborative layers ("attn", "mlp" or both).
+    init:      initialisation of (W21, W22), each "zero", "rnd" (He normal) or "svd" (paper Fig. 5).
+    tau:       Route's cosine threshold in [-1, 1]. The paper gives no value; 0.9 is this project's
+               default and is always recorded with the run.
+    router:    what Route's cosine compares: "logit" (the paper's Eq. 5, raw logits), "centered" (logits
+               centred over the vocabulary, z - mean_v z, so a uniform shift does not count) or "prob"
+               (softmax probabilities). The decision is hard in every case.
+    embed_init: the new embedding columns: "zero" (default) or "rnd" (normal, std = the base config's
+               initializer_range, 0.02 for GPT-NeoX and Llama). "rnd" needs untied embeddings: the head's
+               new columns start at zero only then, and with them the base function.
+    """
+
+    variant: str = _option("route", "preserve | adapt | route (paper Eq. 3, 4, 5).")
+    hidden_up: int = _option(
+        128, "Channels added to the residual stream and attention (multiple of head_dim).")
+    ffn_up: int = _option(128, "Intermediate units added to every MLP.")
+    l_fp: int | None = _option(
+        None, "Lowest layers whose W12 stays frozen at zero (0..L). Default: L for preserve, L-1 otherwise.")
+    collab: tuple[str, ...] = _option(
+        ("attn", "mlp"), "Modules whose W12 trains in collaborative layers: attn, mlp or attn,mlp.")
+    init: tuple[str, str] = _option(
+        ("svd", "zero"), "Initialisation of W21,W22: each zero, rnd or svd (paper Fig. 5).")
+    tau: float = _option(0.9, "Route's cosine threshold in [-1, 1] (the paper gives no value).")
+    router: str = _option(
+        "logit", "What Route's cosine compares: logit (paper Eq. 5, raw logits), centered (logits centred "
+        "over the vocabulary) or prob (softmax probabilities).")
+    embed_init: str = _option(
+        "zero", "New embedding columns: zero, or rnd (normal, std = the base's initializer_range; untied "
+        "embeddings only, so the head's new columns still start at zero).")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (lists for tuples)."""
@@ -54,6 +98,13 @@ class ScaleSpec:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
+def resolve_l_fp(variant: str, l_fp: int | None, num_layers: int) -> int:
+    """The number of function-preserving layers: l_fp as given, else L for preserve and L - 1 otherwise."""
+    if l_fp is not None:
+        return l_fp
+    return num_layers if variant == "preserve" else num_layers - 1
+
+
 def new_heads(config, hidden_up: int) -> tuple[int, int]:
     """(new query heads, new KV heads) that hidden_up adds to a base config (whole heads, whole GQA groups)."""
     heads = hidden_up // head_dim(config)
@@ -64,15 +115,19 @@ def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = Tr
     """Widen `model` in place by spec.hidden_up / spec.ffn_up and set which blocks train for spec.variant.
 
     The base weights are reused (frozen, never modified). init_weights=False skips the SVD/random
-    initialisation (used when a checkpoint is loaded right after). Sizes are assumed valid.
+    initialisation (used when a checkpoint is loaded right after). Sizes are assumed valid; an l_fp of None
+    is resolved (resolve_l_fp) and the model records the resolved spec (model.scale_spec).
     """
     config = model.config
     n_layers = config.num_hidden_layers
-    l_fp = spec.l_fp
+    l_fp = resolve_l_fp(spec.variant, spec.l_fp, n_layers)
+    spec = replace(spec, l_fp=l_fp)  # what the model records: always the resolved number
     d, hu, hd = config.hidden_size, spec.hidden_up, head_dim(config)
     n_new, new_kv = new_heads(config, hu)
     width = {"hidden": hu, "ffn": spec.ffn_up, "qkv": 3 * hu, "kv": new_kv * hd}
-    state = PathState("route" if spec.variant == "route" else "adapt", spec.tau, spec.router)
+    # SCALECL_SCALE_PRODUCTS is read here, once per model: the layers' forward reads the shared state
+    mode = "route" if spec.variant == "route" else "adapt"
+    state = PathState(mode, spec.tau, spec.router, products_setting())
     for p in model.parameters():
         p.requires_grad_(False)  # every pre-trained tensor is frozen; new blocks are created trainable
 
@@ -104,8 +159,7 @@ def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = Tr
         config.head_dim = hd
     config.intermediate_size += spec.ffn_up
 
-    model.scale_config = spec  # scalecl's upscale replaces it with the validated ScaleConfig
-    model.scale_spec = spec
+    model.scale_spec = spec  # the widening as built (scalecl's upscale adds model.scale_config: the options)
     model.scale_base_sizes = base_sizes  # what a checkpoint's config.json records to rebuild the base shape
     model.scale_state = state
     model.scale_l_fp = l_fp

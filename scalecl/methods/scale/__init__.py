@@ -7,11 +7,11 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedModel
 
-from ...config import ScaleConfig
 from ..base import Method, register
+from .config import ScaleConfig
 from .upscale import check_sizes, routing_fractions, scale_path, upscale
 
-__all__ = ["ScaleMethod", "upscale", "scale_path", "routing_fractions"]
+__all__ = ["ScaleConfig", "ScaleMethod", "upscale", "scale_path", "routing_fractions"]
 
 
 @dataclass
@@ -19,7 +19,8 @@ class ScaleMethod(Method):
     """Width upscaling; the variant is fixed by the registered subclass."""
 
     variant: ClassVar[str] = "route"
-    # the options are ScaleConfig's fields (less the variant), with its defaults: one place defines them
+    # the options are ScaleSpec's fields (less the variant), with the defaults declared there (ScaleConfig
+    # inherits them): one place defines them
     hidden_up: int = ScaleConfig.hidden_up
     ffn_up: int = ScaleConfig.ffn_up
     l_fp: int | None = ScaleConfig.l_fp

@@ -4,6 +4,10 @@ The surgery itself (widened layers, split norms, embedding/head, Route's fork ho
 `scalecl.modeling`, which imports nothing from scalecl because it is also copied into every checkpoint.
 This module adds what a user meets: one-line `ScaleclError`s before any work, and the scalecl records
 (`model.scale_config`, `model.scalecl_base_config`) that checkpoints are rebuilt from.
+
+A widened model carries two records: `model.scale_spec` (a ScaleSpec, set by the surgery: the widening as
+built, l_fp resolved; present on every SCALE model, also one loaded through remote code) and
+`model.scale_config` (a ScaleConfig, set here: the options as asked for, l_fp possibly None).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import copy
 
 from transformers import PreTrainedModel
 
-from ...config import ScaleConfig
+from ...base_models import arch_of, head_dim, kv_heads
 from ...errors import ScaleclError
 from ...modeling.scale_surgery import (  # noqa: F401  (re-exported: the historical import path)
     _BATCHED_KWARGS,
@@ -24,7 +28,7 @@ from ...modeling.scale_surgery import (  # noqa: F401  (re-exported: the histori
     scale_path,
     widen,
 )
-from ...models import arch_of, head_dim, kv_heads
+from .config import ScaleConfig
 
 
 def check_sizes(config, cfg: ScaleConfig) -> tuple[int, int]:
@@ -68,7 +72,7 @@ def upscale(
     arch = arch_of(config)
     check_sizes(config, cfg)
     spec = to_spec(cfg, config.num_hidden_layers)
-    if getattr(model, "scale_config", None) is not None:
+    if getattr(model, "scale_spec", None) is not None:
         raise ScaleclError("model is already upscaled")
     base_config = config.to_dict()
     if not inplace:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -57,6 +60,20 @@ def tiny_config(kind: str = "llama", **overrides) -> PretrainedConfig:
         base.update(overrides)
         return LlamaConfig(**base)
     raise ScaleclError(f"unknown tiny config kind {kind!r}; choose gpt_neox (pythia) or llama")
+
+
+def shape_config(shape, vocab_size: int, **overrides) -> PretrainedConfig:
+    """The config of a from-scratch decoder of `shape` (a scalecl.config.ModelShape: arch, hidden, layers,
+    heads, ffn, context, rotary_pct) with `vocab_size` embedding and head rows; overrides (e.g. special
+    token ids) are passed to the config."""
+    if shape.hidden % shape.heads:
+        raise ScaleclError(f"model.hidden={shape.hidden} is not divisible by model.heads={shape.heads}")
+    kw = dict(rotary_pct=shape.rotary_pct) if shape.arch == "gpt_neox" else {}
+    return tiny_config(
+        shape.arch, vocab_size=vocab_size, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, intermediate_size=shape.ffn, max_position_embeddings=shape.context,
+        **kw, **overrides,
+    )
 
 
 def model_from_config(config: PretrainedConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -116,3 +133,45 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> Pr
             raise ScaleclError(f"cannot load the weights of {name_or_path}: {e}; the file looks truncated or damaged"
                                ) from None
         raise
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A base model named on the command line (`scalecl upscale` / `prepare`): --model or --random-config
+
+
+class BaseModel(NamedTuple):
+    """A base model before its weights load: the config (sizes are checked on it first), how to load the
+    weights, and where it came from (recorded in checkpoints: a hub id, a folder or "random:<config>")."""
+
+    config: PretrainedConfig
+    load: Callable[[], PreTrainedModel]
+    source: str
+
+
+def resolve_base(model: str | None, random_config: str | None, seed: int = 0) -> BaseModel:
+    """The base given as exactly one of `model` (hub id or directory) and `random_config` (a tiny config kind,
+    "gpt_neox"/"pythia" or "llama", or a transformers config JSON: random weights from `seed`)."""
+    if (model is None) == (random_config is None):
+        raise ScaleclError("give exactly one of --model (hub id or directory) and --random-config")
+    if model is not None:
+        return BaseModel(load_base_config(model), lambda: load_base_model(model), model)
+    is_file = Path(random_config).suffix == ".json"
+    config = config_from_json(random_config) if is_file else tiny_config(random_config)
+    return BaseModel(config, lambda: model_from_config(config, seed=seed), f"random:{random_config}")
+
+
+def config_from_json(path: str | os.PathLike) -> PretrainedConfig:
+    """A transformers config from a JSON file (a model_type and its sizes), of a supported architecture."""
+    if not Path(path).is_file():
+        raise ScaleclError(f"config file {path} does not exist")
+    try:
+        spec = json.loads(Path(path).read_text())
+        if not isinstance(spec, dict) or "model_type" not in spec:
+            raise ValueError("no 'model_type'")
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"config file {path} is not a JSON transformers config ({e})") from None
+    arch_of(type("C", (), {"model_type": spec["model_type"]}))  # unsupported families fail here, by name
+    try:
+        return AutoConfig.for_model(**spec)
+    except (TypeError, ValueError) as e:
+        raise ScaleclError(f"config file {path}: {str(e).splitlines()[0]}") from None

@@ -2,6 +2,8 @@
 
 Meta tensors carry shapes only, so the 1B model is "built" in milliseconds and without memory; methods are
 applied with init_weights=False (SCALE's SVD initialisation cannot run on meta tensors).
+
+It sits above the methods and the experiment configs (it reads the bio paper preset), not in methods/.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import Any, NamedTuple
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
 
-from .base import count_parameters, get_method
+from .base_models import shape_config
+from .config import load_preset
+from .methods import count_parameters, get_method
 
 
 def pythia_160m_config() -> GPTNeoXConfig:
@@ -37,19 +41,14 @@ def biography_paper_config() -> GPTNeoXConfig:
     """The `bio` paper preset's model as it runs: Pythia-160M's shape with the rows its vocabulary has in force
     (model.vocab = 50,304: the Pythia tokenizer, padded as Pythia pads it). The embedding and head columns that
     SCALE adds scale with those rows, so a budget counted with another vocabulary would not be this run's."""
-    from ..bio import base_model_config
-    from ..config import load_preset
-
     rc = load_preset("bio", "paper")
     if not rc.model.vocab:
         raise ValueError("the bio paper preset must fix model.vocab for its budget to be known without a tokenizer")
-    return base_model_config(rc)
+    return shape_config(rc.model, rc.model.vocab)
 
 
 def _biography_methods() -> list[tuple[str, dict[str, Any]]]:
     """The methods the paper ran on the biography task, with the bio paper preset's options."""
-    from ..config import load_preset
-
     rc = load_preset("bio", "paper")
     return [("fft", {})] + [(m, rc.method_options(m)) for m in ("llama-pro", "scale-preserve", "scale-adapt",
                                                                 "scale-route")]

@@ -1,16 +1,12 @@
-"""Run bookkeeping shared by experiments: config hashes, atomic files, provenance."""
+"""The machine a run executes on: its device, CPU thread and allocator settings, and provenance records."""
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
 import platform
 import subprocess
 import sys
-import tempfile
-from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,52 +14,11 @@ from typing import Any
 import torch
 
 
-def config_hash(*parts: Any, n: int = 10) -> str:
-    """Stable short hash of JSON-able parts (dataclasses are converted)."""
-    blob = json.dumps([asdict(p) if is_dataclass(p) else p for p in parts], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:n]
-
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-TMP_PREFIX = ".tmp-"  # every temporary file or folder the suite writes starts so (removed after a kill)
-
-
-def remove_temporaries(folder: Path, prefix: str = TMP_PREFIX) -> None:
-    """Remove the suite's temporaries directly in `folder` (left there by a process killed mid-write)."""
-    import shutil
-
-    if Path(folder).is_dir():
-        for p in Path(folder).iterdir():
-            if p.name.startswith(prefix):
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are for everyone the umask allows
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
-
-
 def provenance() -> dict[str, Any]:
     """Versions, machine and commit: enough to tell where a number came from."""
     import transformers
 
-    from . import __version__
+    from .version import __version__
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

@@ -1,0 +1,91 @@
+"""`scalecl eval-ppl`: the perplexity of a saved checkpoint on a slice of a corpus, as a JSON record."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .base_models import load_base_config
+from .checkpoint import load_model, read_meta
+from .config import CorpusConfig, CptRunConfig
+from .corpora import BUILTIN, bilingual_config, builtin_root, check_builtin_spec, corpus_spec, max_positions
+from .data.bilingual import write_corpus
+from .data.corpus import check_corpus, eval_chunks
+from .data.tokenizer import load_tokenizer
+from .errors import ScaleclError
+from .files import check_writable_dir
+from .machine import pick_device, provenance
+from .methods import get_method
+from .perplexity import perplexity
+
+
+def check_record_out(out: Path) -> None:
+    """`--out` must be a file name whose folder is writable; an existing file is replaced only when it is a
+    record eval-ppl wrote (a JSON object with its keys), never a user's file."""
+    if out.is_dir():
+        raise ScaleclError(f"--out {out} is a folder; give a file name for the JSON record")
+    check_writable_dir(out.parent, "--out")
+    if out.exists():
+        try:
+            ours = {"ppl", "model", "dataset"} <= set(json.loads(out.read_text()))
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise ScaleclError(f"--out {out} exists and is not a record written by eval-ppl; not overwriting it")
+
+
+def eval_ppl(
+    model_path: str, spec_cfg: CorpusConfig, seq_len: int | None, batch: int, cache: Path, tokenizer: str | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Perplexity of a saved checkpoint (scalecl or plain transformers) on a dataset slice.
+
+    Everything that can be wrong with the input (model folder, its config, the tokenizer, the dataset, the
+    sequence length, the device) is checked before the builtin corpus is generated or weights are loaded.
+    """
+    from transformers import AutoConfig
+
+    if not Path(model_path).is_dir():
+        raise ScaleclError(f"model path {model_path} does not exist or is not a directory")
+    try:
+        meta = read_meta(model_path)
+        config = AutoConfig.from_pretrained(model_path) if meta is not None else load_base_config(model_path)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"{model_path} is not a readable checkpoint ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    dev = pick_device(device)
+    n_pos = max_positions(config)
+    if seq_len is None:
+        seq_len = min(n_pos or 2048, 2048)
+    if n_pos is not None and seq_len > n_pos:
+        raise ScaleclError(f"--seq-len {seq_len} exceeds the model's {n_pos} positions")
+    if seq_len < 2:
+        raise ScaleclError(f"--seq-len must be at least 2, got {seq_len}")
+    src = tokenizer or model_path
+    try:
+        tok = load_tokenizer(src)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"cannot load a tokenizer from {src} (pass --tokenizer): {str(e).splitlines()[0]}") from None
+    root = None
+    if spec_cfg.path.startswith(f"{BUILTIN}:"):
+        check_builtin_spec(spec_cfg, "dataset")
+        rc = CptRunConfig()
+        bil = bilingual_config(rc)
+        check_writable_dir(cache, "--cache")
+        root = builtin_root(rc, cache)
+        write_corpus(root, bil, rc.builtin.vocab)
+    else:
+        check_corpus(corpus_spec(spec_cfg, None))
+    spec = corpus_spec(spec_cfg, root)
+    t = time.perf_counter()
+    chunks = eval_chunks(spec, tok, seq_len, "dataset")
+    model = load_model(model_path).to(dev)
+    method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
+    stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
+    r = perplexity(model, chunks, batch, stats=stats)
+    return {"model": str(model_path), "method": meta.get("method") if meta else None,
+            "dataset": asdict(spec_cfg) | {"resolved": spec.describe()}, "tokenizer": src, **r,
+            "wall_s": round(time.perf_counter() - t, 2), "provenance": provenance()}

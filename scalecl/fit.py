@@ -1,0 +1,199 @@
+"""Training one run: `fit(run, plan, build=..., batches=..., evaluate=...)`.
+
+`fit` joins the run's files (scalecl.run.Run: checkpoints, logs, resumption) to the training loop
+(scalecl.train.train) under a TrainPlan: it starts from step 0 or the run's latest checkpoint, moves and
+prepares the model for the device and the processes (scalecl.parallel), evaluates at the plan's steps,
+checkpoints, sends logs to the trackers and summarises the speed of what it trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import TrainingDiverged
+from .processes import Dist, say
+from .run import Run
+from .state import load_state
+from .trackers import open_trackers
+from .train import Hooks, TrainPlan, train
+
+__all__ = ["Fit", "Runtime", "TrainPlan", "fit"]
+
+
+@dataclass
+class Runtime:
+    """Where runs execute: this process's place in the job, the device, the progress display (None: none)
+    and the printer (main process only)."""
+
+    d: Dist = field(default_factory=Dist)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    progress: Any = None
+    say: Callable[[str], None] = say
+
+
+@dataclass
+class Fit:
+    """What `fit` hands back: the trained model, its losses and evaluation records, and whether it finished.
+
+    `model` is what every process evaluates (sharded under FSDP); `export` is the full model to save: the
+    model itself, or under FSDP rank 0's host copy holding the gathered weights (None on other ranks).
+    `speed` summarises the steps this process trained (tokens/s, model TFLOP/s, MFU; scalecl.perf) and how
+    the run was spread over processes.
+    """
+
+    model: nn.Module
+    losses: list[float]
+    records: list[dict[str, Any]]
+    timing: dict[str, float]
+    complete: bool
+    resumed_from: int = 0
+    export: nn.Module | None = None
+    speed: dict[str, Any] = field(default_factory=dict)
+
+
+def _start(run: Run, plan: TrainPlan, rt: Runtime) -> tuple[Path, dict] | None:
+    """The checkpoint and state to resume from (None: step 0): rank 0 decides, every process follows."""
+    start = run.begin(resume=plan.resume, force=plan.force, say=rt.say) if rt.d.main else None
+    if rt.d.world > 1:
+        box = [None if start is None else str(start[0])]
+        dist.broadcast_object_list(box, src=0)
+        start = None if box[0] is None else (Path(box[0]), load_state(box[0]))
+    return start
+
+
+class _Clock:
+    """Training and evaluation seconds of a run (carried across resumptions) and per-step totals."""
+
+    def __init__(self, state: dict[str, Any] | None) -> None:
+        import time
+
+        self.now = time.perf_counter
+        self.timing = dict(state["timing"]) if state else {"train_s": 0.0, "eval_s": 0.0}
+        self.mark = self.now()
+        self.totals = {"tokens": 0, "seconds": 0.0, "flops": 0.0, "steps": 0}
+
+    def lap(self, key: str) -> None:
+        t = self.now()
+        self.timing[key] += t - self.mark
+        self.mark = t
+
+    def count(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            self.totals["steps"] += 1
+            self.totals["tokens"] += r["tokens"]
+            self.totals["seconds"] += r["seconds"]
+            self.totals["flops"] += (r.get("model_tflops") or 0.0) * 1e12 * r["seconds"]
+
+
+def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, evaluate, d: Dist) -> Hooks:
+    """Evaluation, checkpoint and log callbacks of one run."""
+    from .parallel import gather, reshard
+
+    def on_step(step: int, loss: float) -> None:
+        clock.lap("train_s")
+        if evaluate is not None:
+            run.record(evaluate(model, step, loss))
+            reshard(model)  # FSDP: evaluation's forwards leave the root group gathered
+        clock.lap("eval_s")
+
+    def on_save(step: int, tstate: dict[str, Any]) -> None:
+        clock.lap("train_s")
+        full = gather(model, host)  # every process takes part under FSDP
+        if d.main:
+            run.save_checkpoint(step, full, tstate | {"records": run.records, "timing": clock.timing})
+        d.barrier()
+
+    def on_log(rows: list[dict[str, Any]]) -> None:
+        clock.count(rows)
+        run.log_steps(rows)
+
+    return Hooks(on_step=on_step if evaluate is not None else None, on_save=on_save, on_log=on_log)
+
+
+def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, rt: Runtime) -> dict[str, Any]:
+    """tokens/s, model TFLOP/s and MFU of the steps this process trained, and how the run was spread."""
+    from .parallel import describe
+    from .perf import speed_provenance
+
+    t, d = clock.totals, rt.d
+    sec = t["seconds"]
+    tflops = t["flops"] / sec / 1e12 if sec > 0 else None
+    speed = {
+        "steps_timed": t["steps"], "tokens": t["tokens"], "seconds": round(sec, 3),
+        "tokens_per_s": round(t["tokens"] / sec, 1) if sec > 0 else None,
+        "model_flops_per_token": {"definition": "6N + 12 L H Q T (scalecl.perf)", **flops.to_dict()},
+        "model_tflops": None if tflops is None else float(f"{tflops:.4g}"),
+        "mfu": float(f"{tflops / (peak['tflops'] * d.world):.4g}") if tflops is not None and peak["tflops"] else None,
+        "sync_every": plan.sync_every,
+    }
+    if plan.compute is None:
+        return speed | {"parallel": {"mode": "single", "processes": d.world}, "peak": peak}
+    return speed | {"parallel": describe(plan.compute, d.world, model)} | speed_provenance(plan.compute, rt.device,
+                                                                                         plan.autocast)
+
+
+def fit(
+    run: Run,
+    plan: TrainPlan,
+    *,
+    build: Callable[[], nn.Module],
+    batches: Iterator[dict[str, torch.Tensor]],
+    evaluate: Callable[[nn.Module, int, float], dict[str, Any]] | None = None,
+    rt: Runtime | None = None,
+) -> Fit:
+    """Train one run from step 0 or its latest checkpoint, evaluating at plan.eval_steps and checkpointing.
+
+    build() makes the model of step 0 (e.g. method.apply(base)); when resuming, the checkpoint's model is
+    loaded instead (checked to be of the run's method and options). evaluate(model, step, loss) returns one
+    record; it runs on every process (under FSDP every process must run the same forwards). The model is
+    moved to rt.device and prepared by plan.compute (activation checkpointing, compile, DDP or FSDP2 across
+    rt.d.world processes; scalecl.parallel.prepare).
+    """
+    from .parallel import gather, host_copy, prepare
+    from .perf import model_flops, peak_tflops
+    from .perf import sync_every as auto_sync
+
+    rt = rt or Runtime()
+    d = rt.d
+    start = _start(run, plan, rt)
+    state = start[1] if start else None
+    model = run.load_checkpoint_model(start[0]) if start else build()
+    sharding = plan.compute is not None and plan.compute.parallel == "fsdp" and d.world > 1
+    host = host_copy(model) if sharding and d.main else None  # rank 0 saves full models from it
+    flops = model_flops(model)
+    model = model.to(rt.device)
+    wrapped = prepare(model, plan.compute, rt.device, d.world) if plan.compute is not None else model
+    if plan.sync_every is None:
+        plan = replace(plan, sync_every=auto_sync(plan.compute, rt.device) if plan.compute is not None else 1)
+    peak = peak_tflops(rt.device, plan.autocast)
+    run.restore(state)
+    clock = _Clock(state)
+    if d.main and run.out_dir is not None:
+        run.trackers = open_trackers(plan.report_to, run.name, run.out_dir / "tensorboard", plan.tracker_config)
+    try:
+        losses = train(wrapped, batches, plan, hooks=_hooks(run, model, host, clock, evaluate, d), state=state,
+                       flops=flops, peak_tflops=peak["tflops"], progress=rt.progress)
+    except TrainingDiverged as e:
+        run.close_trackers()
+        ckpts = run.checkpoints()
+        where = f"last good checkpoint {ckpts[-1]}" if ckpts else "no checkpoint had been written"
+        raise TrainingDiverged(f"{run.name}: {e}; {where}") from None
+    except BaseException:
+        run.close_trackers()
+        raise
+    clock.lap("train_s")
+    complete = len(losses) >= plan.steps
+    if not complete:
+        run.close_trackers()
+        rt.say(f"{run.name}: stopped after step {len(losses)}; continue with --resume")
+    export = gather(model, host) if complete else None  # every process takes part under FSDP
+    return Fit(model, losses, run.records, {k: round(v, 1) for k, v in clock.timing.items()}, complete,
+               int(state["step"]) if state else 0, export if export is not None else (model if d.main else None),
+               _speed(clock, flops, peak, plan, model, rt))

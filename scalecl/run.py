@@ -1,0 +1,265 @@
+"""One training run's files: what makes a run finished, its checkpoints, its logs.
+
+Every training run of the suite (a biography stage or method, a continual pre-training run, each value
+of a study, the pre-training of a cached base) is a `Run`, trained by `scalecl.fit.fit`. What it
+guarantees, once for all of them:
+
+- **Naming and skipping.** A run is named by its resolved config (`run_name`); a finished run (its
+  `result.json` readable) is found before any expensive work and skipped unless forced.
+- **Files that never lie.** While training, evaluations stream to `metrics.jsonl.partial` and the per-step
+  log (loss, learning rate, gradient norm, tokens/s) to `train_log.jsonl.partial`. `finish` writes the final
+  model, then `metrics.jsonl`, `train_log.jsonl`, and `result.json` last: a run is finished exactly when
+  `result.json` exists. A diverged run (non-finite loss) records nothing as finished.
+- **Checkpoints that resume exactly and safely.** `checkpoints/<experiment>/<run>/step-N/` holds the model
+  (a suite checkpoint) and the training state as safetensors + JSON (`scalecl.state`, no pickle), plus the
+  run's identity (experiment, name, method, options, config hash): `--resume` refuses a checkpoint of
+  another method or configuration. A checkpoint is written into a hidden temporary sibling and renamed
+  into place when complete, so a process killed at any moment leaves either the previous checkpoints or
+  the new one, never half of one; temporaries of killed processes are removed when the run starts again.
+- **Data.** Nothing is deleted that the suite did not write; `--force` removes only the run's own
+  checkpoints and result before starting over.
+
+Processes: under torchrun every process runs the same code; only the main process (rank 0) writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .crash import crash_point
+from .errors import ScaleclError
+from .files import TMP_PREFIX, atomic_dir, remove_temporaries, write_atomic, write_json
+from .schema import config_hash
+from .state import JSON_NAME, load_state, save_state
+
+STEP_DIR = re.compile(r"^step-(\d{7,})$")
+
+
+def run_name(prefix: str, *parts: Any) -> str:
+    """`<prefix>-<hash>`: the hash of everything the run's numbers depend on (never of where files go)."""
+    return f"{prefix}-{config_hash(*parts)}"
+
+
+@dataclass
+class Run:
+    """One training run's files: results in `out_dir`, checkpoints in `ckpt_root`, the final model in
+    `final_dir` (default ckpt_root/final). `identity` is recorded in every checkpoint and the result.
+
+    `method` is the method the run trains (None: a plain model, e.g. a cached stage); `save_kw` what every
+    saved model carries besides its weights (tokenizer, base model; scalecl.checkpoint.save_model)."""
+
+    identity: dict[str, Any]  # experiment, name, method, options, config_hash
+    out_dir: Path | None
+    ckpt_root: Path
+    final_dir: Path | None = None
+    keep: int = 2
+    main: bool = True
+    method: Any = None
+    save_kw: dict[str, Any] = field(default_factory=dict)
+    trackers: list[Any] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.final_dir is None:
+            self.final_dir = self.ckpt_root / "final"
+
+    @property
+    def name(self) -> str:
+        return self.identity["name"]
+
+    # -- finished runs --------------------------------------------------------------------------------
+
+    def result(self) -> dict[str, Any] | None:
+        """The finished run's result, or None. An unreadable result.json is an error, not a silent rerun."""
+        if self.out_dir is None:
+            return None
+        f = self.out_dir / "result.json"
+        if not f.exists():
+            return None
+        try:
+            result = json.loads(f.read_text())
+            if not isinstance(result, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            raise ScaleclError(f"{f} is unreadable ({type(e).__name__}); remove it or use --force to rerun") from None
+        self.tidy()  # a process killed right after writing result.json may have left partial files
+        return result
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a folder named step-N holding a training state)."""
+        if not self.ckpt_root.is_dir():
+            return []
+        found = [p for p in self.ckpt_root.iterdir() if STEP_DIR.match(p.name) and (p / JSON_NAME).exists()]
+        return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+    def clean_temporaries(self) -> None:
+        """Remove hidden temporaries a killed process of this run left (only this layer's names for this run;
+        save_model removes its own, `.<name>.tmp-*`, when it next writes there)."""
+        spots = [(self.ckpt_root, TMP_PREFIX), (self.final_dir.parent, f"{TMP_PREFIX}{self.final_dir.name}-")]
+        for root, prefix in spots:
+            if root.is_dir():
+                for p in root.iterdir():
+                    if p.name.startswith(prefix) and p.is_dir():
+                        shutil.rmtree(p, ignore_errors=True)
+
+    def begin(self, *, resume: bool | str, force: bool, say: Callable[[str], None]) -> tuple[Path, dict] | None:
+        """Decide where training starts: (checkpoint, state) to resume from, or None for step 0.
+
+        Without --resume, existing checkpoints of this run are refused (so that progress is never thrown away
+        silently); --force removes them (and the run's result) first. resume="auto" (cached stages, whose
+        name is their content) resumes when it can, silently starts from 0 otherwise.
+        """
+        if self.main:
+            self.clean_temporaries()
+        found = self.checkpoints()
+        if force and self.main:
+            for p in found:
+                shutil.rmtree(p)
+            if self.out_dir is not None:
+                (self.out_dir / "result.json").unlink(missing_ok=True)
+            found = []
+        if not found:
+            if resume and resume != "auto":
+                say(f"{self.name}: no checkpoint under {self.ckpt_root}; starting from step 0")
+            return None
+        if not resume:
+            step = int(STEP_DIR.match(found[-1].name).group(1))
+            raise ScaleclError(f"{self.name} has checkpoints up to step {step} in {self.ckpt_root}: --resume continues "
+                               f"it, --force starts it over")
+        path = found[-1]
+        state = load_state(path)
+        theirs = state.get("run", {})
+        for key in ("experiment", "name", "method", "options", "config_hash"):
+            if _jsonable(theirs.get(key)) != _jsonable(self.identity.get(key)):
+                raise ScaleclError(f"checkpoint {path} belongs to another run ({key} {theirs.get(key)!r}, this run "
+                                   f"has {self.identity.get(key)!r}); refusing to resume from it")
+        say(f"{self.name}: resuming from {path} (step {state['step']})")
+        return path, state
+
+    def save_checkpoint(self, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
+        """step-N/model + step-N/trainer_state.*, written into a temporary folder renamed when complete."""
+        from .checkpoint import save_model
+
+        dest = self.ckpt_root / f"step-{step:07d}"
+        with atomic_dir(dest) as tmp:
+            save_model(model, tmp / "model", self.method, **self.save_kw)
+            crash_point("checkpoint-model-written")
+            save_state(tmp, state | {"run": self.identity})
+            crash_point("checkpoint-state-written")
+        crash_point("checkpoint-renamed")
+        done = self.checkpoints()
+        for old in done[: max(len(done) - self.keep, 0)]:
+            shutil.rmtree(old, ignore_errors=True)
+        return dest
+
+    def load_checkpoint_model(self, path: Path) -> nn.Module:
+        """The model of a checkpoint, checked to be of this run's method and options."""
+        from .checkpoint import load_model, read_meta
+
+        method = self.method
+        meta = read_meta(path / "model") or {}
+        want = (method.name, method.options()) if method is not None else (None, {})
+        got = (meta.get("method"), meta.get("options", {}))
+        if _jsonable(got) != _jsonable(want):
+            raise ScaleclError(f"checkpoint {path} holds a {got[0] or 'plain'} model with options {got[1]}, this run "
+                               f"trains {want[0] or 'a plain model'} with {want[1]}; refusing to resume from it")
+        return load_model(path / "model")
+
+    # -- records and logs -------------------------------------------------------------------------------
+
+    def _partial(self, stem: str) -> Path | None:
+        return None if self.out_dir is None or not self.main else self.out_dir / f"{stem}.jsonl.partial"
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Records from a resumed state; the step log cut back to the checkpoint's step (a killed process may
+        have logged steps after it, and may have left a half-written last line)."""
+        self.records = list(state["records"]) if state else []
+        if self._partial("metrics") is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            remove_temporaries(self.out_dir)  # half-written files of a killed process
+            write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
+            log = self._partial("train_log")
+            keep = []
+            if state and log.exists():
+                for line in log.read_text().splitlines():
+                    with contextlib.suppress(ValueError):
+                        row = json.loads(line)
+                        if isinstance(row, dict) and row.get("step", 0) <= state["step"]:
+                            keep.append(line + "\n")
+            write_atomic(log, "".join(keep))
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """One evaluation: kept, streamed to metrics.jsonl.partial, sent to the trackers."""
+        self.records.append(rec)
+        if self._partial("metrics") is not None:
+            write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
+            values = {f"eval/{k}": v for k, v in rec.items()
+                      if isinstance(v, int | float) and not isinstance(v, bool) and k != "step"}
+            for t in self.trackers:
+                t.log(values, step=rec["step"])
+
+    def log_steps(self, rows: list[dict[str, Any]]) -> None:
+        """Per-step rows appended to train_log.jsonl.partial and sent to the trackers."""
+        path = self._partial("train_log")
+        if path is None:
+            return
+        with open(path, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        for t in self.trackers:
+            for r in rows:
+                t.log({f"train/{k}": v for k, v in r.items() if k not in ("step", "seconds")}, step=r["step"])
+
+    def close_trackers(self) -> None:
+        for t in self.trackers:
+            t.finish()
+        self.trackers = []
+
+    # -- the end ----------------------------------------------------------------------------------------
+
+    def finish(self, result: dict[str, Any] | None, model: nn.Module | None = None, **save_extra: Any) -> None:
+        """Final model (if any, saved with save_kw and `save_extra`), then metrics.jsonl and train_log.jsonl,
+        then result.json (the finished mark)."""
+        if not self.main:
+            return
+        if model is not None:
+            from .checkpoint import save_model
+
+            save_model(model, self.final_dir, self.method, overwrite=True, **(self.save_kw | save_extra))
+            crash_point("final-model-written")
+        if self.out_dir is None:
+            return
+        write_atomic(self.out_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.records))
+        log = self._partial("train_log")
+        write_atomic(self.out_dir / "train_log.jsonl", log.read_text() if log.exists() else "")
+        crash_point("metrics-written")
+        write_json(self.out_dir / "result.json", {"run": self.identity} | (result or {}))
+        self.tidy()
+        self.close_trackers()
+
+    def tidy(self) -> None:
+        """Remove what only an unfinished run needs (partial files, temporaries) once result.json exists."""
+        if self.main and self.out_dir is not None and (self.out_dir / "result.json").exists():
+            for stem in ("metrics", "train_log"):
+                self._partial(stem).unlink(missing_ok=True)
+            remove_temporaries(self.out_dir)
+
+
+def _jsonable(x: Any) -> Any:
+    """Compare options the way they are stored (tuples and lists alike)."""
+    return json.loads(json.dumps(x, sort_keys=True, default=str))
+
+
+def _jsonable(x: Any) -> Any:
+    """Compare options the way they are stored (tuples and lists alike)."""
+    return json.loads(json.dumps(x, sort_keys=True, default=str))

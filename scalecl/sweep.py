@@ -1,0 +1,198 @@
+"""One sweep over methods for every experiment: `sweep(experiment, methods, options)`.
+
+An experiment (the biography protocol, continual pre-training) says what is particular to it through the
+`Experiment` protocol: its checks, how a run is named, the shared data and cached stages every method
+starts from, how a method's model is built, its batches, its TrainPlan, its evaluation and its result.
+The sweep owns everything else, once: the process group, the device, the method order (the registry's),
+the checks before anything is written, finding finished runs before any expensive work, the progress
+display, training each run with scalecl.fit, writing its files, and the summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from .errors import ScaleclError
+from .files import check_writable_dir
+from .fit import Fit, Runtime, TrainPlan, fit
+from .machine import pick_device
+from .methods import Method, get_method, method_names
+from .processes import Dist, distributed, say
+from .run import Run
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a sweep writes: results (one folder per run), caches (data, stages, bases), checkpoints."""
+
+    out: Path
+    cache: Path = Path("cache")
+    checkpoints: Path = Path("checkpoints")
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep treats existing runs and where it runs: --force, --resume, --stop-after, --report-to,
+    --device."""
+
+    force: bool = False
+    resume: bool = False
+    stop_after: int | None = None
+    report_to: tuple[str, ...] = ()
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        from .trackers import check_report_to
+
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ScaleclError(f"--stop-after must be a positive step, got {self.stop_after}")
+        object.__setattr__(self, "report_to", check_report_to(self.report_to))  # "a,b" or names; installed
+
+
+def parse_methods(text: str) -> list[str]:
+    """`--method`: 'all', or one or more method names separated by commas."""
+    if text.strip() == "all":
+        return method_names()
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+class Experiment(Protocol):
+    """What an experiment tells the sweep. `rc` is its resolved config (with `compute` and
+    `method_options(name)`), `paths` where it writes. Every method runs on every process under torchrun."""
+
+    rc: Any
+    paths: Paths
+
+    def check(self, methods: dict[str, Method], d: Dist) -> None:
+        """Every check of the experiment's own that writes nothing (sizes, data, each method's options)."""
+
+    def run_of(self, method: Method, d: Dist) -> Run:
+        """The run of one method, named by everything its numbers depend on."""
+
+    def prepare(self, rt: Runtime) -> None:
+        """Shared data of every method (before the progress display starts)."""
+
+    def stages(self, rt: Runtime) -> None:
+        """Cached stages every method starts from (trained under the progress display when not cached)."""
+
+    def build(self, method: Method) -> nn.Module:
+        """The model of step 0 for a method."""
+
+    def save_kw(self) -> dict[str, Any]:
+        """What every saved model of a method's run carries besides its weights (tokenizer, base model)."""
+
+    def batches(self, method: Method, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
+        """This process's training batches."""
+
+    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
+        """How the method's run trains (the sweep adds resume, force, stop and trackers)."""
+
+    def evaluate(self, model: nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
+        """One evaluation record (every process runs it)."""
+
+    def result(self, method: Method, run: Run, res: Fit, rt: Runtime) -> dict[str, Any]:
+        """The result.json of a finished run (every process calls it; final evaluations run in lock-step)."""
+
+    def summary(self, results: list[dict[str, Any]]) -> None:
+        """Print the end-of-sweep table."""
+
+
+def order_methods(methods: list[str]) -> list[str]:
+    """The asked-for methods in the registry's order; an unknown name is one clear error."""
+    for name in methods:
+        if name not in method_names():
+            raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(method_names())} or all")
+    return [m for m in method_names() if m in methods]
+
+
+def _device(name: str | None, d: Dist) -> torch.device:
+    if d.world > 1 and name in (None, "cuda") and torch.cuda.is_available():
+        name = f"cuda:{d.local_rank}"  # one GPU per process
+    return pick_device(name)
+
+
+def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | None = None
+          ) -> tuple[torch.device, dict[str, Method]]:
+    """Every check that writes nothing: method names, device, compute options, folders, the experiment's own
+    checks and each method's options against the model. Returns (device, methods by name, in order)."""
+    from .perf import check_compute
+
+    d = d or Dist()
+    order = order_methods(methods)
+    dev = _device(opts.device, d)
+    check_compute(exp.rc.compute, dev, d.world)
+    for path, what in ((exp.paths.out, "--out"), (exp.paths.cache, "--cache"),
+                       (exp.paths.checkpoints, "--checkpoints")):
+        check_writable_dir(path, what)
+    prepared = {name: get_method(name, **exp.rc.method_options(name)) for name in order}
+    exp.check(prepared, d)
+    return dev, prepared
+
+
+def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None) -> list[dict[str, Any]]:
+    """Train every asked-for method that has no finished run; returns one result per method (on the main
+    process; [] on the others). When every run has finished, nothing is built: no data, no stage."""
+    opts = opts or SweepOptions()
+    with distributed() as d:
+        dev, prepared = check(exp, methods, opts, d)
+        runs = {name: exp.run_of(m, d) for name, m in prepared.items()}
+        done = {name: run.result() for name, run in runs.items()}
+        for name, run in runs.items():
+            if done[name] is not None and not opts.force:
+                say(f"{name}: finished run found at {run.out_dir} (use --force to rerun)")
+        if opts.force or any(r is None for r in done.values()):
+            results = _train_all(exp, prepared, runs, done, opts, dev, d)
+        else:
+            results = list(done.values())
+        if not d.main:
+            return []
+        if results:
+            exp.summary(results)
+        return results
+
+
+def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
+               opts: SweepOptions, dev: torch.device, d: Dist) -> list[dict[str, Any]]:
+    from .perf import configure_device
+    from .train import progress_bar
+
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    configure_device(dev, exp.rc.compute.tf32)
+    exp.prepare(Runtime(d, dev, None, say))
+    results = []
+    with progress_bar() if d.main else contextlib.nullcontext() as progress:
+        rt = Runtime(d, dev, progress, say)
+        exp.stages(rt)
+        for name, method in prepared.items():
+            r = done[name] if done[name] is not None and not opts.force else train_one(exp, method, runs[name],
+                                                                                     rt, opts)
+            if r is not None:
+                results.append(r)
+    return results
+
+
+def train_one(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
+    """Train one method's run and write its files; its result (None: stopped early, or not the main process)."""
+    run.save_kw = run.save_kw | exp.save_kw()
+    plan = replace(exp.plan(method, rt), resume=opts.resume, force=opts.force, stop_at=opts.stop_after,
+                   report_to=opts.report_to)
+    res = fit(run, plan, build=lambda: exp.build(method), batches=exp.batches(method, rt),
+              evaluate=lambda model, step, loss: exp.evaluate(model, method, step, loss), rt=rt)
+    if not res.complete:
+        return None
+    result = exp.result(method, run, res, rt)
+    if rt.d.main:
+        if res.resumed_from:
+            result["resumed_from_step"] = res.resumed_from
+        run.finish(result, res.export.cpu())
+        rt.say(f"{method.name}: wrote {run.out_dir}; final model {run.final_dir}")
+    rt.d.barrier()
+    return result if rt.d.main else None
