@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from .errors import ScaleclError
 from .modeling.scale_arch import ARCHS, Arch, head_dim, kv_heads, set_submodule
+from .readers import check_weights_folder, read_json
 
 # the architecture table lives in scalecl.modeling (shipped in SCALE checkpoints): one copy, re-exported
 __all__ = ["ARCHS", "Arch", "arch_of", "decoder_layers", "head_dim", "kv_heads", "set_submodule"]
@@ -97,34 +97,62 @@ def check_model_source(name_or_path: str) -> None:
         raise ScaleclError(f"model path {name_or_path} does not exist")
 
 
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "intermediate_size", "max_position_embeddings", "head_dim")
+
+
+def check_config_sizes(config: PretrainedConfig | dict, where: str) -> None:
+    """Every size a config (or its JSON) gives is a positive integer (int32), heads divide the width: else one
+    error naming `where` (a config.json with "64" as a size, -1 layers or 0 heads would otherwise fail deep in
+    transformers or torch)."""
+    got = {k: config.get(k) if isinstance(config, dict) else getattr(config, k, None) for k in _SIZES}
+    for k, v in got.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31):
+            raise ScaleclError(f"{where}: {k} must be a positive integer, got {v!r}")
+    heads, kv = got["num_attention_heads"], got["num_key_value_heads"]
+    if heads and got["hidden_size"] and got["head_dim"] is None and got["hidden_size"] % heads:
+        raise ScaleclError(f"{where}: hidden_size {got['hidden_size']} is not divisible by num_attention_heads {heads}")
+    if heads and kv and heads % kv:
+        raise ScaleclError(f"{where}: num_attention_heads {heads} is not divisible by num_key_value_heads {kv}")
+
+
 def load_base_config(name_or_path: str) -> PretrainedConfig:
     """The config of a hub id or local directory, with the architecture checked before any weights load."""
     check_model_source(name_or_path)
     meta_file = os.path.join(name_or_path, "scalecl.json")
-    if os.path.isfile(meta_file):  # methods apply to plain models; SCALE and LoRA checkpoints are not
-        meta = json.loads(open(meta_file).read())
+    if os.path.exists(meta_file):  # methods apply to plain models; SCALE and LoRA checkpoints are not
+        meta = read_json(meta_file, "checkpoint record")
         if meta.get("layout") in ("scale", "lora") or str(meta.get("method")).startswith(("scale-", "lora")):
             hint = "`scalecl merge` it first" if meta.get("method") == "lora" else "give its base model"
             raise ScaleclError(f"{name_or_path} is a {meta.get('method')} checkpoint, not a plain model: {hint} "
                                f"(recorded base: {meta.get('base_model')})")
+    local = os.path.isdir(name_or_path)
+    if local:  # a damaged config.json: one line naming it
+        try:
+            doc = read_json(os.path.join(name_or_path, "config.json"), "model config")
+        except ScaleclError as e:
+            raise ScaleclError(f"cannot load a config from {name_or_path}: {e}") from None
+        check_config_sizes(doc, f"config {os.path.join(name_or_path, 'config.json')}")
     try:
         config = AutoConfig.from_pretrained(name_or_path)
-    except (OSError, ValueError) as e:
-        raise ScaleclError(
-            f"cannot load a config from {name_or_path}: not a local checkpoint and not in the Hugging Face "
-            f"cache ({type(e).__name__})"
-        ) from None
+    except Exception as e:  # OSError, ValueError, transformers' field validation: a config it cannot build
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}" if local else (
+            f"not a local checkpoint and not in the Hugging Face cache ({type(e).__name__})")
+        raise ScaleclError(f"cannot load a config from {name_or_path}: {why}") from None
     if getattr(config, "scale", None) is not None:
         raise ScaleclError(f"{name_or_path} is a SCALE-upscaled model, not a plain model: give its base model")
     arch_of(config)
+    check_config_sizes(config, f"config of {name_or_path}")
     return config
 
 
 def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """A plain pre-trained model from a hub id or a local directory."""
     load_base_config(name_or_path)
+    if os.path.isdir(name_or_path):  # safetensors only, each file's header checked: nothing is unpickled
+        check_weights_folder(name_or_path, "model folder")
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).eval()
+        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, use_safetensors=True).eval()
     except (OSError, ValueError, RuntimeError) as e:  # incl. safetensors' errors on a damaged file
         raise ScaleclError(f"cannot load the weights of {name_or_path} ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''}); is the checkpoint complete (truncated?)") from None
@@ -164,14 +192,14 @@ def config_from_json(path: str | os.PathLike) -> PretrainedConfig:
     """A transformers config from a JSON file (a model_type and its sizes), of a supported architecture."""
     if not Path(path).is_file():
         raise ScaleclError(f"config file {path} does not exist")
-    try:
-        spec = json.loads(Path(path).read_text())
-        if not isinstance(spec, dict) or "model_type" not in spec:
-            raise ValueError("no 'model_type'")
-    except (OSError, ValueError) as e:
-        raise ScaleclError(f"config file {path} is not a JSON transformers config ({e})") from None
+    spec = read_json(path, "config file")
+    if "model_type" not in spec:
+        raise ScaleclError(f"config file {path} is not a JSON transformers config (no 'model_type')")
     arch_of(type("C", (), {"model_type": spec["model_type"]}))  # unsupported families fail here, by name
+    check_config_sizes(spec, f"config file {path}")
     try:
-        return AutoConfig.for_model(**spec)
-    except (TypeError, ValueError) as e:
-        raise ScaleclError(f"config file {path}: {str(e).splitlines()[0]}") from None
+        config = AutoConfig.for_model(**spec)
+    except Exception as e:  # TypeError, ValueError, transformers' field validation: a config it cannot build
+        raise ScaleclError(f"config file {path}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    check_config_sizes(config, f"config file {path}")
+    return config

@@ -44,6 +44,7 @@ from .data.tokenizer import encode_plain, first_answer_tokens, load_tokenizer, t
 from .errors import ScaleclError
 from .files import TMP_PREFIX, atomic_dir, remove_temporaries
 from .fit import Runtime, TrainPlan, fit
+from .locks import locked
 from .machine import provenance
 from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from .optim import OptimConfig
@@ -51,7 +52,7 @@ from .processes import Dist
 from .qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from .run import Run
 from .schema import config_hash
-from .sweep import Paths
+from .sweep import Paths, hold
 
 console = Console()
 # Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
@@ -94,6 +95,14 @@ def micro_batch(rc: BioRunConfig, sc: StageConfig, world: int) -> tuple[int, int
     return micro, per // micro
 
 
+def micro_key(rc: BioRunConfig, world: int, *stages: str) -> dict[str, int]:
+    """The rows per forward of each stage that accumulates (fewer rows than its batch): they change the
+    numbers (a step's loss is the mean of its micro-batches' means), so they are part of a run's name and of
+    a stage's cache key. Empty without accumulation, so such names are what they always were."""
+    rows = {s: micro_batch(rc, getattr(rc, s), world)[0] for s in stages}
+    return {s: r for s, r in rows.items() if r != getattr(rc, s).batch}
+
+
 @dataclass
 class BioData:
     cfg: BioConfig
@@ -133,14 +142,7 @@ def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
     people = generate_people(cfg)
     if rc.tokenizer == "local":
         tok_dir = cache / f"tokenizer-{config_hash(asdict(cfg), TEXT_FORMAT)}"
-        if (tok_dir / "tokenizer.json").exists():
-            tokenizer = load_tokenizer(tok_dir)
-        else:
-            tokenizer = train_bio_tokenizer(people)
-            vocab_rows(rc, len(tokenizer))  # a bad model.vocab fails before the cache is written
-            remove_temporaries(cache, f"{TMP_PREFIX}{tok_dir.name}-")
-            with atomic_dir(tok_dir) as tmp:
-                tokenizer.save_pretrained(str(tmp))
+        tokenizer = _cached_tokenizer(rc, people, tok_dir)
         tok_src = str(tok_dir)
     else:
         tokenizer = tokenizer or open_tokenizer(rc.tokenizer)
@@ -156,6 +158,21 @@ def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
     return BioData(cfg, people, tokenizer, tok_src, qa)
 
 
+def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path):
+    """The local tokenizer from the cache, or trained and cached (one process at a time: scalecl.locks)."""
+    if (tok_dir / "tokenizer.json").exists():
+        return load_tokenizer(tok_dir)
+    tokenizer = train_bio_tokenizer(people)
+    vocab_rows(rc, len(tokenizer))  # a bad model.vocab fails before the cache is written
+    with locked(tok_dir, wait=True, what=f"tokenizer cache {tok_dir}"):
+        if (tok_dir / "tokenizer.json").exists():  # another process cached it meanwhile
+            return load_tokenizer(tok_dir)
+        remove_temporaries(tok_dir.parent, f"{TMP_PREFIX}{tok_dir.name}-")
+        with atomic_dir(tok_dir) as tmp:
+            tokenizer.save_pretrained(str(tmp))
+    return tokenizer
+
+
 def packed_batches(docs: list[list[int]], eos: int, context: int, batch: int, seed: int) -> Iterator[dict]:
     """Biographies + EOS, reshuffled every epoch, concatenated and cut into `context`-token chunks.
 
@@ -164,6 +181,8 @@ def packed_batches(docs: list[list[int]], eos: int, context: int, batch: int, se
     """
     rng = np.random.default_rng(seed)
     arrays = [np.asarray(d + [eos], dtype=np.int64) for d in docs]
+    if sum(len(a) for a in arrays) // context < batch:  # no batch would ever be cut: refuse, never spin
+        raise ScaleclError(f"a batch of {batch} x {context} tokens is larger than the whole corpus")
     while True:
         stream = np.concatenate([arrays[i] for i in rng.permutation(len(arrays))])
         n = len(stream) // context
@@ -227,11 +246,16 @@ def cached_stage(run: Run, plan: TrainPlan, *, build: Callable[[], torch.nn.Modu
                  info: Callable[[torch.nn.Module], dict], rt: Runtime) -> dict:
     """Load a finished stage's record from the cache, or train the stage (resuming its own checkpoints) and
     cache it. Under torchrun every process trains (and runs `info`'s evaluations); rank 0 writes the cache."""
+    with hold(run.final_dir, rt, wait=True, what=f"cached {run.name}"):
+        rt.d.barrier()  # every process sees the same cache
+        meta = read_meta(run.final_dir)
+        if meta is not None:
+            return {**meta.get("stage", {}), "cached": True}
+        return _train_stage(run, plan, build=build, batches=batches, info=info, rt=rt)
+
+
+def _train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime) -> dict:
     d = rt.d
-    d.barrier()  # every process sees the same cache
-    meta = read_meta(run.final_dir)
-    if meta is not None:
-        return {**meta.get("stage", {}), "cached": True}
     t = time.perf_counter()
     res = fit(run, plan, build=build, batches=batches, rt=rt)
     stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model),
@@ -273,7 +297,12 @@ class BioExperiment:
             if sc.batch % d.world or (sc.batch // d.world) % micro_batch(rc, sc, d.world)[0]:
                 raise ScaleclError(f"{stage}.batch={sc.batch} must be a multiple of processes x "
                                    f"compute.micro_batch = {d.world} x {rc.compute.micro_batch or 'batch / processes'}")
-        bio_config(rc)
+        r = ranges(bio_config(rc))
+        for stage, (lo, hi) in (("stage2", r.task0_train), ("stage3", r.task1)):  # QA rows: 6 per person
+            rows = (hi - lo) * len(ATTRIBUTES)
+            if getattr(rc, stage).batch > rows:
+                raise ScaleclError(f"{stage}.batch={getattr(rc, stage).batch} exceeds the {rows} QA pairs the "
+                                   f"stage trains on; lower it or generate more people (data_overrides)")
         probe = base_model_config(rc)  # sizes only: the vocabulary comes with the tokenizer
         for m in methods.values():
             m.check(probe)
@@ -285,7 +314,8 @@ class BioExperiment:
     def run_of(self, method: Method, d: Dist) -> Run:
         rc = self.rc
         named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale", "compute")}
-        h = config_hash(named, method.name, method.options(), self.stage3_lr(method))
+        micro = micro_key(rc, d.world, "stage1", "stage2", "stage3")
+        h = config_hash(named, method.name, method.options(), self.stage3_lr(method), *([micro] if micro else []))
         name = f"{self.preset}-{method.name}-{h}"
         identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
                     "config_hash": h}
@@ -328,11 +358,17 @@ class BioExperiment:
     def stages(self, rt: Runtime) -> None:
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
         rc, data, d = self.rc, self.data, rt.d
-        k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT)
-        k2 = config_hash(k1, rc.stage2)
+        m1, m2 = micro_key(rc, d.world, "stage1"), micro_key(rc, d.world, "stage2")
+        k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
+                         *([m1] if m1 else []))
+        k2 = config_hash(k1, rc.stage2, *([m2] if m2 else []))
         lo, hi = ranges(data.cfg).pretrain
         docs = encode_plain(data.tokenizer, pretrain_texts(data.people, data.cfg, lo, hi))
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
+        if corpus // rc.model.context < rc.stage1.batch:
+            raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "
+                               f"model.context={rc.model.context} tokens the biographies give; lower stage1.batch or "
+                               f"model.context, or generate more people (data_overrides)")
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
         keep = rc.checkpoint.keep
         s1_run = stage_run(self.cache, "stage1", k1, keep, d, data.tokenizer)

@@ -21,11 +21,14 @@ lora: peft's own format.
   base/              the base model (plain layout) when it is not on disk elsewhere (e.g. a random-init base)
 every layout:
   scalecl.json       how it was built: method and options, the base config, the base's source, the files written
+                     (`files`: the top-level names; `written`: every file's path and fingerprint, size and hash)
   tokenizer files    when a tokenizer was given (LoRA: also in base/)
 
 Writing never deletes anything the suite did not write. A folder that is not empty and holds no scalecl.json
-is refused; an existing checkpoint is replaced only with overwrite=True, and only if it holds nothing but what
-the suite wrote. Everything is written to a hidden temporary sibling `.{name}.tmp-{pid}-{random}` and renamed
+is refused; an existing checkpoint is replaced only with overwrite=True, and only if every file in it is one
+its scalecl.json records with the fingerprint it still has (scalecl.files: a name alone proves nothing; a
+checkpoint written before fingerprints were recorded is replaced only if it holds no more than weights,
+config, scalecl.json and the SCALE model code). Everything is written to a hidden temporary sibling `.{name}.tmp-{pid}-{random}` and renamed
 into place when complete; a replaced checkpoint is first renamed to `.{name}.old-{pid}-{random}` and removed
 after the new one is in place. A crash leaves the old or the new checkpoint plus at most such a sibling, which
 the next save to the same place removes (or, if the crash fell between the two renames, renames back).
@@ -50,15 +53,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from .errors import ScaleclError
+from .files import fingerprints, unowned_entries
 from .methods import Method, get_method
+from .readers import check_weights_folder, field, read_json, safetensors_header
 
 FORMAT_VERSION = 2
 META_FILE = "scalecl.json"
 LORA_BASE_DIR = "base"
-# what format 1 checkpoints (no file list in scalecl.json) may hold: weights, config, meta and tokenizer files
-_V1_FILES = re.compile(r"model\.safetensors|config\.json|scalecl\.json|generation_config\.json|tokenizer.*|"
-                       r"special_tokens_map\.json|added_tokens\.json|vocab\.\w+|merges\.txt|spiece\.model|"
-                       r"chat_template\.\w+|sentencepiece\.bpe\.model")
+# what a checkpoint written before fingerprints (no `written` in scalecl.json) may hold to be replaced: a list of
+# names in scalecl.json is not proof (anyone can edit it), so only the files every checkpoint has
+_LEGACY_FILES = ("model.safetensors", "config.json", META_FILE, "generation_config.json", "modeling_scale.py",
+                 "scale_surgery.py", "scale_layers.py", "scale_arch.py")
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _PLAIN_METHODS = (None, "fft", "freeze", "llama-pro")
 
 
@@ -88,13 +94,14 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
         raise ScaleclError(f"output folder {out_dir} is a file")
     _clean_stale_siblings(where)
     if out.is_dir() and any(out.iterdir()):
+        why = ""
         try:
-            meta = read_meta(out)
-        except ValueError:  # an unreadable scalecl.json: not something to replace blindly
-            meta = None
+            meta = read_meta(out) if not (out / META_FILE).is_symlink() else None
+        except ScaleclError as e:  # an unreadable scalecl.json: not something to replace blindly
+            meta, why = None, f" ({e})"
         if meta is None:
-            raise ScaleclError(f"output folder {out_dir} is not empty and holds no scalecl checkpoint; nothing was "
-                               f"written (give a new or empty folder)")
+            raise ScaleclError(f"output folder {out_dir} is not empty and holds no scalecl checkpoint{why}; nothing "
+                               f"was written (give a new or empty folder)")
         if not overwrite:
             raise ScaleclError(f"output folder {out_dir} holds a scalecl checkpoint; pass --overwrite "
                                f"(overwrite=True) to replace it")
@@ -106,11 +113,12 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
 
 
 def _foreign_entries(folder: Path, meta: dict[str, Any]) -> list[str]:
-    """Top-level entries of a checkpoint folder that the suite did not write."""
-    names = sorted(p.name for p in folder.iterdir())
-    if "files" in meta:
-        return [n for n in names if n not in set(meta["files"])]
-    return [n for n in names if not _V1_FILES.fullmatch(n)]
+    """Top-level entries of a checkpoint folder that the suite cannot prove it wrote (scalecl.files)."""
+    written = meta.get("written")
+    if isinstance(written, dict):
+        return unowned_entries(folder, written, allow=(META_FILE,))
+    return sorted(p.name for p in folder.iterdir()
+                  if p.name not in _LEGACY_FILES or p.is_symlink() or not p.is_file())
 
 
 def _sibling_re(out: Path) -> re.Pattern:
@@ -211,6 +219,7 @@ def save_model(
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         meta["files"] = sorted({p.name for p in tmp.iterdir()} | {META_FILE})
+        meta["written"] = fingerprints(tmp)  # what a later overwrite may replace: these files, unchanged
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
         _move_into_place(tmp, out)
     except BaseException:
@@ -365,9 +374,57 @@ def _write_lora(model, folder: Path, out: Path, base_model: str | None, tokenize
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The scalecl.json of a checkpoint folder, or None for a folder the suite did not write."""
+    """The scalecl.json of a checkpoint folder, or None for a folder the suite did not write; a scalecl.json
+    that is not a JSON object is one ScaleclError naming it."""
     f = Path(path) / META_FILE
-    return json.loads(f.read_text()) if f.exists() else None
+    return read_json(f, "checkpoint record") if f.exists() or f.is_symlink() else None
+
+
+def _check_meta(meta: dict[str, Any], p: Path) -> None:
+    """The fields load_model uses, of the right types and values, or one error naming the scalecl.json."""
+    f, what = p / META_FILE, "checkpoint record"
+    field(meta, "method", (str, type(None)), f, what, None)
+    field(meta, "options", dict, f, what, {})
+    if field(meta, "layout", str, f, what, "plain") not in ("plain", "scale", "lora"):
+        raise ScaleclError(f"{what} {f}: unknown layout {meta['layout']!r}")
+    if field(meta, "dtype", str, f, what, "float32") not in _DTYPES:
+        raise ScaleclError(f"{what} {f}: unknown dtype {meta['dtype']!r} (one of {', '.join(_DTYPES)})")
+    field(meta, "base_config", dict, f, what)
+
+
+def _base_config(meta: dict[str, Any], p: Path):
+    """The recorded base config as a transformers config, its sizes checked, or one error naming the file."""
+    from .base_models import check_config_sizes
+
+    where = f"checkpoint record {p / META_FILE}"
+    check_config_sizes(meta["base_config"], where)
+    try:
+        config = AutoConfig.for_model(**meta["base_config"])
+    except Exception as e:  # ValueError, TypeError, transformers' field validation: not a config it can build
+        raise ScaleclError(f"{where}: its base_config is not a transformers config ({str(e).splitlines()[0]})") from None
+    check_config_sizes(config, where)
+    return config
+
+
+def check_model_files(path: str | os.PathLike) -> dict[str, Any] | None:
+    """Check a model folder's record and weight files (headers only, nothing loaded); its scalecl.json or None.
+
+    A damaged scalecl.json, an empty or truncated safetensors file, a folder with only pickled weights: one
+    ScaleclError naming the file, before any weights load (and before anything could be unpickled)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ScaleclError(f"model path {path} does not exist or is not a directory")
+    meta = read_meta(p)
+    if meta is None:
+        check_weights_folder(p, "model folder")
+        return None
+    _check_meta(meta, p)
+    _base_config(meta, p)
+    if meta.get("layout") == "lora":
+        safetensors_header(p / "adapter_model.safetensors", f"adapter weights of {p}")
+    else:
+        safetensors_header(p / "model.safetensors", f"weights of checkpoint {p}")
+    return meta
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device: str | None = None) -> PreTrainedModel:
@@ -378,25 +435,25 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
     base (base/, else the recorded folder or hub id) and then the adapter weights.
     """
     p = Path(path)
-    if not p.is_dir():
-        raise ScaleclError(f"model path {path} does not exist or is not a directory")
-    meta = read_meta(p)
-    if meta is None:  # a plain transformers checkpoint
-        return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32).eval()
-    method = get_method(meta["method"], **meta["options"]) if meta.get("method") else None
+    meta = check_model_files(p)
+    if meta is None:  # a plain transformers checkpoint (safetensors only: checked above)
+        return _load_plain(p, dtype)
+    method = get_method(meta["method"], **meta.get("options", {})) if meta.get("method") else None
     if meta.get("layout") == "lora":
         model = _load_lora(p, meta, method)
     else:
         # Every checkpoint is rebuilt the same way: the recorded base config, then the method's structure
         # (without its initialisation), then the saved weights, loaded strictly.
         with no_init_weights():
-            model = AutoModelForCausalLM.from_config(
-                AutoConfig.for_model(**meta["base_config"]), dtype=getattr(torch, meta.get("dtype", "float32"))
-            )
+            model = AutoModelForCausalLM.from_config(_base_config(meta, p), dtype=getattr(torch, meta.get("dtype", "float32")))
         model.tie_weights()  # skeletons built without init are not tied yet
         if method is not None:
             model = method.apply(model, init_weights=False)
-        missing, unexpected = st.load_model(model, str(p / "model.safetensors"), strict=False)
+        try:
+            missing, unexpected = st.load_model(model, str(p / "model.safetensors"), strict=False)
+        except RuntimeError as e:  # a tensor of the wrong shape
+            raise ScaleclError(f"checkpoint {path} does not match its recorded method ({str(e).splitlines()[0]})"
+                               ) from None
         if missing or unexpected:
             raise ScaleclError(
                 f"checkpoint {path} does not match its recorded method: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
@@ -407,6 +464,19 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def _load_plain(p: Path, dtype: torch.dtype | None) -> PreTrainedModel:
+    """A plain transformers folder (its weights already checked), or one error naming it."""
+    from .base_models import check_config_sizes
+
+    check_config_sizes(read_json(p / "config.json", "model config"), f"config {p / 'config.json'}")
+    try:
+        check_config_sizes(AutoConfig.from_pretrained(str(p)), f"config of {p}")
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32, use_safetensors=True).eval()
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ScaleclError(f"cannot load the model in {p} ({type(e).__name__}: "
+                           f"{(str(e).splitlines() or [''])[0][:160]})") from None
 
 
 def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,8 +62,29 @@ app = typer.Typer(
 )
 
 
+# OS errors that are the user's machine, not a bug: a read-only or full disk, no permission, a path that
+# cannot be one. Anywhere under a command they are one `error:` line naming the path and exit code 1.
+USER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
+               errno.ENAMETOOLONG)
+_RUST_IO = re.compile(r"Os \{ code: (\d+)")  # safetensors' I/O errors, as its Rust core words them
+
+
+def os_error_line(e: BaseException) -> str | None:
+    """The one line for a user-caused OS error (also as safetensors reports one), or None for any other error."""
+    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        name = errno.errorcode.get(e.errno, str(e.errno))
+        return f"{where + ': ' if where else ''}{e.strerror or os.strerror(e.errno)} ({name})"
+    m = _RUST_IO.search(str(e)) if type(e).__name__ == "SafetensorError" else None
+    if m and int(m[1]) in USER_ERRNOS:
+        code = int(m[1])
+        return f"reading or writing weights failed: {os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    return None
+
+
 def user_errors(fn):
-    """Turn a ScaleclError into one red line on stderr and its exit code (2: bad input, 1: the run failed)."""
+    """Turn a ScaleclError into one red line on stderr and its exit code (2: bad input, 1: the run failed); a
+    read-only or full disk, a missing permission or an impossible path (USER_ERRNOS) is one line and exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -69,6 +93,12 @@ def user_errors(fn):
         except ScaleclError as e:
             print_error(str(e))
             raise typer.Exit(e.exit_code) from None
+        except Exception as e:
+            line = os_error_line(e)
+            if line is None:
+                raise
+            print_error(line)
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -119,7 +149,9 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
     """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
     from .checkpoint import prepare_checkpoint
     from .methods import get_method
+    from .schema import check_seed
 
+    check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
     done = prepare_checkpoint(method, out, model, random_config, seed=seed, overwrite=overwrite)
     _print_params(method, done.source, done.base_total, done.model)
@@ -296,12 +328,17 @@ def plot(
     for r in roots:
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
+    from .report import SKIPPED
+
     check_writable_dir(out)
     written = plot_all(roots, out)
     if not written:
-        raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}")
+        skipped = "".join(f"; skipped {why}" for why in list(SKIPPED.values())[:3])
+        raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}{skipped}")
     for p in written:
         console.print(f"wrote {p}", highlight=False)
+    for why in SKIPPED.values():  # one line per file a run was left out for (README: such runs are skipped)
+        err_console.print(f"skipped: {escape(' '.join(why.split()))}", highlight=False, soft_wrap=True)
 
 
 @app.command("eval-harness")
@@ -435,6 +472,7 @@ def eval_ppl(
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
     r = run_eval(model, spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
     if out is not None:
+        check_record_out(out)  # again: the file may have appeared while the model ran
         write_json(out, r)
     if as_json:
         print(json.dumps(r, indent=2, default=str))

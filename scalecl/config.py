@@ -7,7 +7,18 @@ from typing import Any
 
 from .errors import ScaleclError
 from .optim import SCHEDULES, AdamWConfig
-from .schema import Raw, check_config, coerce, merge, opt, parse_scalar, parse_sets, parse_value  # noqa: F401
+from .schema import (  # noqa: F401
+    MAX_SEED,
+    MAX_SIZE,
+    Raw,
+    check_config,
+    coerce,
+    merge,
+    opt,
+    parse_scalar,
+    parse_sets,
+    parse_value,
+)
 
 # ---------------------------------------------------------------------------------------------------------
 # Experiment configs: presets are TOML files of overrides on these dataclasses. One typed schema: every key
@@ -20,15 +31,15 @@ class ModelShape:
     """A GPT-NeoX (Pythia architecture) decoder built from scratch for the biography protocol."""
 
     arch: str = opt("gpt_neox", choices=("gpt_neox", "llama"))
-    hidden: int = opt(128, ge=1)
-    layers: int = opt(4, ge=1)
-    heads: int = opt(4, ge=1)
-    ffn: int = opt(512, ge=1)
-    context: int = opt(128, ge=2)
+    hidden: int = opt(128, ge=1, le=MAX_SIZE)
+    layers: int = opt(4, ge=1, le=MAX_SIZE)
+    heads: int = opt(4, ge=1, le=MAX_SIZE)
+    ffn: int = opt(512, ge=1, le=MAX_SIZE)
+    context: int = opt(128, ge=2, le=MAX_SIZE)
     rotary_pct: float = opt(0.25, ge=0.0, le=1.0)  # Pythia
     # rows of the embedding and the head: 0 = the tokenizer's size; larger pads them with rows no text uses,
     # as Pythia's 50,304 pads its 50,277-token tokenizer (issue #12: the router's cosine over unused logits)
-    vocab: int = opt(0, ge=0)
+    vocab: int = opt(0, ge=0, le=MAX_SIZE)
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:
@@ -126,7 +137,7 @@ class BioRunConfig:
     methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
     dtype: str = opt("float32", choices=("float32", "bfloat16"))  # bfloat16: autocast on GPU
     compute: BioComputeConfig = opt(factory=BioComputeConfig)  # speed and parallelism; not in any run name
-    seed: int = opt(0, ge=0)
+    seed: int = opt(0, ge=0, le=MAX_SEED)
 
     def method_options(self, name: str) -> dict[str, Any]:
         """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
@@ -176,7 +187,7 @@ class BuiltinCorpusConfig:
     heldout: int = opt(200, ge=1)
     texts: int = opt(5, ge=1)  # biographies per person (different templates and sentence orders)
     base_korean: int = opt(100, ge=0)  # further Korean people mixed into the base's pre-training (~5% of its tokens)
-    vocab: int = opt(2_048, ge=300)  # byte-level BPE trained on both languages (256 bytes + specials + merges)
+    vocab: int = opt(2_048, ge=300, le=MAX_SIZE)  # byte-level BPE trained on both languages (256 bytes + specials + merges)
 
 
 @dataclass
@@ -184,12 +195,12 @@ class BaseShape:
     """The small decoder the suite pre-trains on the stand-in's English domain plus a little Korean (base = "builtin")."""
 
     arch: str = opt("llama", choices=("gpt_neox", "llama"))
-    hidden: int = opt(128, ge=1)
-    layers: int = opt(4, ge=1)
-    heads: int = opt(4, ge=1)
-    kv_heads: int = opt(4, ge=1)
-    ffn: int = opt(512, ge=1)
-    context: int = opt(128, ge=2)
+    hidden: int = opt(128, ge=1, le=MAX_SIZE)
+    layers: int = opt(4, ge=1, le=MAX_SIZE)
+    heads: int = opt(4, ge=1, le=MAX_SIZE)
+    kv_heads: int = opt(4, ge=1, le=MAX_SIZE)
+    ffn: int = opt(512, ge=1, le=MAX_SIZE)
+    context: int = opt(128, ge=2, le=MAX_SIZE)
     tie_embeddings: bool = True  # like Llama-3.2-1B
 
     def check(self, where: str) -> None:
@@ -206,7 +217,7 @@ class CptTrainConfig(AdamWConfig):
     steps: int = opt(300, ge=1)
     batch: int = opt(16, ge=1)  # global batch in sequences (all processes and accumulation steps together)
     micro_batch: int = opt(0, ge=0)  # sequences per process per forward; 0 = batch / processes (no accumulation)
-    seq_len: int = opt(128, ge=2)
+    seq_len: int = opt(128, ge=2, le=MAX_SIZE)
     warmup_ratio: float = opt(0.06, ge=0.0, lt=1.0)
     schedule: str = opt("linear", choices=SCHEDULES)
 
@@ -242,7 +253,7 @@ class CptRunConfig:
     methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
     dtype: str = opt("bfloat16", choices=("float32", "bfloat16"))  # bf16 autocast on GPU; CPU always runs fp32
     compute: ComputeConfig = opt(factory=ComputeConfig)  # speed and parallelism; not in any run name
-    seed: int = opt(0, ge=0)
+    seed: int = opt(0, ge=0, le=MAX_SEED)
 
     def method_options(self, name: str) -> dict[str, Any]:
         """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""

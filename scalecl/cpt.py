@@ -42,6 +42,7 @@ from .data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, i
 from .data.tokenizer import load_tokenizer
 from .errors import ScaleclError
 from .fit import Runtime, TrainPlan, fit
+from .locks import locked
 from .machine import provenance
 from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from .optim import OptimConfig
@@ -92,30 +93,37 @@ def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: 
     run = Run(identity, None, cache / "cpt" / "checkpoints" / f"base-{key}", final_dir=path, keep=rc.checkpoint.keep,
               save_kw={"tokenizer": tokenizer})
     info = None
-    if rt.d.main and read_meta(path) is None:
-        spec = corpus_spec(CorpusConfig(path="builtin:base", split="train"), root)
-        chunks = PackedChunks(lambda: iter_texts(spec), tokenizer, rc.model.context, loop=True, name="base corpus")
-        config = builtin_model_config(rc, len(tokenizer), tokenizer)
-        autocast = torch.bfloat16 if rc.dtype == "bfloat16" and rt.device.type == "cuda" else None
-        plan = TrainPlan(rc.pretrain.steps, OptimConfig.of(rc.pretrain, rc.pretrain.lr, rc.pretrain.warmup),
-                         autocast=autocast, save_every=rc.checkpoint.every, resume="auto", compute=rc.compute,
-                         desc="pre-train base")
-        t = time.perf_counter()
-        res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
-                  batches=RankBatches(chunks, rc.pretrain.batch), rt=Runtime(Dist(), rt.device, rt.progress, rt.say))
-        info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1],
-                "epochs_completed": chunks.epoch, "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
-                "params": sum(p.numel() for p in res.model.parameters()),
-                "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
-        run.finish(None, res.model.cpu(), extra={"stage": info},
-                   base_model="builtin (pre-trained on the stand-in's base corpus)")
-        for p in run.checkpoints():
-            shutil.rmtree(p, ignore_errors=True)
-        info["cached"] = False
+    lock = locked(path, wait=True, what=f"cached base {path.name}", say=rt.say) if rt.d.main else None
+    with lock or contextlib.nullcontext():
+        if rt.d.main and read_meta(path) is None:
+            info = _train_base(rc, run, tokenizer, root, rt)
     rt.d.barrier()
     if info is None:
         info = {**(read_meta(path) or {}).get("stage", {}), "cached": True}
     return path, info
+
+
+def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) -> dict:
+    """Pre-train the builtin base on this process alone, cache it (run.final_dir) and return its record."""
+    spec = corpus_spec(CorpusConfig(path="builtin:base", split="train"), root)
+    chunks = PackedChunks(lambda: iter_texts(spec), tokenizer, rc.model.context, loop=True, name="base corpus")
+    config = builtin_model_config(rc, len(tokenizer), tokenizer)
+    autocast = torch.bfloat16 if rc.dtype == "bfloat16" and rt.device.type == "cuda" else None
+    plan = TrainPlan(rc.pretrain.steps, OptimConfig.of(rc.pretrain, rc.pretrain.lr, rc.pretrain.warmup),
+                     autocast=autocast, save_every=rc.checkpoint.every, resume="auto", compute=rc.compute,
+                     desc="pre-train base")
+    t = time.perf_counter()
+    res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
+              batches=RankBatches(chunks, rc.pretrain.batch), rt=Runtime(Dist(), rt.device, rt.progress, rt.say))
+    info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1],
+            "epochs_completed": chunks.epoch, "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
+            "params": sum(p.numel() for p in res.model.parameters()),
+            "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
+    run.finish(None, res.model.cpu(), extra={"stage": info},
+               base_model="builtin (pre-trained on the stand-in's base corpus)")
+    for p in run.checkpoints():
+        shutil.rmtree(p, ignore_errors=True)
+    return info | {"cached": False}
 
 
 # ---------------------------------------------------------------------------------------------------------

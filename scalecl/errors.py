@@ -11,3 +11,9 @@ class TrainingDiverged(ScaleclError):
     """A non-finite loss or gradient norm: the run stops, nothing is recorded as finished (exit code 1)."""
 
     exit_code = 1
+
+
+class Busy(ScaleclError):
+    """Another process holds the lock of the run or cache entry this one would write (exit code 1)."""
+
+    exit_code = 1

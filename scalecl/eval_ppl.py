@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .base_models import load_base_config
-from .checkpoint import load_model, read_meta
+from .checkpoint import check_model_files, load_model, read_meta
 from .config import CorpusConfig, CptRunConfig
 from .corpora import BUILTIN, bilingual_config, builtin_root, check_builtin_spec, corpus_spec, max_positions
 from .data.bilingual import write_corpus
@@ -20,18 +19,24 @@ from .files import check_writable_dir
 from .machine import pick_device, provenance
 from .methods import get_method
 from .perplexity import perplexity
+from .readers import read_json
+
+WRITTEN_BY = "scalecl eval-ppl"  # the mark of a record this command wrote (the only JSON file it replaces)
 
 
 def check_record_out(out: Path) -> None:
     """`--out` must be a file name whose folder is writable; an existing file is replaced only when it is a
-    record eval-ppl wrote (a JSON object with its keys), never a user's file."""
+    record eval-ppl wrote (a JSON object marked `"written_by": "scalecl eval-ppl"`), never a user's file, and
+    a symbolic link (even one pointing nowhere) never."""
+    if out.is_symlink():
+        raise ScaleclError(f"--out {out} is a symbolic link; give a plain file name (links are never written through)")
     if out.is_dir():
         raise ScaleclError(f"--out {out} is a folder; give a file name for the JSON record")
     check_writable_dir(out.parent, "--out")
     if out.exists():
         try:
-            ours = {"ppl", "model", "dataset"} <= set(json.loads(out.read_text()))
-        except (OSError, ValueError, TypeError):
+            ours = read_json(out, "--out", dict).get("written_by") == WRITTEN_BY
+        except ScaleclError:
             ours = False
         if not ours:
             raise ScaleclError(f"--out {out} exists and is not a record written by eval-ppl; not overwriting it")
@@ -53,6 +58,7 @@ def eval_ppl(
     try:
         meta = read_meta(model_path)
         config = AutoConfig.from_pretrained(model_path) if meta is not None else load_base_config(model_path)
+        check_model_files(model_path)  # its record and weight files, before anything is generated
     except (OSError, ValueError) as e:
         raise ScaleclError(f"{model_path} is not a readable checkpoint ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -86,6 +92,6 @@ def eval_ppl(
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
     r = perplexity(model, chunks, batch, stats=stats)
-    return {"model": str(model_path), "method": meta.get("method") if meta else None,
+    return {"written_by": WRITTEN_BY, "model": str(model_path), "method": meta.get("method") if meta else None,
             "dataset": asdict(spec_cfg) | {"resolved": spec.describe()}, "tokenizer": src, **r,
             "wall_s": round(time.perf_counter() - t, 2), "provenance": provenance()}

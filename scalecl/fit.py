@@ -8,6 +8,7 @@ checkpoints, sends logs to the trackers and summarises the speed of what it trai
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -99,8 +100,14 @@ def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, ev
     def on_step(step: int, loss: float) -> None:
         clock.lap("train_s")
         if evaluate is not None:
-            run.record(evaluate(model, step, loss))
+            rec = evaluate(model, step, loss)
             reshard(model)  # FSDP: evaluation's forwards leave the root group gathered
+            bad = {k: v for k, v in rec.items() if isinstance(v, float) and not math.isfinite(v)}
+            if bad:  # a model whose evaluation is not finite is not recorded, nor trained further
+                raise TrainingDiverged(f"training diverged: the evaluation at step {step} is not finite "
+                                       f"({', '.join(f'{k}={v}' for k, v in list(bad.items())[:3])}); nothing "
+                                       f"was recorded as finished")
+            run.record(rec)
         clock.lap("eval_s")
 
     def on_save(step: int, tstate: dict[str, Any]) -> None:

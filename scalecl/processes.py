@@ -31,6 +31,14 @@ class Dist:
         if self.world > 1:
             dist.barrier()
 
+    def share(self, obj):
+        """Rank 0's `obj` on every process (a picklable value; itself when alone)."""
+        if self.world <= 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 @contextlib.contextmanager
 def distributed() -> Iterator[Dist]:

@@ -3,7 +3,7 @@ nothing here trains or needs a GPU, so every figure can be rebuilt at any time w
 
 from __future__ import annotations
 
-import json
+import io
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -17,8 +17,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from .errors import ScaleclError  # noqa: E402
-from .files import write_atomic  # noqa: E402
+from .files import OwnedFiles  # noqa: E402
 from .methods.base import METHOD_ORDER  # noqa: E402
+from .readers import read_json, read_jsonl  # noqa: E402
 
 # Every figure has a `draw_*` function that builds it from the results files and yields (file stem, Figure)
 # pairs, open and unsaved, so its content can be inspected; the `fig*` function beside it saves each one.
@@ -44,15 +45,55 @@ def _study_of(f: Path) -> str | None:
     return None
 
 
+# Runs a figure or table left out because a file of theirs is missing or malformed: file -> why. Every reader
+# below records here instead of failing; plot_all starts it afresh and `scalecl plot` prints one line per entry.
+SKIPPED: dict[str, str] = {}
+# what the tables and captions read from a result.json, per experiment (a run lacking one is skipped)
+RESULT_KEYS = {
+    "bio": ("summary.task0_start", "summary.task0_min", "summary.task0_end", "summary.task1_end",
+            "final.task0_heldout.acc", "final.task1.acc", "priors.task0_heldout.pooled", "config.stage3.steps",
+            "config.stage3.batch", "config.stage3.lr", "config.model.hidden", "config.model.layers",
+            "config.eval.slice_people", "data.n_bio", "data.n_task1", "trainable_params", "lr"),
+    "cpt": ("summary.old_ppl_start", "summary.old_ppl_end", "summary.old_ppl_max", "summary.new_ppl_start",
+            "summary.new_ppl_end", "summary.rep_cos_end", "final", "config.train", "trainable_params", "lr"),
+}
+
+
+def _skip(path: Path, why: str) -> None:
+    SKIPPED.setdefault(str(path), why)
+
+
 def read_result(f: Path) -> dict:
-    """A result.json, or one clear error naming the file."""
+    """A result.json (an object naming its experiment, preset and method), or one clear error naming the file."""
     try:
-        r = json.loads(Path(f).read_text())
-        if not isinstance(r, dict) or "experiment" not in r:
-            raise ValueError("not a scalecl result (no 'experiment')")
-        return r
-    except (OSError, ValueError) as e:
-        raise ScaleclError(f"unreadable result {f}: {str(e).splitlines()[0][:120]}; remove its run folder or rerun it") from None
+        r = read_json(f, "unreadable result")
+    except ScaleclError as e:
+        raise ScaleclError(f"{e}; remove its run folder or rerun it") from None
+    for key in ("experiment", "preset", "method"):
+        if not isinstance(r.get(key), str):
+            raise ScaleclError(f"unreadable result {f}: not a scalecl result (no {key!r}); remove its run folder "
+                               f"or rerun it")
+    return r
+
+
+def _lacks(r: dict) -> str | None:
+    """The first key (dotted path) of RESULT_KEYS that the result lacks, or None."""
+    for path in RESULT_KEYS.get(r["experiment"], ()):
+        v = r
+        for k in path.split("."):
+            v = v.get(k) if isinstance(v, dict) else None
+        if v is None:
+            return path
+    return None
+
+
+def _result_or_none(f: Path) -> dict | None:
+    """read_result, or None with the file recorded in SKIPPED."""
+    try:
+        return read_result(f)
+    except ScaleclError as e:
+        _skip(f, str(e))
+        return None
 
 
 def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None = None) -> pd.DataFrame:
@@ -67,8 +108,11 @@ def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None
             if _study_of(f) != study or f.resolve() in seen:  # nested folders given twice: each run once
                 continue
             seen.add(f.resolve())
-            r = read_result(f)
-            if r.get("experiment") != experiment:
+            r = _result_or_none(f)
+            if r is None or r.get("experiment") != experiment:
+                continue
+            if _lacks(r):
+                _skip(f, f"result {f} has no {_lacks(r)!r}")
                 continue
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r})
@@ -81,16 +125,38 @@ def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None
     return df.sort_values(["preset", "order"], kind="stable").reset_index(drop=True)
 
 
-def load_metrics(run_dir: Path) -> pd.DataFrame:
-    return pd.read_json(Path(run_dir) / "metrics.jsonl", lines=True)
+def load_metrics(run_dir: Path) -> pd.DataFrame | None:
+    """A run's metrics.jsonl as a frame sorted by step; None (the run recorded in SKIPPED) when it is missing,
+    empty or malformed."""
+    return _read_jsonl(Path(run_dir) / "metrics.jsonl", required=True)
+
+
+def _metrics_with(run_dir: Path, *columns: str) -> pd.DataFrame | None:
+    """load_metrics, and None (recorded in SKIPPED) when it lacks one of `columns`."""
+    m = load_metrics(run_dir)
+    lacking = [c for c in columns if m is not None and c not in m]
+    if lacking:
+        _skip(Path(run_dir) / "metrics.jsonl", f"{Path(run_dir) / 'metrics.jsonl'} has no {lacking[0]!r}")
+        return None
+    return m
+
+
+def _owned(out: Path) -> OwnedFiles:
+    """The figures folder: plot replaces only files it wrote there itself (scalecl.files.OwnedFiles)."""
+    return OwnedFiles(out, "scalecl plot")
 
 
 def _save(fig, out: Path, stem: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    owned = _owned(out)
+    paths = []
+    try:
+        for ext in ("png", "pdf"):
+            owned.check(f"{stem}.{ext}")  # before drawing: a user's file of that name is refused
+            buf = io.BytesIO()
+            fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight")
+            paths.append(owned.write(f"{stem}.{ext}", buf.getvalue()))  # never through a link
+    finally:
+        plt.close(fig)
     return paths
 
 
@@ -122,7 +188,9 @@ def draw_fig8(results: Path) -> Drawn:
         fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.9 * nrows + 0.8), squeeze=False,
                                  sharey=True)
         for ax, (_, row) in zip(axes.flat, group.iterrows(), strict=False):
-            m = load_metrics(row["dir"])
+            m = _metrics_with(row["dir"], "task0/acc", "task1/acc")
+            if m is None:  # named in SKIPPED
+                continue
             prior = row["result"]["priors"]["task0_heldout"]["pooled"]
             ax.plot(m["step"], 100 * m["task0/acc"], marker=".", ms=3, color="tab:blue", label="Task 0 (held-out)")
             ax.plot(m["step"], 100 * m["task1/acc"], marker=".", ms=3, color="tab:orange", label="Task 1")
@@ -168,11 +236,12 @@ def write_table(df: pd.DataFrame, out: Path, stem: str, float_fmt: str = "{:.3f}
             shown[c] = shown[c].map(lambda v: "" if pd.isna(v) else float_fmt.format(v))  # not recorded: blank
         elif shown[c].isna().any():
             shown[c] = shown[c].astype(object).where(shown[c].notna(), "")
-    paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.tex"]
-    write_atomic(paths[0], df.to_csv(index=False))
-    write_atomic(paths[1], shown.to_markdown(index=False) + "\n")
-    write_atomic(paths[2], shown.to_latex(index=False))
-    return paths
+    owned = _owned(out)
+    for ext in ("csv", "md", "tex"):  # all three checked before the first is written
+        owned.check(f"{stem}.{ext}")
+    return [owned.write(f"{stem}.csv", df.to_csv(index=False)),
+            owned.write(f"{stem}.md", shown.to_markdown(index=False) + "\n"),
+            owned.write(f"{stem}.tex", shown.to_latex(index=False))]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -202,7 +271,9 @@ def draw_fig9(results: Path) -> Drawn:
     for preset, group in load_runs(results, "cpt").groupby("preset", sort=False):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for _, row in group.iterrows():
-            m = load_metrics(row["dir"])
+            m = _metrics_with(row["dir"], "old/ppl", "new/ppl")
+            if m is None:  # named in SKIPPED
+                continue
             for ax, key in zip(axes, ("old/ppl", "new/ppl"), strict=True):
                 ax.plot(m["step"], m[key], marker=".", ms=3, color=COLORS.get(row["method"]),
                         label=LABELS.get(row["method"], row["method"]))
@@ -236,7 +307,9 @@ def draw_fig4(results: Path) -> Drawn:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for _, row in group.iterrows():
-            m = load_metrics(row["dir"])
+            m = _metrics_with(row["dir"], "rep_cos", "old/ppl")
+            if m is None:  # named in SKIPPED
+                continue
             label = names[row["method"]]
             if row["method"] == "scale-adapt":
                 label += f", l_fp={row['result']['method_options'].get('l_fp')}"
@@ -326,7 +399,9 @@ def draw_fig5(results: Path) -> Drawn:
     fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
     for (ax_old, ax_new), variant in zip(axes, variants, strict=True):
         for _, row in df[df["variant"] == variant].iterrows():
-            m = load_metrics(row["dir"])
+            m = _metrics_with(row["dir"], "old/ppl", "new/ppl")
+            if m is None:  # named in SKIPPED
+                continue
             ax_old.plot(m["step"], m["old/ppl"], marker=".", ms=3, label=row["setting"])
             ax_new.plot(m["step"], m["new/ppl"], marker=".", ms=3, label=row["setting"])
         suffix = f"\n{variant}" if len(variants) > 1 else ""
@@ -375,7 +450,9 @@ def draw_fig7(results: Path) -> Drawn:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for _, row in df.iterrows():
-        m = load_metrics(row["dir"])
+        m = _metrics_with(row["dir"], "old/ppl")
+        if m is None:  # named in SKIPPED
+            continue
         if "up_norm" in m:
             ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4, label=f"W12 trains in {row['setting']}")
     ax.set_xlabel("average norm of upscaled weights (W12, W21, W22)")
@@ -408,10 +485,15 @@ def table2(results: Path) -> pd.DataFrame:
     rows = []
     for f in sorted(f for root in _roots(results) for f in root.rglob("run.json")):
         try:
-            run = json.loads(f.read_text())
-        except (OSError, ValueError):
-            raise ScaleclError(f"unreadable harness result {f}; remove it or rerun eval-harness") from None
+            run = read_json(f, "harness result")
+        except ScaleclError as e:
+            _skip(f, str(e))
+            continue
         if "scores" not in run:
+            continue
+        if not (isinstance(run["scores"], list) and isinstance(run.get("model"), str) and all(
+                isinstance(sc, dict) and isinstance(sc.get("task"), str) and "score" in sc for sc in run["scores"])):
+            _skip(f, f"harness result {f} is malformed (its model or scores)")
             continue
         method = run.get("method")
         row = {"method": method or "base", "model": Path(run["model"]).name}
@@ -441,17 +523,23 @@ ROUTER_ORDER = ("logit", "centered", "prob")
 BIO_STUDIES = {"tau": "fig8_route_tau", "router": "fig8_route_router", "vocab": "fig8_route_vocab"}
 
 
-def _read_jsonl(path: Path) -> pd.DataFrame | None:
-    """A JSON-lines log as a frame sorted by step; None when the run has none (older runs) or it is empty."""
-    if not path.is_file() or path.stat().st_size == 0:
+def _read_jsonl(path: Path, required: bool = False) -> pd.DataFrame | None:
+    """A JSON-lines log as a frame sorted by step; None when the run has none (older runs) or it is empty.
+    A malformed log (and, if `required`, a missing one) is recorded in SKIPPED."""
+    if not path.exists() or (path.is_file() and path.stat().st_size == 0):
+        if required:
+            _skip(path, f"{path} is missing or empty")
         return None
     try:
-        df = pd.read_json(path, lines=True)
-    except ValueError:
-        raise ScaleclError(f"unreadable log {path}; remove its run folder or rerun it") from None
-    if df.empty or "step" not in df:
-        return None
-    return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+        rows = read_jsonl(path, "unreadable log")
+        df = pd.DataFrame(rows)
+        if not df.empty and "step" in df:
+            return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+        why = f"{path} has no 'step' column"
+    except (ScaleclError, TypeError, ValueError) as e:  # unreadable, or steps that do not sort
+        why = str(e)
+    _skip(path, why)
+    return None
 
 
 def load_train_log(run_dir: Path) -> pd.DataFrame | None:
@@ -469,7 +557,7 @@ def study_names(results: Path | Sequence[Path], experiment: str) -> list[str]:
     for root in _roots(results):
         for f in root.rglob("result.json"):
             s = _study_of(f)
-            if s is not None and read_result(f).get("experiment") == experiment:
+            if s is not None and (_result_or_none(f) or {}).get("experiment") == experiment:
                 names.add(s)
     return sorted(names)
 
@@ -964,7 +1052,9 @@ def fig_route_studies(results: Path | Sequence[Path], out: Path) -> list[Path]:
 
 
 def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
-    """Every figure and table the results folders have data for (the one entry point of `scalecl plot`)."""
+    """Every figure and table the results folders have data for (the one entry point of `scalecl plot`); the
+    runs left out for a missing or malformed file are in SKIPPED afterwards."""
+    SKIPPED.clear()
     written: list[Path] = []
     written += fig8(results, out)
     for table, stem in ((bio_table(results), "table_bio"), (cpt_table(results), "table_cpt"),

@@ -14,10 +14,22 @@ import json
 import math
 import types
 import typing
+import unicodedata
 from dataclasses import asdict, field, fields, is_dataclass
 from typing import Any
 
 from .errors import ScaleclError
+
+# Representable ranges, checked before any work (issue 19):
+# - every integer of a config fits a signed 64-bit integer (torch and numpy hold sizes and steps in int64);
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# - a seed lies in 0..2**32 - 1, the range of a 32-bit seed (numpy's legacy seeding, most tools): torch takes
+#   up to 2**64 - 1, but the suite adds offsets to a seed (seed + 3) and a sum past 2**64 - 1 overflows;
+MAX_SEED = 2**32 - 1
+# - no model size (a width, heads, layers, a vocabulary, a context, a LoRA rank, SCALE's added widths) exceeds
+#   2**20 = 1,048,576: over 50x the hidden width of the largest published decoders (16,384 to 18,432), and a
+#   square matrix of that side alone would hold 2**40 elements (4 TiB in float32).
+MAX_SIZE = 2**20
 
 
 class Raw(str):
@@ -31,6 +43,59 @@ def opt(default: Any = None, *, factory: Any = None, ge: float | None = None, gt
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def show_bound(b: float) -> str:
+    """A range bound as the error shows it: ints in full, with their power of two when they are one
+    (1048576 (2**20), 4294967295 (2**32 - 1)); floats compactly (1e-08)."""
+    if isinstance(b, int):
+        for off, tail in ((0, ""), (1, " - 1")):
+            n = b + off
+            if n >= 2**16 and n & (n - 1) == 0:
+                return f"{b} (2**{n.bit_length() - 1}{tail})"
+        return str(b)
+    return f"{b:g}"
+
+
+def show_value(value: Any, limit: int = 60) -> str:
+    """repr of a value for a one-line error: control characters escaped, long values shortened."""
+    try:
+        r = repr(value)
+    except ValueError:  # an int of more digits than Python converts to text (4,300)
+        return f"an integer of {value.bit_length():,} bits"
+    return r if len(r) <= limit else f"{r[: limit - 15]}...{r[-10:]} ({len(str(value)):,} characters)"
+
+
+def show_text(text: str, limit: int = 60) -> str:
+    """Text as an error shows it: as it is when it is short and printable, else as show_value does."""
+    return text if text.isprintable() and len(text) <= limit else show_value(text, limit)
+
+
+def check_int64(value: int, key: str) -> int:
+    """`value` if it fits a signed 64-bit integer, else one ScaleclError naming `key`."""
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ScaleclError(f"{key} is {show_value(value)}, outside the 64-bit integer range "
+                           f"-2**63..2**63 - 1")
+    return value
+
+
+def check_seed(seed: int, key: str = "--seed") -> int:
+    """`seed` if every generator the suite seeds accepts it (0..MAX_SEED), else one ScaleclError."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ScaleclError(f"{key} must be an integer in 0..{show_bound(MAX_SEED)}, got {show_value(seed)}")
+    return seed
+
+
+_LINE_BREAKING = ("Cc", "Zl", "Zp")  # control characters and line/paragraph separators (str.splitlines splits)
+
+
+def check_text(value: str, key: str) -> str:
+    """`value` if it is one line of text (no control character or line separator), else one ScaleclError."""
+    bad = next((c for c in value if unicodedata.category(c) in _LINE_BREAKING), None)
+    if bad is not None:
+        raise ScaleclError(f"{key} must be one line of text without control characters, got {show_value(value)} "
+                           f"(contains {bad!r})")
+    return value
 
 
 def _type_name(hint: Any) -> str:
@@ -57,11 +122,11 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
                 return coerce(value, a, key)
             except ScaleclError:
                 pass
-        raise ScaleclError(f"{key} expects {' or '.join(_type_name(a) for a in inner)}, got {value!r}")
+        raise ScaleclError(f"{key} expects {' or '.join(_type_name(a) for a in inner)}, got {show_value(value)}")
     if origin is tuple:
         items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
-            raise ScaleclError(f"{key} expects a list, got {value!r}")
+            raise ScaleclError(f"{key} expects a list, got {show_value(value)}")
         item_type = args[0] if args else Any
         return tuple(coerce(Raw(v.strip()) if isinstance(value, Raw) else v, item_type, key) for v in items)
     if hint is Any:
@@ -75,38 +140,47 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
     elif hint is int:
         if text is not None:
             try:
-                return int(text)
-            except ValueError:
+                return check_int64(int(text), key)
+            except ValueError:  # not an integer, or more digits than Python converts (4,300)
                 pass
         elif isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return check_int64(value, key)
     elif hint is float:
-        if text is not None:
-            try:
-                v = float(text)
-                if math.isfinite(v):
-                    return v
-            except ValueError:
-                pass
-        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
+        v = _finite_float(text if text is not None else value)
+        if v is not None:
+            return v
     elif hint is str:
         if isinstance(value, str):
-            return str(value)
+            return check_text(str(value), key)
     else:
         raise TypeError(f"unsupported config type {hint!r} for {key}")
-    raise ScaleclError(f"{key} expects {_type_name(hint)}, got {value!r}")
+    raise ScaleclError(f"{key} expects {_type_name(hint)}, got {show_value(value)}")
+
+
+def _finite_float(value: Any) -> float | None:
+    """A finite float from text or a number (not a bool); None for anything else, inf, nan or an int too
+    large for a float."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    try:
+        v = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return v if math.isfinite(v) else None
 
 
 def _check_range(value: Any, meta: dict, key: str) -> None:
     if value is None:
         return
     if "choices" in meta and value not in meta["choices"]:
-        raise ScaleclError(f"config key {key} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+        raise ScaleclError(f"config key {key} must be one of {', '.join(map(str, meta['choices']))}, "
+                           f"got {show_value(value)}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        check_int64(value, f"config key {key}")
     for op, test, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
                            ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
         if op in meta and not test(value, meta[op]):
-            raise ScaleclError(f"config key {key} must be {word} {meta[op]:g}, got {value!r}")
+            raise ScaleclError(f"config key {key} must be {word} {show_bound(meta[op])}, got {show_value(value)}")
 
 
 def merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
@@ -185,7 +259,8 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, val = item.partition("=")
         if not sep or not key.strip():
-            raise ScaleclError(f"--set expects key=value, got {item!r}")
+            raise ScaleclError(f"--set expects key=value, got {show_value(item)}")
+        check_text(key, "--set key")  # a key is named in errors: one line
         node = out
         *parents, leaf = [p.strip() for p in key.strip().split(".")]
         if not all(parents) or not leaf:

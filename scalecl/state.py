@@ -27,6 +27,7 @@ import safetensors.torch as st
 import torch
 
 from .errors import ScaleclError
+from .readers import read_json, safetensors_header
 
 JSON_NAME, TENSORS_NAME = "trainer_state.json", "trainer_state.safetensors"
 _TAGS = ("__tensor__", "__ndarray__", "__tuple__", "__items__", "__float__")
@@ -102,10 +103,15 @@ def save_state(folder: str | os.PathLike, state: Any) -> None:
 def load_state(folder: str | os.PathLike) -> Any:
     """Read a state written by save_state; a missing or damaged state is one clear ScaleclError."""
     folder = Path(folder)
+    what = "training state"
+    doc = read_json(folder / JSON_NAME, what)  # missing, not JSON, not an object: one line naming the file
+    if "state" not in doc:
+        raise ScaleclError(f"{what} {folder / JSON_NAME} has no 'state'")
+    if (folder / TENSORS_NAME).exists():
+        safetensors_header(folder / TENSORS_NAME, what)  # empty or truncated: one line naming the file
     try:
-        doc = json.loads((folder / JSON_NAME).read_text())
         tensors = st.load_file(str(folder / TENSORS_NAME)) if (folder / TENSORS_NAME).exists() else {}
         return _decode(doc["state"], tensors)
-    except Exception as e:  # unreadable JSON, truncated safetensors (SafetensorError), missing keys
+    except Exception as e:  # a damaged file past its header (SafetensorError), a tag naming no tensor
         raise ScaleclError(f"training state in {folder} is missing or damaged ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None

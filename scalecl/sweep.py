@@ -19,9 +19,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .errors import ScaleclError
+from .errors import Busy, ScaleclError
 from .files import check_writable_dir
 from .fit import Fit, Runtime, TrainPlan, fit
+from .locks import locked
 from .machine import pick_device
 from .methods import Method, get_method, method_names
 from .processes import Dist, distributed, say
@@ -179,8 +180,35 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
     return results
 
 
+@contextlib.contextmanager
+def hold(target: Path, rt: Runtime, *, wait: bool, what: str) -> Iterator[None]:
+    """The lock of a run folder or cache entry (scalecl.locks), taken by rank 0 for every process: a lock
+    another process holds is one Busy error on every process (wait=False) or a wait (wait=True)."""
+    with contextlib.ExitStack() as stack:
+        refused = None
+        if rt.d.main:
+            try:
+                stack.enter_context(locked(target, wait=wait, what=what, say=rt.say))
+            except Busy as e:
+                refused = str(e)
+        refused = rt.d.share(refused)
+        if refused is not None:
+            raise Busy(refused)
+        yield
+
+
 def train_one(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
-    """Train one method's run and write its files; its result (None: stopped early, or not the main process)."""
+    """Train one method's run and write its files, holding the run's lock (a second process training the same
+    run stops with one line); its result (None: stopped early, or not the main process)."""
+    with hold(run.ckpt_root, rt, wait=False, what=f"run {run.name}"):
+        finished = run.result() if rt.d.main and not opts.force else None
+        if rt.d.share(finished is not None):  # finished by another process since the sweep looked
+            rt.say(f"{method.name}: finished run found at {run.out_dir} (use --force to rerun)")
+            return finished
+        return _train_locked(exp, method, run, rt, opts)
+
+
+def _train_locked(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
     run.save_kw = run.save_kw | exp.save_kw()
     plan = replace(exp.plan(method, rt), resume=opts.resume, force=opts.force, stop_at=opts.stop_after,
                    report_to=opts.report_to)

@@ -214,8 +214,8 @@ class _StepLog:
 
 
 def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flops: ModelFlops | None):
-    """One optimizer step's forwards and backwards: (mean loss, tokens, model FLOPs). With DDP gradients
-    are all-reduced on the last micro-batch only; FSDP reduce-scatters after every one (memory)."""
+    """One optimizer step's forwards and backwards: (mean loss, tokens, model FLOPs, last micro-batch). With
+    DDP gradients are all-reduced on the last micro-batch only; FSDP reduce-scatters after every one."""
     device = next(model.parameters()).device
     ddp = isinstance(model, DistributedDataParallel)
     tokens, step_flops = 0, 0.0
@@ -233,10 +233,55 @@ def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flo
                 micro = model(**batch).loss
             if accum == 1:
                 micro.backward()
-                return micro.detach(), tokens, step_flops
+                return micro.detach(), tokens, step_flops, host
             (micro / accum).backward()
         loss += micro.detach().float() / accum
-    return loss, tokens, step_flops
+    return loss, tokens, step_flops, host
+
+
+MAX_WEIGHT = 1.8e19  # ~ sqrt(float32's largest value): a weight beyond it cannot be squared in a norm
+
+
+def _check_update(model: nn.Module, host: dict[str, torch.Tensor], autocast_dtype, step: int, parallel: bool) -> None:
+    """The loss of the step's last micro-batch after the update. A model it is not finite for (weights blown
+    up by the update itself, which the loss before the update cannot show) stops the run before a
+    checkpoint or the final model records it. Evaluation mode and no gradient: no random draw, no change."""
+    device = next(model.parameters()).device
+    training = model.training
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        loss = model(**_to_device(host, device)).loss
+    model.train(training)
+    value = _process_mean(loss.float(), parallel).item()
+    with torch.no_grad():  # largest trainable weight (this process's shards; the largest over processes)
+        shards = [local(p.detach()) for p in model.parameters() if p.requires_grad]
+        big = max((t.abs().max().float() for t in shards if t.numel()), default=torch.zeros((), device=device))
+        if parallel:
+            big = big.clone()
+            dist.all_reduce(big, op=dist.ReduceOp.MAX)
+    if not math.isfinite(value) or not big.item() < MAX_WEIGHT:
+        what = f"the loss after the update is {value}" if not math.isfinite(value) else (
+            f"a weight reached {big.item():.3g}, beyond {MAX_WEIGHT:.2g} (its square overflows float32: the "
+            f"model's norms no longer compute)")
+        raise TrainingDiverged(f"training diverged at step {step}: {what}; nothing was recorded as finished")
+
+
+def _update(opt, sched, trainable: list[torch.Tensor], clip: float, step: int) -> torch.Tensor:
+    """Clip (clip > 0), step the optimizer and the schedule, clear the gradients; the gradient norm."""
+    if clip:
+        gnorm = torch.nn.utils.clip_grad_norm_(trainable, clip)
+    else:
+        gnorm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None])
+    try:
+        opt.step()
+    except RuntimeError as e:  # e.g. lr 1e38: the update itself overflows float32
+        if "overflow" not in str(e):
+            raise
+        raise TrainingDiverged(f"training diverged at step {step}: the update overflows ({e}; lr "
+                               f"{sched.get_last_lr()[0]:g}); nothing was recorded as finished") from None
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return gnorm
 
 
 def _resume(model: nn.Module, batches, plan: TrainPlan, opt, sched, state: dict[str, Any]) -> tuple[int, list]:
@@ -279,7 +324,9 @@ def train(
     checkpoint steps, the last step); `seconds` is the sync window's wall time divided evenly over its steps
     (all processes' tokens count). mfu = model_tflops / (peak_tflops x processes), null without a peak.
     A non-finite loss or gradient norm raises TrainingDiverged at the next sync point, before on_step or
-    on_save can see the model it produced. At plan.stop_at the loop stops; the losses so far are returned.
+    on_save can see the model it produced; so does a model the last update broke (checked before every
+    checkpoint and at the end: the loss of the step's last micro-batch after the update must be finite and no
+    trainable weight beyond MAX_WEIGHT). At plan.stop_at the loop stops; the losses so far are returned.
     """
     if plan.accum < 1:
         raise ValueError(f"accum must be >= 1, got {plan.accum}")
@@ -298,14 +345,8 @@ def train(
     model.train()
     for step in range(start + 1, plan.steps + 1):
         lr = sched.get_last_lr()[0]  # the rate this step uses
-        loss, tokens, step_flops = _forward_backward(model, batches, plan.accum, plan.autocast, flops)
-        if plan.optim.clip:
-            gnorm = torch.nn.utils.clip_grad_norm_(trainable, plan.optim.clip)
-        else:
-            gnorm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None])
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+        loss, tokens, step_flops, host = _forward_backward(model, batches, plan.accum, plan.autocast, flops)
+        gnorm = _update(opt, sched, trainable, plan.optim.clip, step)
         log.add(step, _process_mean(loss, parallel), local(gnorm).detach(), lr, tokens, step_flops)
         evaluating = hooks.on_step is not None and (plan.eval_steps is None or step in plan.eval_steps)
         stopping = plan.stop_at is not None and step >= plan.stop_at
@@ -314,6 +355,9 @@ def train(
             rows = log.sync()
             if task is not None and rows:
                 progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")
+        if saving or stopping or step == plan.steps:
+            _check_update(model, host, plan.autocast, step, parallel)
+            log.restart_clock()
         if evaluating:
             hooks.on_step(step, losses[-1])
             model.train()

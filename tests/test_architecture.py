@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
     ["errors", "version", "presets"],
-    ["schema", "modeling", "crash", "processes", "summary", "qa", "state", "files", "data.biography"],
-    ["optim", "base_models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data"],
+    ["schema", "modeling", "crash", "processes", "summary", "qa", "files", "readers", "locks", "data.biography"],
+    ["optim", "state", "base_models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data"],
     ["perf", "machine", "methods"],
     ["parallel", "checkpoint"],
     ["config", "train", "run", "harness", "perplexity"],

@@ -71,9 +71,10 @@ def outcome(root: Path) -> dict:
 
 
 def leftovers(root: Path) -> list[str]:
-    """Temporary (hidden) files and folders and partial files anywhere under root."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name.startswith(".") or
-                  p.name.endswith(".partial"))
+    """Temporary (hidden) files and folders and partial files anywhere under root. The hidden `.<name>.lock`
+    files of runs and cache entries are no temporaries: they stay, empty, beside what they lock."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if (p.name.startswith(".") and not
+                  (p.name.endswith(".lock") and p.is_file() and p.stat().st_size == 0)) or p.name.endswith(".partial"))
 
 
 @pytest.fixture(scope="module")

@@ -236,12 +236,21 @@ def train_bpe_tokenizer(texts, vocab_size: int = 2048):
 
 
 def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Path:
-    """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept."""
-    from ..files import atomic_dir, remove_temporaries, write_atomic, write_json
+    """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept.
+    One process writes it at a time (a second one waits for the first, then finds it complete)."""
+    from ..locks import locked
 
     root = Path(root)
     if (root / "corpus.json").exists():
         return root
+    with locked(root, wait=True, what=f"corpus {root}"):
+        if not (root / "corpus.json").exists():
+            _write_corpus(root, cfg, vocab_size)
+    return root
+
+
+def _write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int) -> None:
+    from ..files import atomic_dir, remove_temporaries, write_atomic, write_json
     for folder in (root, *(root / f for f in (*LANGUAGES, "base"))):  # a killed earlier attempt's temporaries
         remove_temporaries(folder)
 
@@ -264,4 +273,3 @@ def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Pa
         tok.save_pretrained(str(tmp))
     write_json(root / "corpus.json", {"config": asdict(cfg), "vocab_size": vocab_size, "splits": stats,
                                       "note": "synthetic stand-in (scalecl.data.bilingual), not FineWeb"})
-    return root

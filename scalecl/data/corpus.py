@@ -116,9 +116,15 @@ def iter_texts(spec: CorpusSpec) -> Iterator[str]:
 
 
 def check_corpus(spec: CorpusSpec) -> None:
-    """Fail early, before anything is written: path, split, text column, and at least one document."""
-    for _ in iter_texts(spec):
-        return
+    """Fail early, before anything is written: path, split, text column, and at least one document with
+    text (a corpus of blank lines or null texts would train on end-of-text tokens alone)."""
+    seen = False
+    for text in iter_texts(spec):
+        seen = True
+        if text.strip():
+            return
+    if seen:
+        raise ScaleclError(f"dataset {spec.describe()} has no text: every document is blank or null")
     raise ScaleclError(f"dataset {spec.describe()} is empty: no documents to read")
 
 
@@ -228,6 +234,7 @@ class RankBatches:
 
 def eval_chunks(spec: CorpusSpec, tokenizer, seq_len: int, name: str = "evaluation set") -> list[torch.Tensor]:
     """Every token of a held-out slice as seq_len chunks (the last one possibly shorter); checked non-empty."""
+    check_corpus(spec)  # blank or null documents alone would be scored as end-of-text tokens
     chunks = list(PackedChunks(lambda: iter_texts(spec), tokenizer, seq_len, drop_last=False, name=name))
     if not chunks or sum(len(c) - 1 for c in chunks) == 0:
         raise ScaleclError(f"{name} {spec.describe()} is empty: no tokens to score")

@@ -15,7 +15,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..errors import ScaleclError
-from ..schema import coerce
+from ..schema import coerce, show_text
 
 REGISTRY: dict[str, type[Method]] = {}
 
@@ -64,7 +64,7 @@ class Method:
         known = {f.name for f in fields(cls)}
         unknown = set(opts) - known
         if unknown:
-            raise ScaleclError(f"method {cls.name} has no option(s) {', '.join(sorted(unknown))}; "
+            raise ScaleclError(f"method {cls.name} has no option(s) {', '.join(map(show_text, sorted(unknown)))}; "
                                f"options: {', '.join(sorted(known)) or 'none'}")
         hints = typing.get_type_hints(cls)
         return {k: coerce(v, hints[k], f"{where}.{k}" if where else f"option {k} of {cls.name}")

@@ -13,6 +13,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from ..base_models import arch_of, decoder_layers
 from ..errors import ScaleclError
+from ..schema import MAX_SIZE, show_bound, show_value
 from .base import Method, register
 
 
@@ -24,10 +25,16 @@ class Freeze(Method):
     name: ClassVar[str] = "freeze"
     k: int = 3  # paper CPT on Llama-3.2-1B
 
+    def __post_init__(self) -> None:
+        """The check that needs no model (k against the layers: check)."""
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 0 <= self.k <= MAX_SIZE:
+            raise ScaleclError(f"freeze k must be an integer in 0..{show_bound(MAX_SIZE)}, the largest model size "
+                               f"the suite accepts; got {show_value(self.k)}")
+
     def check(self, config: PretrainedConfig) -> None:
         arch_of(config)
         n_layers = config.num_hidden_layers
-        if not isinstance(self.k, int) or not 0 <= self.k <= n_layers:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 0 <= self.k <= n_layers:
             raise ScaleclError(f"freeze k must lie in 0..{n_layers} (the model's layers), got {self.k}")
 
     def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PreTrainedModel:

@@ -16,6 +16,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from ..base_models import arch_of, decoder_layers, set_submodule
 from ..errors import ScaleclError
+from ..schema import MAX_SIZE, show_bound, show_value
 from .base import Method, register
 
 
@@ -27,10 +28,16 @@ class LlamaPro(Method):
     name: ClassVar[str] = "llama-pro"
     n: int = 4  # paper: Pythia-160M 12 -> 16 layers, Llama-3.2-1B 16 -> 20
 
+    def __post_init__(self) -> None:
+        """The check that needs no model (n against the layers: check)."""
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_SIZE:
+            raise ScaleclError(f"llama-pro n must be an integer in 1..{show_bound(MAX_SIZE)}, the largest model size "
+                               f"the suite accepts; got {show_value(self.n)}")
+
     def check(self, config: PretrainedConfig) -> None:
         arch_of(config)
         n_layers = config.num_hidden_layers
-        if not isinstance(self.n, int) or self.n <= 0 or n_layers % self.n:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n <= 0 or n_layers % self.n:
             raise ScaleclError(f"llama-pro n must be a positive divisor of the model's {n_layers} layers, got {self.n}")
 
     def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PreTrainedModel:

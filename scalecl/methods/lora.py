@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -10,8 +11,9 @@ from typing import ClassVar
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..base_models import arch_of
+from ..base_models import arch_of, head_dim, kv_heads
 from ..errors import ScaleclError
+from ..schema import MAX_SIZE, show_bound, show_value
 from .base import Method, register
 
 
@@ -36,12 +38,26 @@ class LoRA(Method):
     alpha: float | None = None
     dropout: float = 0.0
 
+    def __post_init__(self) -> None:
+        """Checks that need no model (the rank against the layers: check)."""
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= MAX_SIZE:
+            raise ScaleclError(f"lora rank must be an integer in 1..{show_bound(MAX_SIZE)}, the largest model size "
+                               f"the suite accepts; got {show_value(self.rank)}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) or not 0.0 <= self.dropout < 1.0:
+            raise ScaleclError(f"lora dropout must lie in [0, 1), got {show_value(self.dropout)}")
+        if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float)
+                                       or not math.isfinite(self.alpha)):
+            raise ScaleclError(f"lora alpha must be a finite number or none, got {show_value(self.alpha)}")
+
     def check(self, config: PretrainedConfig) -> None:
         arch_of(config)
-        if not isinstance(self.rank, int) or self.rank <= 0:
-            raise ScaleclError(f"lora rank must be a positive integer, got {self.rank}")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ScaleclError(f"lora dropout must lie in [0, 1), got {self.dropout}")
+        self.__post_init__()
+        # the targeted matrices' smaller sides: hidden, FFN, and the key/value projections' heads x head_dim
+        side = min(config.hidden_size, getattr(config, "intermediate_size", None) or config.hidden_size,
+                   kv_heads(config) * head_dim(config))
+        if self.rank > side:
+            raise ScaleclError(f"lora rank={self.rank} exceeds {side}, the smaller side of this model's smallest "
+                               f"targeted matrix: an update of that matrix has at most rank {side}")
 
     def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PeftModel:
         self.check(model.config)

@@ -21,6 +21,7 @@ from ...modeling.scale_surgery import (
     ScaleSpec,
     resolve_l_fp,
 )
+from ...schema import MAX_SIZE, show_bound, show_text, show_value
 
 __all__ = ["COLLAB_MODULES", "EMBED_INITS", "INITS", "ROUTERS", "VARIANTS", "ScaleConfig", "option_help"]
 
@@ -46,19 +47,19 @@ class ScaleConfig(ScaleSpec):
         if self.variant not in VARIANTS:
             raise ScaleclError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         if len(self.init) != 2 or any(i not in INITS for i in self.init):
-            raise ScaleclError(
-                f"init must be a pair of {'/'.join(INITS)} for (W21, W22), got {','.join(map(str, self.init))}"
-            )
+            got = show_text(",".join(map(str, self.init)))
+            raise ScaleclError(f"init must be a pair of {'/'.join(INITS)} for (W21, W22), got {got}")
         if not self.collab or any(c not in COLLAB_MODULES for c in self.collab):
-            raise ScaleclError(f"collab must be attn, mlp or attn,mlp; got {','.join(map(str, self.collab))}")
-        if not isinstance(self.hidden_up, int) or self.hidden_up <= 0:
-            raise ScaleclError(f"hidden_up must be a positive integer, got {self.hidden_up}")
-        if not isinstance(self.ffn_up, int) or self.ffn_up < 0:
-            raise ScaleclError(f"ffn_up must be a non-negative integer, got {self.ffn_up}")
+            raise ScaleclError(f"collab must be attn, mlp or attn,mlp; got {show_text(','.join(map(str, self.collab)))}")
+        for name, low in (("hidden_up", 1), ("ffn_up", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_SIZE:
+                raise ScaleclError(f"{name} must be an integer in {low}..{show_bound(MAX_SIZE)}, the largest "
+                                   f"model size the suite accepts; got {show_value(v)}")
         if not -1.0 <= float(self.tau) <= 1.0:
             raise ScaleclError(f"tau must lie in [-1, 1], got {self.tau}")
-        if self.l_fp is not None and (not isinstance(self.l_fp, int) or self.l_fp < 0):
-            raise ScaleclError(f"l_fp must be a non-negative integer, got {self.l_fp}")
+        if self.l_fp is not None and (isinstance(self.l_fp, bool) or not isinstance(self.l_fp, int) or self.l_fp < 0):
+            raise ScaleclError(f"l_fp must be a non-negative integer, got {show_value(self.l_fp)}")
         if self.router not in ROUTERS:
             raise ScaleclError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
         if self.embed_init not in EMBED_INITS:

@@ -30,10 +30,24 @@ from ...modeling.scale_surgery import (  # noqa: F401  (re-exported: the histori
 )
 from .config import ScaleConfig
 
+# The most elements one widened matrix may hold: 2**31 (8 GiB in float32). The largest matrix of the paper's
+# biggest setting (Llama-3.2-1B's 128,256 x 2,304 embedding after +256 hidden) holds 0.14 x 2**31. A larger one
+# is far outside what the suite is built for (one process holds the model, its gradients and AdamW's two
+# moments: 32 GiB for that one matrix), and its elements are past 32-bit indices.
+MAX_MATRIX = 2**31
+
 
 def check_sizes(config, cfg: ScaleConfig) -> tuple[int, int]:
     """Validate widths against a base config before any work; returns (new query heads, new KV heads)."""
     arch_of(config)
+    hidden = config.hidden_size + cfg.hidden_up
+    ffn = (getattr(config, "intermediate_size", None) or 0) + cfg.ffn_up
+    rows = max(getattr(config, "vocab_size", None) or 0, ffn, hidden)  # embedding/head, FFN, attention
+    if rows * hidden > MAX_MATRIX:
+        raise ScaleclError(
+            f"hidden_up={cfg.hidden_up}, ffn_up={cfg.ffn_up} would make a {rows:,} x {hidden:,} matrix of "
+            f"{rows * hidden:,} elements; the suite allows at most 2**31 ({MAX_MATRIX:,}, 8 GiB in float32) per matrix"
+        )
     hd = head_dim(config)
     if cfg.hidden_up % hd:
         raise ScaleclError(f"hidden_up={cfg.hidden_up} is not a multiple of head_dim={hd}: attention grows by whole heads")

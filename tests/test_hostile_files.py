@@ -1,0 +1,381 @@
+"""Hostile files (issue 19, items 1, 2 and 6): every file the suite reads is checked by one reader
+(scalecl.readers), every path it writes follows one ownership rule (scalecl.files), and OS errors are user
+errors. Each case is exit code 1 or 2 with exactly one `error:` line, and the user's files stay as they were.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import scalecl.files as files
+from scalecl.cli import app
+from scalecl.errors import ScaleclError
+from scalecl.readers import read_json, read_jsonl, safetensors_header
+
+runner = CliRunner()
+PREPARE = ["prepare", "--method", "fft", "--random-config", "llama"]
+UPSCALE = ["upscale", "--random-config", "llama", "--hidden-up", "32", "--ffn-up", "16", "--variant", "adapt"]
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def one_error(res, code: int = 2) -> str:
+    """The single `error:` line of a failed command (stdout and stderr together), checked."""
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == code and len(lines) == 1 and lines[0].startswith("error:"), (res.exit_code, res.output)
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the reader
+
+
+def test_reader_names_the_file_for_every_failure(tmp_path):
+    bad = {"missing.json": None, "garbage.json": "{oops", "list.json": "[1, 2]", "empty.json": ""}
+    for name, text in bad.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(ScaleclError, match=name):
+            read_json(tmp_path / name, "record")
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(ScaleclError, match="is a folder"):
+        read_json(tmp_path / "folder.json")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ScaleclError, match="not UTF-8"):
+        read_json(tmp_path / "bin.json")
+    (tmp_path / "log.jsonl").write_text('{"step": 1}\n\n{"step": 2\n')
+    with pytest.raises(ScaleclError, match=r"log\.jsonl \(line 3\)"):
+        read_jsonl(tmp_path / "log.jsonl")
+    assert read_json(tmp_path / "list.json", expect=list) == [1, 2]
+
+
+def _safetensors(path: Path, header: dict, data: bytes) -> Path:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def test_reader_checks_safetensors_against_the_file(tmp_path):
+    ok = _safetensors(tmp_path / "ok.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+                      b"\x00" * 8)
+    assert set(safetensors_header(ok)) == {"w"}
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    cases = {
+        "empty.safetensors": "empty",
+        _safetensors(tmp_path / "short.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+                     b"\x00" * 3).name: "truncated",
+        _safetensors(tmp_path / "dtype.safetensors", {"w": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}},
+                     b"\x00").name: "unknown dtype 'Q7'",
+        _safetensors(tmp_path / "shape.safetensors", {"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}},
+                     b"\x00" * 8).name: "do not match its shape",
+    }
+    (tmp_path / "header.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    cases["header.safetensors"] = "bad header length"
+    for name, phrase in cases.items():
+        with pytest.raises(ScaleclError, match=phrase) as e:
+            safetensors_header(tmp_path / name)
+        assert name in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# damaged checkpoints and configs: one line each, wherever they are read
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A tiny plain checkpoint written by `scalecl prepare`."""
+    out = tmp_path_factory.mktemp("ck") / "fft"
+    res = runner.invoke(app, [*PREPARE, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    ("meta_list", "JSON array"), ("meta_garbage", "not a JSON file"), ("meta_dtype", "unknown dtype 'float7'"),
+    ("weights_empty", "empty"), ("weights_truncated", "truncated"), ("meta_heads", "num_attention_heads"),
+])
+def test_damaged_checkpoint_is_one_line_in_merge_and_eval_ppl(ckpt, tmp_path, damage, phrase):
+    d = _copy(ckpt, tmp_path / "damaged")
+    meta = json.loads((d / "scalecl.json").read_text())
+    w = d / "model.safetensors"
+    if damage == "meta_list":
+        (d / "scalecl.json").write_text("[]")
+    elif damage == "meta_garbage":
+        (d / "scalecl.json").write_text("{\"method\": ")
+    elif damage == "meta_dtype":
+        (d / "scalecl.json").write_text(json.dumps(meta | {"dtype": "float7"}))
+    elif damage == "meta_heads":
+        (d / "scalecl.json").write_text(json.dumps(meta | {"base_config": meta["base_config"] | {"num_attention_heads": 0}}))
+    elif damage == "weights_empty":
+        w.write_bytes(b"")
+    else:
+        w.write_bytes(w.read_bytes()[: w.stat().st_size - 100])
+    before = tree(d)
+    assert phrase in one_error(runner.invoke(app, ["merge", "--model", str(d), "--out", str(tmp_path / "m")]))
+    assert phrase in one_error(runner.invoke(app, ["eval-ppl", "--model", str(d), "--dataset", "builtin:en",
+                                                   "--cache", str(tmp_path / "cache")]))
+    assert tree(d) == before and not (tmp_path / "m").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("change, phrase", [
+    ({"hidden_size": "64"}, "hidden_size must be a positive integer"),
+    ({"num_hidden_layers": -2}, "num_hidden_layers must be a positive integer"),
+    ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer"),
+])
+def test_bad_config_json_sizes_are_one_line(ckpt, tmp_path, change, phrase):
+    d = _copy(ckpt, tmp_path / "plain")
+    (d / "scalecl.json").unlink()  # a plain transformers folder
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg | change))
+    line = one_error(runner.invoke(app, [*PREPARE[:3], "--model", str(d), "--out", str(tmp_path / "p")]))
+    assert phrase in line and str(d) in line
+    assert not (tmp_path / "p").exists()
+
+
+def test_pickled_weights_are_refused_before_torch_load(ckpt, tmp_path, monkeypatch):
+    import torch
+
+    d = _copy(ckpt, tmp_path / "bin")
+    (d / "scalecl.json").unlink()
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+
+    def never(*a, **k):
+        raise AssertionError("torch.load reached")
+
+    monkeypatch.setattr(torch, "load", never)
+    for args in (["merge", "--model", str(d), "--out", str(tmp_path / "m")],
+                 [*PREPARE[:3], "--model", str(d), "--out", str(tmp_path / "p")],
+                 ["eval-ppl", "--model", str(d), "--dataset", "builtin:en", "--cache", str(tmp_path / "c")]):
+        assert "pytorch_model.bin" in one_error(runner.invoke(app, args))
+
+
+def test_damaged_training_state_is_one_line(tmp_path):
+    import torch
+
+    from scalecl.state import JSON_NAME, TENSORS_NAME, load_state, save_state
+
+    save_state(tmp_path, {"step": 3, "w": torch.ones(4)})
+    assert load_state(tmp_path)["step"] == 3
+    t = tmp_path / TENSORS_NAME
+    t.write_bytes(t.read_bytes()[:-5])
+    with pytest.raises(ScaleclError, match="truncated"):
+        load_state(tmp_path)
+    (tmp_path / JSON_NAME).write_text("[]")
+    with pytest.raises(ScaleclError, match=JSON_NAME):
+        load_state(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ownership: the suite replaces only files its own manifest proves it wrote
+
+
+def test_overwrite_never_deletes_a_file_scalecl_json_lists(tmp_path):
+    out = tmp_path / "ck"
+    assert runner.invoke(app, [*UPSCALE, "--out", str(out)]).exit_code == 0
+    (out / "notes.txt").write_text("the user's notes")
+    meta = json.loads((out / "scalecl.json").read_text())
+    meta["files"] = sorted(meta["files"] + ["notes.txt"])  # a hand-edited list of names proves nothing
+    meta["written"]["notes.txt"] = "16:0123456789abcdef0123456789abcdef"
+    (out / "scalecl.json").write_text(json.dumps(meta))
+    before = tree(out)
+    assert "notes.txt" in one_error(runner.invoke(app, [*UPSCALE, "--out", str(out), "--overwrite"]))
+    assert tree(out) == before
+    # a file the suite wrote but the user changed since is not the suite's either
+    (out / "notes.txt").unlink()
+    meta["files"].remove("notes.txt")
+    del meta["written"]["notes.txt"]
+    (out / "scalecl.json").write_text(json.dumps(meta))
+    (out / "config.json").write_text((out / "config.json").read_text() + " ")
+    before = tree(out)
+    assert "config.json" in one_error(runner.invoke(app, [*UPSCALE, "--out", str(out), "--overwrite"]))
+    assert tree(out) == before
+
+
+def test_overwrite_of_an_older_checkpoint_keeps_the_users_vocab(tmp_path):
+    out = tmp_path / "old"
+    assert runner.invoke(app, [*PREPARE, "--out", str(out)]).exit_code == 0
+    meta = json.loads((out / "scalecl.json").read_text())
+    for key in ("files", "written"):
+        del meta[key]
+    (out / "scalecl.json").write_text(json.dumps(meta | {"format_version": 1}))
+    (out / "vocab.txt").write_text("the user's vocabulary\n")
+    before = tree(out)
+    assert "vocab.txt" in one_error(runner.invoke(app, [*PREPARE, "--out", str(out), "--overwrite"]))
+    assert tree(out) == before
+    (out / "vocab.txt").unlink()  # without it, an older checkpoint of the suite's own files is replaced
+    res = runner.invoke(app, [*PREPARE, "--out", str(out), "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert "written" in json.loads((out / "scalecl.json").read_text())
+
+
+def fake_bio_run(root: Path, name: str = "cpu-fft-abc", method: str = "fft") -> Path:
+    d = root / "bio" / name
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "task0/acc": 0.5, "task1/acc": 0.5}) + "\n"
+                                             for s in (0, 5)))
+    (d / "result.json").write_text(json.dumps({
+        "experiment": "bio", "preset": "cpu", "method": method, "trainable_params": 10, "lr": 1e-4,
+        "provenance": {"date": "2026-11-21"}, "data": {"n_bio": 100, "n_task1": 20},
+        "config": {"model": {"hidden": 8, "layers": 1}, "stage3": {"steps": 5, "batch": 2, "lr": 1e-4},
+                   "eval": {"slice_people": 10}},
+        "priors": {"task0_heldout": {"pooled": 0.05}},
+        "summary": {"task0_start": 0.5, "task0_min": 0.5, "task0_end": 0.5, "task1_end": 0.5},
+        "final": {"task0_heldout": {"acc": 0.5}, "task1": {"acc": 0.5}}}))
+    return d
+
+
+def test_plot_never_overwrites_a_users_file_and_replaces_its_own(tmp_path):
+    res_dir, out = tmp_path / "results", tmp_path / "figs"
+    fake_bio_run(res_dir)
+    out.mkdir()
+    (out / "table_bio.csv").write_text("my own table\n")
+    before = tree(out)
+    line = one_error(runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(out)]))
+    assert "table_bio.csv" in line and "not written by scalecl plot" in line
+    assert {k: v for k, v in tree(out).items() if k == "table_bio.csv"} == {"table_bio.csv": before["table_bio.csv"]}
+    (out / "table_bio.csv").unlink()
+    for _ in range(2):  # its own files: written, then replaced
+        res = runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(out)])
+        assert res.exit_code == 0, res.output
+    assert (out / "table_bio.csv").read_text().startswith("preset,method")
+    (out / "fig8_bio_cpu.png").unlink()
+    os.symlink(tmp_path / "elsewhere.png", out / "fig8_bio_cpu.png")  # a link is never written through
+    assert "fig8_bio_cpu.png" in one_error(runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(out)]))
+    assert not (tmp_path / "elsewhere.png").exists()
+
+
+def test_plot_skips_runs_with_missing_or_malformed_files(tmp_path):
+    res_dir = tmp_path / "results"
+    fake_bio_run(res_dir)
+    (fake_bio_run(res_dir, "cpu-lora-abc", "lora") / "metrics.jsonl").unlink()
+    (fake_bio_run(res_dir, "cpu-freeze-abc", "freeze") / "result.json").write_text("[1]")
+    (fake_bio_run(res_dir, "cpu-llama-pro-abc", "llama-pro") / "metrics.jsonl").write_text('{"step": 0\n')
+    h = res_dir / "harness" / "x"
+    h.mkdir(parents=True)
+    (h / "run.json").write_text("{broken")
+    res = runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(tmp_path / "figs")])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
+    assert len(skipped) == 4, res.stderr
+    for name in ("cpu-lora-abc/metrics.jsonl", "cpu-freeze-abc/result.json", "cpu-llama-pro-abc/metrics.jsonl",
+                 "x/run.json"):
+        assert sum(name in ln for ln in skipped) == 1, (name, skipped)
+
+
+@pytest.fixture(scope="module")
+def ppl_model(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny checkpoint with a tokenizer, and a small jsonl corpus for eval-ppl."""
+    from scalecl.base_models import model_from_config, tiny_config
+    from scalecl.checkpoint import save_model
+    from scalecl.data.bilingual import BilingualConfig, english_biographies, train_bpe_tokenizer
+
+    root = tmp_path_factory.mktemp("ppl")
+    texts = english_biographies(BilingualConfig(people=20, heldout=4, texts=1))
+    (root / "corpus").mkdir()
+    (root / "corpus" / "test.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]))
+    tok = train_bpe_tokenizer(texts, vocab_size=200)
+    config = tiny_config("llama", vocab_size=len(tok), max_position_embeddings=64, eos_token_id=tok.eos_token_id)
+    save_model(model_from_config(config), root / "model", tokenizer=tok)
+    return root / "model", root / "corpus"
+
+
+def _ppl(model: Path, corpus: Path, out: Path) -> list[str]:
+    return ["eval-ppl", "--model", str(model), "--dataset", str(corpus), "--split", "test", "--seq-len", "32",
+            "--out", str(out)]
+
+
+def test_eval_ppl_out_replaces_only_its_own_records(ppl_model, tmp_path):
+    model, corpus = ppl_model
+    users = {"list.json": "[1, 2, 3]\n", "lookalike.json": json.dumps({"ppl": 1.0, "model": "m", "dataset": "d"})}
+    for name, text in users.items():
+        (tmp_path / name).write_text(text)
+        assert "not a record written by eval-ppl" in one_error(runner.invoke(app, _ppl(model, corpus, tmp_path / name)))
+        assert (tmp_path / name).read_text() == text
+    link = tmp_path / "dangling.json"
+    os.symlink(tmp_path / "nowhere" / "x.json", link)
+    assert "symbolic link" in one_error(runner.invoke(app, _ppl(model, corpus, link)))
+    assert link.is_symlink() and not link.exists()
+    mine = tmp_path / "mine.json"
+    for _ in range(2):  # written, then replaced: a record eval-ppl wrote carries its mark
+        res = runner.invoke(app, _ppl(model, corpus, mine))
+        assert res.exit_code == 0, res.output
+        assert json.loads(mine.read_text())["written_by"] == "scalecl eval-ppl"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# OS errors: a read-only or full disk is one line, exit code 1, nothing recorded as finished
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_full_or_read_only_disk_is_one_line(ppl_model, tmp_path, monkeypatch, code):
+    model, corpus = ppl_model
+    real = files.write_atomic
+
+    def failing(path, text):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(files, "write_atomic", failing)
+    out = tmp_path / "ppl.json"
+    line = one_error(runner.invoke(app, _ppl(model, corpus, out)), code=1)
+    assert str(out) in line and errno.errorcode[code] in line and not out.exists()
+    res_dir = tmp_path / "results"
+    fake_bio_run(res_dir)
+    line = one_error(runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(tmp_path / "f")]), code=1)
+    assert str(tmp_path / "f") in line
+    monkeypatch.setattr(files, "write_atomic", real)
+
+
+def test_full_disk_during_a_run_records_nothing_as_finished(tmp_path, monkeypatch, local):
+    from conftest import local_sets
+
+    real = os.replace
+
+    def full(src, dst, *a, **k):
+        if Path(dst).name == "result.json":
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a write reports it: no file name
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(files.os, "replace", full)
+    args = ["train-cpt", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"), "--cache",
+            str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck")]
+    sets = local_sets(local, "llama", "train.steps=2", "eval.every=2")
+    res = runner.invoke(app, args + [x for s in sets for x in ("--set", s)])
+    monkeypatch.setattr(files.os, "replace", real)
+    errors = [ln for ln in res.output.splitlines() if "error" in ln.lower()]  # progress lines come before it
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert len(errors) == 1 and errors[0].startswith("error:") and res.output.strip().endswith(errors[0]), errors
+    assert "result.json" in errors[0] and "ENOSPC" in errors[0]
+    assert not list((tmp_path / "out").rglob("result.json"))
+
+
+def test_read_only_out_fails_before_any_work(tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == ro and mode & os.W_OK
+                        else real(p, mode, **kw))
+    res_dir = tmp_path / "results"
+    fake_bio_run(res_dir)
+    assert "not writable" in one_error(runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(ro)]))
+    assert list(ro.iterdir()) == []
+    link = tmp_path / "gone"
+    os.symlink(tmp_path / "nothing", link)
+    assert "symbolic link to nothing" in one_error(runner.invoke(app, ["plot", "--results", str(res_dir),
+                                                                       "--out", str(link)]))
