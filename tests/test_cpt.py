@@ -52,7 +52,7 @@ def test_resume_after_a_stop_reproduces_the_uninterrupted_run(tmp_path, local, m
     sets = local_sets(local, "llama", "train.micro_batch=2", "checkpoint.every=2", "checkpoint.keep=1")
     (full,) = run(tmp_path / "a", sets, [method])
     assert run(tmp_path / "b", sets, [method], stop_after=3) == []
-    (ckpts,) = (tmp_path / "b" / "runs" / "cpt").iterdir()
+    (ckpts,) = [p for p in (tmp_path / "b" / "runs" / "cpt").iterdir() if not p.name.startswith(".")]  # .lock
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-0000003"]  # keep=1 pruned step 2
     assert not list((tmp_path / "b" / "out").glob("*/result.json"))
     (resumed,) = run(tmp_path / "b", sets, [method], resume=True)
