@@ -167,15 +167,18 @@ def test_a_second_identical_cpt_run_stops_with_one_line_and_deletes_nothing(tmp_
     assert not (tmp_path / "out" / name / "result.json").exists()
 
 
-def test_a_corpus_of_blank_or_null_texts_is_refused(tmp_path):
+def test_a_corpus_of_blank_or_null_texts_is_refused(tmp_path, local):
+    from scalecl.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(local / "llama"))
     for name, rows in (("blank", [{"text": ""}, {"text": "   "}]), ("null", [{"text": None}, {"text": None}])):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         with pytest.raises(ScaleclError, match="has no text: every document is blank or null"):
             check_corpus(CorpusSpec(str(folder)))
-        with pytest.raises(ScaleclError, match="has no text"):
-            eval_chunks(CorpusSpec(str(folder)), tokenizer=None, seq_len=8)
+        with pytest.raises(ScaleclError, match="no tokens to score .every document is blank or null"):
+            eval_chunks(CorpusSpec(str(folder)), tokenizer=tok, seq_len=8)
 
 
 def test_bio_batches_larger_than_the_data_are_refused(tmp_path):

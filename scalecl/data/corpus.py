@@ -234,8 +234,15 @@ class RankBatches:
 
 def eval_chunks(spec: CorpusSpec, tokenizer, seq_len: int, name: str = "evaluation set") -> list[torch.Tensor]:
     """Every token of a held-out slice as seq_len chunks (the last one possibly shorter); checked non-empty."""
-    check_corpus(spec)  # blank or null documents alone would be scored as end-of-text tokens
-    chunks = list(PackedChunks(lambda: iter_texts(spec), tokenizer, seq_len, drop_last=False, name=name))
-    if not chunks or sum(len(c) - 1 for c in chunks) == 0:
-        raise ScaleclError(f"{name} {spec.describe()} is empty: no tokens to score")
+    texts = [0]  # documents with text: blank or null ones alone would be scored as end-of-text tokens
+
+    def counted() -> Iterator[str]:
+        for text in iter_texts(spec):
+            texts[0] += bool(text.strip())
+            yield text
+
+    chunks = list(PackedChunks(counted, tokenizer, seq_len, drop_last=False, name=name))
+    if not chunks or sum(len(c) - 1 for c in chunks) == 0 or not texts[0]:
+        why = " (every document is blank or null)" if chunks and not texts[0] else ""
+        raise ScaleclError(f"{name} {spec.describe()} is empty: no tokens to score{why}")
     return chunks
