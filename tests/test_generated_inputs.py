@@ -12,6 +12,7 @@ Examples are derandomized (the same on every run and in CI) and few enough that 
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import types
@@ -342,3 +343,56 @@ def test_cli_bad_set_values(kind, data, tmp_path, monkeypatch):
     assert len(lines) == 1 and lines[0].startswith("error:"), (args, res.stderr)
     assert not res.stdout.strip(), (args, res.stdout)
     assert list(root.iterdir()) == [], (args, list(root.iterdir()))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# malformed files: whatever bytes a file the suite reads holds, the reader returns its content or raises one
+# one-line ScaleclError naming the file (issue 19, item 7)
+
+FILES = settings(max_examples=100, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                         max_size=3), max_leaves=8)
+
+
+def _one_line_error_naming(exc: Exception, path: Path) -> None:
+    from scalecl.errors import ScaleclError
+
+    assert isinstance(exc, ScaleclError), repr(exc)
+    assert len(str(exc).splitlines()) == 1 and str(path) in str(exc)
+
+
+@FILES
+@given(data=st.one_of(st.binary(max_size=64), _json_values.map(lambda v: json.dumps(v).encode()),
+                      st.text(max_size=40).map(str.encode)))
+def test_any_bytes_as_a_json_file(tmp_path, data):
+    from scalecl.readers import read_json
+
+    path = tmp_path / "scalecl.json"
+    path.write_bytes(data)
+    try:
+        doc = read_json(path, "checkpoint metadata")
+    except Exception as e:  # noqa: BLE001  (the property: only ScaleclError, one line, naming the file)
+        _one_line_error_naming(e, path)
+    else:
+        assert isinstance(doc, dict)
+
+
+@FILES
+@given(header=st.one_of(st.binary(max_size=48), _json_values.map(lambda v: json.dumps(v).encode())),
+       length=st.one_of(st.none(), st.integers(0, 2**64 - 1)), tail=st.binary(max_size=32))
+def test_any_bytes_as_a_safetensors_file(tmp_path, header, length, tail):
+    import struct
+
+    from scalecl.readers import safetensors_header
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header) if length is None else length) + header + tail)
+    try:
+        parsed = safetensors_header(path)
+    except Exception as e:  # noqa: BLE001
+        _one_line_error_naming(e, path)
+    else:
+        assert isinstance(parsed, dict)
