@@ -48,6 +48,7 @@ from .locks import locked
 from .machine import provenance
 from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from .optim import OptimConfig
+from .perf import autocast_dtype
 from .processes import Dist
 from .qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from .run import Run
@@ -347,9 +348,9 @@ class BioExperiment:
     def _stage_plan(self, sc: StageConfig, desc: str, d: Dist, **kw: Any) -> TrainPlan:
         """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `d.world`
         processes, bf16 autocast on CUDA when asked for, checkpoint cadence and compute options."""
-        autocast = torch.bfloat16 if self.rc.dtype == "bfloat16" and self.device.type == "cuda" else None
         return TrainPlan(sc.steps, OptimConfig.of(sc, kw.pop("lr", sc.lr), sc.warmup),
-                         accum=micro_batch(self.rc, sc, d.world)[1], autocast=autocast,
+                         accum=micro_batch(self.rc, sc, d.world)[1],
+                         autocast=autocast_dtype(self.rc.dtype, self.device),
                          save_every=self.rc.checkpoint.every, compute=self.rc.compute, desc=desc, **kw)
 
     def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:

@@ -46,6 +46,7 @@ from .locks import locked
 from .machine import provenance
 from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from .optim import OptimConfig
+from .perf import autocast_dtype
 from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from .processes import Dist
 from .run import Run
@@ -108,9 +109,9 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
     spec = corpus_spec(CorpusConfig(path="builtin:base", split="train"), root)
     chunks = PackedChunks(lambda: iter_texts(spec), tokenizer, rc.model.context, loop=True, name="base corpus")
     config = builtin_model_config(rc, len(tokenizer), tokenizer)
-    autocast = torch.bfloat16 if rc.dtype == "bfloat16" and rt.device.type == "cuda" else None
     plan = TrainPlan(rc.pretrain.steps, OptimConfig.of(rc.pretrain, rc.pretrain.lr, rc.pretrain.warmup),
-                     autocast=autocast, save_every=rc.checkpoint.every, resume="auto", compute=rc.compute,
+                     autocast=autocast_dtype(rc.dtype, rt.device), save_every=rc.checkpoint.every,
+                     resume="auto", compute=rc.compute,
                      desc="pre-train base")
     t = time.perf_counter()
     res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
@@ -165,7 +166,7 @@ class CptExperiment:
             if name not in rc.lr:
                 raise ScaleclError(f"no learning rate for {name}: set lr.{name}")
         t = rc.train
-        micro = t.micro_batch or t.batch // d.world
+        micro = self._micro(d)[0]
         if micro < 1 or t.batch % (micro * d.world):
             raise ScaleclError(f"train.batch={t.batch} must be a multiple of micro_batch x processes = "
                                f"{t.micro_batch or '(batch / processes)'} x {d.world}")
@@ -255,7 +256,7 @@ class CptExperiment:
     def _micro(self, d: Dist) -> tuple[int, int]:
         t = self.rc.train
         micro = t.micro_batch or t.batch // d.world
-        return micro, t.batch // (micro * d.world)
+        return micro, t.batch // (micro * d.world) if micro else 0
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(self.rc.seed)
@@ -273,15 +274,15 @@ class CptExperiment:
         rc, t = self.rc, self.rc.train
         lr = rc.lr[method.name]
         every = rc.eval.every or t.steps
-        autocast = torch.bfloat16 if rc.dtype == "bfloat16" and rt.device.type == "cuda" else None
         return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)), accum=self._micro(rt.d)[1],
-                         autocast=autocast, eval_steps=set(range(0, t.steps + 1, every)) | {t.steps},
+                         autocast=autocast_dtype(rc.dtype, rt.device),
+                         eval_steps=set(range(0, t.steps + 1, every)) | {t.steps},
                          save_every=rc.checkpoint.every, compute=rc.compute, desc=f"cpt: {method.name}",
                          tracker_config={"method": method.name, "options": method.options(), "lr": lr, **asdict(rc)})
 
     def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
         rc, ev = self.rc, self.evals
-        autocast = torch.bfloat16 if rc.dtype == "bfloat16" and self.device.type == "cuda" else None
+        autocast = autocast_dtype(rc.dtype, self.device)
         rec: dict[str, Any] = {"step": step, "loss": None if step == 0 else round(loss, 6),
                                "tokens": step * rc.train.batch * rc.train.seq_len}
         for split, chunks in (("old", ev.old_chunks), ("new", ev.new_chunks)):

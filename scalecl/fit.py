@@ -9,6 +9,7 @@ checkpoints, sends logs to the trackers and summarises the speed of what it trai
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,8 +74,6 @@ class _Clock:
     """Training and evaluation seconds of a run (carried across resumptions) and per-step totals."""
 
     def __init__(self, state: dict[str, Any] | None) -> None:
-        import time
-
         self.now = time.perf_counter
         self.timing = dict(state["timing"]) if state else {"train_s": 0.0, "eval_s": 0.0}
         self.mark = self.now()

@@ -208,6 +208,11 @@ def scale_products() -> str:
     return os.environ.get("SCALECL_SCALE_PRODUCTS", "blocks")
 
 
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """What forwards autocast to for a config's `dtype`: bfloat16 on CUDA when asked for; CPU runs fp32."""
+    return torch.bfloat16 if dtype == "bfloat16" and device.type == "cuda" else None
+
+
 def speed_provenance(cc, device: torch.device, autocast: torch.dtype | None) -> dict[str, Any]:
     """What a result should record about how fast its steps could run."""
     return {"precision": precision(device, autocast), "tf32": bool(cc.tf32) if device.type == "cuda" else None,

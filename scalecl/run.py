@@ -4,7 +4,7 @@ Every training run of the suite (a biography stage or method, a continual pre-tr
 of a study, the pre-training of a cached base) is a `Run`, trained by `scalecl.fit.fit`. What it
 guarantees, once for all of them:
 
-- **Naming and skipping.** A run is named by its resolved config (`run_name`); a finished run (its
+- **Naming and skipping.** A run is named by a hash of its resolved config; a finished run (its
   `result.json` readable) is found before any expensive work and skipped unless forced.
 - **Files that never lie.** While training, evaluations stream to `metrics.jsonl.partial` and the per-step
   log (loss, learning rate, gradient norm, tokens/s) to `train_log.jsonl.partial`. `finish` writes the final
@@ -38,15 +38,10 @@ from torch import nn
 from .crash import crash_point
 from .errors import ScaleclError
 from .files import TMP_PREFIX, atomic_dir, remove_temporaries, write_atomic, write_json
-from .schema import config_hash
+from .readers import read_json
 from .state import JSON_NAME, load_state, save_state
 
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
-
-
-def run_name(prefix: str, *parts: Any) -> str:
-    """`<prefix>-<hash>`: the hash of everything the run's numbers depend on (never of where files go)."""
-    return f"{prefix}-{config_hash(*parts)}"
 
 
 @dataclass
@@ -86,11 +81,9 @@ class Run:
         if not f.exists():
             return None
         try:
-            result = json.loads(f.read_text())
-            if not isinstance(result, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as e:
-            raise ScaleclError(f"{f} is unreadable ({type(e).__name__}); remove it or use --force to rerun") from None
+            result = read_json(f, "finished run's result")
+        except ScaleclError as e:
+            raise ScaleclError(f"{e}; remove it or use --force to rerun") from None
         self.tidy()  # a process killed right after writing result.json may have left partial files
         return result
 
@@ -253,11 +246,6 @@ class Run:
             for stem in ("metrics", "train_log"):
                 self._partial(stem).unlink(missing_ok=True)
             remove_temporaries(self.out_dir)
-
-
-def _jsonable(x: Any) -> Any:
-    """Compare options the way they are stored (tuples and lists alike)."""
-    return json.loads(json.dumps(x, sort_keys=True, default=str))
 
 
 def _jsonable(x: Any) -> Any:
