@@ -52,7 +52,7 @@ from .perf import autocast_dtype
 from .processes import Dist
 from .qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from .run import Run
-from .schema import config_hash
+from .schema import config_hash, run_stream_seed, seed_key, seed_tag
 from .sweep import Paths, hold
 
 console = Console()
@@ -308,16 +308,23 @@ class BioExperiment:
         for m in methods.values():
             m.check(probe)
 
+    @property
+    def stream_seed(self) -> int:
+        """Stage 3's seed (data order, random initialisation) from the base and run seeds."""
+        return run_stream_seed(self.rc.seed, self.rc.run_seed)
+
     def stage3_lr(self, method: Method) -> float:
         """Task 1's learning rate: stage3.lr times the method's lr_scale."""
         return self.rc.stage3.lr * self.rc.lr_scale.get(method.name, 1.0)
 
     def run_of(self, method: Method, d: Dist) -> Run:
         rc = self.rc
-        named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr_scale", "compute")}
+        named = {k: v for k, v in asdict(rc).items()
+                 if k not in ("checkpoint", "methods", "lr_scale", "compute", "run_seed")}
         micro = micro_key(rc, d.world, "stage1", "stage2", "stage3")
-        h = config_hash(named, method.name, method.options(), self.stage3_lr(method), *([micro] if micro else []))
-        name = f"{self.preset}-{method.name}-{h}"
+        h = config_hash(named, method.name, method.options(), self.stage3_lr(method), *([micro] if micro else []),
+                        *seed_key(rc.run_seed))
+        name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
         identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
                     "config_hash": h}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / "bio" / name, keep=rc.checkpoint.keep,
@@ -395,7 +402,7 @@ class BioExperiment:
     # -- one method ----------------------------------------------------------------------------------------
 
     def build(self, method: Method) -> torch.nn.Module:
-        torch.manual_seed(self.rc.seed)  # methods with random initialisation (rnd blocks) draw from here
+        torch.manual_seed(self.stream_seed)  # methods with random initialisation (rnd blocks) draw from here
         return method.apply(load_model(self.stage2_dir))
 
     def save_kw(self) -> dict[str, Any]:
@@ -403,7 +410,7 @@ class BioExperiment:
 
     def batches(self, method: Method, rt: Runtime) -> Iterator[dict]:
         rc = self.rc
-        return self._shards(qa_batches(self.data.qa["task1"], rc.stage3.batch, rc.seed + 3), rc.stage3, rt.d)
+        return self._shards(qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3), rc.stage3, rt.d)
 
     def plan(self, method: Method, rt: Runtime) -> TrainPlan:
         rc, lr = self.rc, self.stage3_lr(method)
@@ -431,6 +438,7 @@ class BioExperiment:
         return {
             "experiment": "bio", "preset": self.preset, "method": method.name, "method_options": method.options(),
             "description": method.describe(), "lr": self.stage3_lr(method),
+            "seeds": {"base": rc.seed, "run": rc.run_seed},
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "total_params": sum(p.numel() for p in model.parameters()),
             "config": asdict(rc), "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,

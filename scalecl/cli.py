@@ -53,6 +53,16 @@ class _OneLineErrors(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+SEEDS_HELP = ("Base seeds to replicate over, '0,1,2' or a range '0..2' (default: the config's seed, 0). A base "
+              "seed decides {base}: each is its own cached base and its own runs. Every replicate is an ordinary "
+              "run whose name carries its seeds (s<base>-r<run>); `scalecl plot` averages them with intervals.")
+RUN_SEEDS_HELP = ("Run seeds to replicate over on the same base, '0,1,2' or '0..2' (default: the config's run_seed, "
+                  "0): {run}. Run seed 0 is the base seed's own stream (the order runs had before run seeds existed).")
+BIO_SEEDS = SEEDS_HELP.format(base="the people, tokenizer, initialisation and stages 1-2")
+BIO_RUN_SEEDS = RUN_SEEDS_HELP.format(run="stage 3's batch order and the method's random draws (rnd blocks, LoRA)")
+CPT_SEEDS = SEEDS_HELP.format(base="the builtin corpus and the pre-trained builtin base")
+CPT_RUN_SEEDS = RUN_SEEDS_HELP.format(run="the training stream's document order (shuffled in windows of 256 "
+                                      "documents) and the method's random draws")
 app = typer.Typer(
     cls=_OneLineErrors,
     add_completion=False,
@@ -295,15 +305,19 @@ def train_bio(
         "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
         "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
         "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
+    seeds: str | None = typer.Option(None, "--seeds", help=BIO_SEEDS),
+    run_seeds: str | None = typer.Option(None, "--run-seeds", help=BIO_RUN_SEEDS),
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
     from .bio import BioExperiment
     from .config import load_preset
-    from .sweep import Paths, SweepOptions, parse_methods, sweep
+    from .sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
-    rc = load_preset("bio", preset, sets + ([f"tokenizer={tokenizer}"] if tokenizer else []))
-    results = sweep(BioExperiment(rc, preset, Paths(out, cache, checkpoints)), parse_methods(method), opts)
+    extra = [f"tokenizer={tokenizer}"] if tokenizer else []
+    exps = [BioExperiment(load_preset("bio", preset, rep + extra), preset, Paths(out, cache, checkpoints))
+            for rep in replicate_sets(sets, seeds, run_seeds)]
+    results = sweep_replicates(exps, parse_methods(method), opts)
     console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run; "
                   f"`scalecl plot --results {out}` draws them", highlight=False)
 
@@ -425,15 +439,18 @@ def train_cpt(
         "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
         "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
         "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
+    seeds: str | None = typer.Option(None, "--seeds", help=CPT_SEEDS),
+    run_seeds: str | None = typer.Option(None, "--run-seeds", help=CPT_RUN_SEEDS),
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
     from .config import load_preset
     from .cpt import CptExperiment
-    from .sweep import Paths, SweepOptions, parse_methods, sweep
+    from .sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
-    rc = load_preset("cpt", preset, sets)
-    results = sweep(CptExperiment(rc, preset, Paths(out, cache, checkpoints)), parse_methods(method), opts)
+    exps = [CptExperiment(load_preset("cpt", preset, rep), preset, Paths(out, cache, checkpoints))
+            for rep in replicate_sets(sets, seeds, run_seeds)]
+    results = sweep_replicates(exps, parse_methods(method), opts)
     if results:
         console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
 
@@ -506,13 +523,18 @@ def study(
         "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
         "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
         "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
+    seeds: str | None = typer.Option(None, "--seeds", help="Base seeds to replicate every value over, '0,1,2' or "
+                                     "'0..2' (see train-bio / train-cpt --help)."),
+    run_seeds: str | None = typer.Option(None, "--run-seeds", help="Run seeds to replicate every value over on "
+                                         "the same base (see train-bio / train-cpt --help)."),
 ) -> None:
     """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
     from .study import run_study
-    from .sweep import Paths, SweepOptions
+    from .sweep import Paths, SweepOptions, replicate_sets
 
     opts = SweepOptions(force, resume, None, report_to, device)
-    results = run_study(name, preset, values, sets, Paths(out, cache, checkpoints), opts)
+    results = run_study(name, preset, values, replicate_sets(sets, seeds, run_seeds), Paths(out, cache, checkpoints),
+                        opts)
     console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot --results {out.parent}` draws the figure",
                   highlight=False)
 

@@ -137,7 +137,8 @@ class BioRunConfig:
     methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
     dtype: str = opt("float32", choices=("float32", "bfloat16"))  # bfloat16: autocast on GPU
     compute: BioComputeConfig = opt(factory=BioComputeConfig)  # speed and parallelism; not in any run name
-    seed: int = opt(0, ge=0, le=MAX_SEED)
+    seed: int = opt(0, ge=0, le=MAX_SEED)  # base seed: people, tokenizer, stages 1-2 (their caches are keyed by it)
+    run_seed: int = opt(0, ge=0, le=MAX_SEED)  # run seed: stage 3's data order and the method's random draws
 
     def method_options(self, name: str) -> dict[str, Any]:
         """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
@@ -253,7 +254,8 @@ class CptRunConfig:
     methods: dict[str, dict[str, Any]] = opt(factory=dict)  # per-method options ("scale" = all SCALE)
     dtype: str = opt("bfloat16", choices=("float32", "bfloat16"))  # bf16 autocast on GPU; CPU always runs fp32
     compute: ComputeConfig = opt(factory=ComputeConfig)  # speed and parallelism; not in any run name
-    seed: int = opt(0, ge=0, le=MAX_SEED)
+    seed: int = opt(0, ge=0, le=MAX_SEED)  # base seed: the builtin corpus and base (cached under it)
+    run_seed: int = opt(0, ge=0, le=MAX_SEED)  # run seed: the training stream's order and the method's draws
 
     def method_options(self, name: str) -> dict[str, Any]:
         """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""

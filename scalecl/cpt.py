@@ -50,7 +50,7 @@ from .perf import autocast_dtype
 from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from .processes import Dist
 from .run import Run
-from .schema import config_hash
+from .schema import config_hash, run_stream_seed, seed_key, seed_tag
 from .sweep import Paths
 
 console = Console()
@@ -189,9 +189,9 @@ class CptExperiment:
         """The run of one method, named by everything its numbers depend on (not checkpointing, not other
         methods' options or rates)."""
         rc = self.rc
-        named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr", "compute")}
-        h = config_hash(named, method.name, method.options(), rc.lr[method.name])
-        name = f"{self.preset}-{method.name}-{h}"
+        named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr", "compute", "run_seed")}
+        h = config_hash(named, method.name, method.options(), rc.lr[method.name], *seed_key(rc.run_seed))
+        name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
         identity = {"experiment": "cpt", "name": name, "method": method.name, "options": method.options(),
                     "config_hash": h}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / "cpt" / name, keep=rc.checkpoint.keep,
@@ -259,15 +259,17 @@ class CptExperiment:
         return micro, t.batch // (micro * d.world) if micro else 0
 
     def build(self, method: Method) -> torch.nn.Module:
-        torch.manual_seed(self.rc.seed)
+        torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
         return method.apply(self.load_base())
 
     def save_kw(self) -> dict[str, Any]:
         return {"base_model": self.base_source, "tokenizer": self.tokenizer}
 
     def batches(self, method: Method, rt: Runtime) -> RankBatches:
-        self.chunks = PackedChunks(lambda: iter_texts(self.train_spec), self.tokenizer, self.rc.train.seq_len,
-                                   loop=True, name="training corpus")
+        rc = self.rc
+        order = run_stream_seed(rc.seed, rc.run_seed) if rc.run_seed else None  # run seed 0: stream order
+        self.chunks = PackedChunks(lambda: iter_texts(self.train_spec), self.tokenizer, rc.train.seq_len,
+                                   loop=True, name="training corpus", order_seed=order)
         return RankBatches(self.chunks, self._micro(rt.d)[0], rt.d.world, rt.d.rank)
 
     def plan(self, method: Method, rt: Runtime) -> TrainPlan:
@@ -301,6 +303,7 @@ class CptExperiment:
         return {
             "experiment": "cpt", "preset": self.preset, "method": method.name, "method_options": method.options(),
             "description": method.describe(), "lr": rc.lr[method.name],
+            "seeds": {"base": rc.seed, "run": rc.run_seed},
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "total_params": sum(p.numel() for p in model.parameters()),
             "config": asdict(rc), "base": {"source": self.base_source, **self.base_info},

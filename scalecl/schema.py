@@ -86,6 +86,29 @@ def check_seed(seed: int, key: str = "--seed") -> int:
     return seed
 
 
+def run_stream_seed(base: int, run: int) -> int:
+    """The seed of a run's own random draws (data order, new blocks) from its base and run seeds.
+
+    Run seed 0 is the base seed itself, which is what every run used before run seeds existed (so their names
+    and numbers stay); any other run seed mixes both through SHA-256 into 0..MAX_SEED - 3 (stages add small
+    offsets to it).
+    """
+    if run == 0:
+        return base
+    return int.from_bytes(hashlib.sha256(f"scalecl-run-seed:{base}:{run}".encode()).digest()[:8]) % (MAX_SEED - 3)
+
+
+def seed_tag(base: int, run: int) -> str:
+    """The seeds as they appear in a run's name: '' for base seed 0 and run seed 0 (names as they always
+    were), else 's<base>-r<run>-'."""
+    return f"s{base}-r{run}-" if base or run else ""
+
+
+def seed_key(run: int) -> list[dict[str, int]]:
+    """The run seed as an extra part of a run's hash: nothing for 0, so names made before run seeds stay."""
+    return [{"run_seed": run}] if run else []
+
+
 _LINE_BREAKING = ("Cc", "Zl", "Zp")  # control characters and line/paragraph separators (str.splitlines splits)
 
 

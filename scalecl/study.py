@@ -100,11 +100,16 @@ def experiments(study: str, preset: str, values: str | None, sets: list[str], pa
     return s, [(v, kind(cfg, preset, where)) for v, cfg in zip(vals, configs, strict=True)]
 
 
-def run_study(study: str, preset: str, values: str | None, sets: list[str], paths: Paths,
+def run_study(study: str, preset: str, values: str | None, sets: list[str] | list[list[str]], paths: Paths,
               opts: SweepOptions | None = None) -> list[dict[str, Any]]:
-    """Run one run per swept value (after checking all of them); returns their result dicts."""
+    """Run one run per swept value (after checking all of them); returns their result dicts. `sets` is one
+    --set list, or one list per replicate (scalecl.sweep.replicate_sets): every value runs in every replicate."""
     opts = opts or SweepOptions()
-    s, exps = experiments(study, preset, values, sets, paths)
+    replicas = sets if sets and isinstance(sets[0], list) else [sets]
+    s, exps = None, []
+    for rep in replicas:
+        s, some = experiments(study, preset, values, rep, paths)
+        exps += some
     for v, exp in exps:
         try:
             check(exp, [s.method], opts)

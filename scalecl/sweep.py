@@ -64,6 +64,40 @@ def parse_methods(text: str) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()]
 
 
+MAX_REPLICATES = 1000
+
+
+def parse_seeds(text: str | None, key: str) -> list[int] | None:
+    """`--seeds` / `--run-seeds`: integers separated by commas, or a range a..b (both ends included); None
+    when not given. Each is checked like a config seed; repeats are dropped."""
+    if text is None:
+        return None
+    from .schema import check_seed
+
+    lo, dots, hi = text.partition("..")
+    try:
+        vals = list(range(int(lo), int(hi) + 1)) if dots else [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ScaleclError(f"{key} takes integers separated by commas or a range a..b, got {text!r}") from None
+    if not vals or len(vals) > MAX_REPLICATES:
+        raise ScaleclError(f"{key} {text!r} gives {len(vals)} seeds; give 1..{MAX_REPLICATES}")
+    return list(dict.fromkeys(check_seed(v, key) for v in vals))
+
+
+def replicate_sets(sets: list[str], seeds: str | None, run_seeds: str | None) -> list[list[str]]:
+    """The --set lists of every replicate: each base seed (--seeds) with each run seed (--run-seeds); just
+    `sets` when neither is given. A seed given both ways is refused rather than silently overridden."""
+    base, run = parse_seeds(seeds, "--seeds"), parse_seeds(run_seeds, "--run-seeds")
+    for given, key in ((base, "seed"), (run, "run_seed")):
+        if given is not None and any(s.split("=", 1)[0].strip() == key for s in sets):
+            raise ScaleclError(f"the {key.replace('_', ' ')} is given twice (--set {key}=... and "
+                               f"--{key.replace('_', '-')}s); give it once")
+    if base is None and run is None:
+        return [list(sets)]
+    return [sets + ([f"seed={b}"] if base is not None else []) + ([f"run_seed={r}"] if run is not None else [])
+            for b in (base or [None]) for r in (run or [None])]
+
+
 class Experiment(Protocol):
     """What an experiment tells the sweep. `rc` is its resolved config (with `compute` and
     `method_options(name)`), `paths` where it writes. Every method runs on every process under torchrun."""
@@ -157,6 +191,15 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None)
         if results:
             exp.summary(results)
         return results
+
+
+def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOptions) -> list[dict[str, Any]]:
+    """Sweep every replicate (one experiment per seed pair) after checking all of them, so a bad one fails
+    before the first trains; every replicate is an ordinary run with its own name."""
+    if len(exps) > 1:
+        for exp in exps:
+            check(exp, methods, opts)
+    return [r for exp in exps for r in sweep(exp, methods, opts)]
 
 
 def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],

@@ -150,14 +150,20 @@ class PackedChunks:
     open_texts() must return the documents in the same order every time it is called (it is called again
     for every epoch and on load_state_dict). loop=True starts a new epoch when the stream ends (training);
     otherwise the stream ends there, and drop_last=False emits the final shorter chunk (evaluation).
+    order_seed shuffles the documents of every window of `doc_batch` documents (a different order per window
+    and epoch; None keeps the stream's order). A window is the unit read at once, so a resumed stream, which
+    restarts at a window boundary, draws the same orders: a global shuffle would need the whole corpus in
+    memory, which streamed hub corpora are not.
     """
 
     def __init__(self, open_texts: Callable[[], Iterator[str]], tokenizer, seq_len: int, *, loop: bool = False,
-                 drop_last: bool = True, doc_batch: int = 256, name: str = "corpus") -> None:
+                 drop_last: bool = True, doc_batch: int = 256, name: str = "corpus",
+                 order_seed: int | None = None) -> None:
         if seq_len < 2:
             raise ScaleclError(f"sequence length must be at least 2, got {seq_len}")
         self.open_texts, self.tokenizer, self.seq_len = open_texts, tokenizer, seq_len
         self.loop, self.drop_last, self.doc_batch, self.name = loop, drop_last, doc_batch, name
+        self.order_seed = order_seed
         self.epoch, self.docs = 0, 0  # documents read in this epoch
         self._buf = np.empty(0, dtype=np.int64)  # tokens read but not emitted
         self._texts: Iterator[str] | None = None
@@ -178,6 +184,9 @@ class PackedChunks:
                 raise ScaleclError(f"{self.name}: the corpus is empty")
             self.epoch, self.docs, self._texts = self.epoch + 1, 0, None
             return self._refill()
+        if self.order_seed is not None:
+            rng = np.random.default_rng([self.order_seed, self.epoch, self.docs // self.doc_batch])
+            texts = [texts[i] for i in rng.permutation(len(texts))]
         self.docs += len(texts)
         self._buf = np.concatenate([self._buf, *document_ids(self.tokenizer, texts)])
         return True
