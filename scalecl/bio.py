@@ -430,6 +430,7 @@ class BioExperiment:
 
     def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
         rc, data, model, st = self.rc, self.data, res.model, self.stage_info
+        rt.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
         final = {"task0_heldout": qa_accuracy(model, data.qa["task0_heldout"], rc.eval.batch, exact=True),
                  "task1": qa_accuracy(model, data.qa["task1"], rc.eval.batch, exact=True)}  # every process: lock-step
         t0 = [r["task0/acc"] for r in res.records]

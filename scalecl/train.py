@@ -114,11 +114,63 @@ def make_optimizer(model: nn.Module, oc: OptimConfig, steps: int):
     return opt, sched
 
 
-def progress_bar() -> Progress:
+def progress_bar() -> Progress | LineProgress:
+    """A live bar on a terminal; plain progress lines when the output is a log file, nohup or CI, where a bar
+    would print nothing until the stage ends."""
+    from rich.console import Console
+
+    if not Console().is_terminal:
+        return LineProgress()
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
     )
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}"
+
+
+class LineProgress:
+    """The progress bar's interface (add_task, update) for output that is not a terminal: one line per task
+    when it starts, then at most one every `every` seconds (SCALECL_PROGRESS_EVERY, default 30) and one when
+    it completes: steps done, loss, elapsed time and the remaining time at the rate since the task started."""
+
+    def __init__(self, every: float | None = None, write: Callable[[str], None] | None = None) -> None:
+        import os
+
+        self.every = float(os.environ.get("SCALECL_PROGRESS_EVERY", 30)) if every is None else every
+        self.write = write or (lambda line: print(line, flush=True))
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: int, completed: int = 0, **fields: Any) -> int:
+        now = time.monotonic()
+        self.tasks[len(self.tasks)] = {"desc": description, "total": total, "start": completed, "done": completed,
+                                       "t0": now, "shown": now, **fields}
+        self.write(f"{description}: step {completed}/{total}")
+        return len(self.tasks) - 1
+
+    def update(self, task: int, completed: int | None = None, **fields: Any) -> None:
+        t = self.tasks[task]
+        t.update(fields)
+        if completed is not None:
+            t["done"] = completed
+        now = time.monotonic()
+        if now - t["shown"] < self.every and t["done"] < t["total"]:
+            return
+        t["shown"], took = now, now - t["t0"]
+        rate = (t["done"] - t["start"]) / took if took > 0 else 0.0
+        eta = f", ETA {_clock((t['total'] - t['done']) / rate)}" if rate > 0 and t["done"] < t["total"] else ""
+        loss = f" loss {t['loss']}" if "loss" in t else ""
+        self.write(f"{t['desc']}: step {t['done']}/{t['total']} ({100 * t['done'] / max(t['total'], 1):.0f}%)"
+                   f"{loss}, {_clock(took)} elapsed{eta}")
 
 
 def rng_state() -> dict[str, Any]:
@@ -307,7 +359,7 @@ def train(
     state: dict[str, Any] | None = None,
     flops: ModelFlops | None = None,
     peak_tflops: float | None = None,
-    progress: Progress | None = None,
+    progress: Progress | LineProgress | None = None,
 ) -> list[float]:
     """Run plan.steps optimizer steps on `batches` (dicts of model inputs incl. labels); returns the losses.
 
