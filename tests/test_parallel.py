@@ -133,3 +133,45 @@ def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
             assert (a[key] is None and b[key] is None) or a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     model = load_model(r2["checkpoint"])  # the final model, gathered and saved by rank 0
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == r2["trainable_params"]
+
+
+@pytest.mark.slow
+def test_torchrun_refuses_a_run_another_process_holds_on_every_rank(tmp_path, local):
+    """Rank 0 takes the run's lock for every process (sweep.hold): when another process holds it, both ranks
+    stop with the same one line and exit 1, quickly (no rank left waiting at a barrier), and the other
+    process's checkpoint is untouched."""
+    from test_honest_runs import _holder
+
+    from scalecl.cpt import CptExperiment
+    from scalecl.methods import get_method
+    from scalecl.processes import Dist
+    from scalecl.sweep import Paths
+
+    sets = local_sets(local, "llama", "train.steps=2", "checkpoint.every=1")
+    from scalecl.config import load_preset
+
+    rc = load_preset("cpt", "tiny", sets)
+    name = CptExperiment(rc, "tiny", Paths(tmp_path / "out")).run_of(get_method("fft"), Dist()).name
+    ckpt = tmp_path / "runs" / "cpt" / name
+    (ckpt / "step-0000001").mkdir(parents=True)
+    (ckpt / "step-0000001" / "in-progress").write_text("another process's checkpoint")
+    holder = _holder(ckpt, 300.0)
+    try:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "scalecl.cli", "train-cpt", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"),
+               "--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "runs"), "--device", "cpu",
+               *[x for s in sets for x in ("--set", s)]]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=ENV, cwd=tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all(f"run {name} is being written by another process" in e for e in errors), proc.stderr[-2000:]
+    # no frame of scalecl's: the one traceback is torchrun's own report that a child exited non-zero
+    assert "/scalecl/" not in "".join(line for line in proc.stderr.splitlines() if line.lstrip().startswith("File"))
+    assert proc.stderr.count("Traceback") <= 1 and "Traceback" not in proc.stdout
+    if "Traceback" in proc.stderr:
+        assert "ChildFailedError" in proc.stderr
+    assert (ckpt / "step-0000001" / "in-progress").read_text() == "another process's checkpoint"
+    assert not (tmp_path / "out" / name / "result.json").exists()
