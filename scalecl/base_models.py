@@ -116,6 +116,21 @@ def check_config_sizes(config: PretrainedConfig | dict, where: str) -> None:
         raise ScaleclError(f"{where}: num_attention_heads {heads} is not divisible by num_key_value_heads {kv}")
 
 
+def read_config(folder: str | os.PathLike) -> PretrainedConfig:
+    """The transformers config of a local model folder, read once through the suite's reader: a config.json
+    that is not a JSON object, has impossible sizes or that transformers refuses (its field validation, an
+    unknown model_type) is one ScaleclError naming the file."""
+    path = os.path.join(folder, "config.json")
+    check_config_sizes(read_json(path, "model config"), f"config {path}")
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except Exception as e:  # OSError, ValueError, TypeError, huggingface_hub's StrictDataclassError ...
+        raise ScaleclError(f"config {path} is not a config transformers can build ({type(e).__name__}: "
+                           f"{(str(e).splitlines() or [''])[0][:160]})") from None
+    check_config_sizes(config, f"config {path}")
+    return config
+
+
 def load_base_config(name_or_path: str) -> PretrainedConfig:
     """The config of a hub id or local directory, with the architecture checked before any weights load."""
     check_model_source(name_or_path)
@@ -126,19 +141,17 @@ def load_base_config(name_or_path: str) -> PretrainedConfig:
             hint = "`scalecl merge` it first" if meta.get("method") == "lora" else "give its base model"
             raise ScaleclError(f"{name_or_path} is a {meta.get('method')} checkpoint, not a plain model: {hint} "
                                f"(recorded base: {meta.get('base_model')})")
-    local = os.path.isdir(name_or_path)
-    if local:  # a damaged config.json: one line naming it
+    if os.path.isdir(name_or_path):  # a damaged config.json: one line naming it
         try:
-            doc = read_json(os.path.join(name_or_path, "config.json"), "model config")
+            config = read_config(name_or_path)
         except ScaleclError as e:
             raise ScaleclError(f"cannot load a config from {name_or_path}: {e}") from None
-        check_config_sizes(doc, f"config {os.path.join(name_or_path, 'config.json')}")
-    try:
-        config = AutoConfig.from_pretrained(name_or_path)
-    except Exception as e:  # OSError, ValueError, transformers' field validation: a config it cannot build
-        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}" if local else (
-            f"not a local checkpoint and not in the Hugging Face cache ({type(e).__name__})")
-        raise ScaleclError(f"cannot load a config from {name_or_path}: {why}") from None
+    else:
+        try:
+            config = AutoConfig.from_pretrained(name_or_path)
+        except Exception as e:  # OSError, ValueError, transformers' field validation: a config it cannot build
+            raise ScaleclError(f"cannot load a config from {name_or_path}: not a local checkpoint and not in the "
+                               f"Hugging Face cache ({type(e).__name__})") from None
     if getattr(config, "scale", None) is not None:
         raise ScaleclError(f"{name_or_path} is a SCALE-upscaled model, not a plain model: give its base model")
     arch_of(config)

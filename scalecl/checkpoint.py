@@ -411,10 +411,14 @@ def check_model_files(path: str | os.PathLike) -> dict[str, Any] | None:
 
     A damaged scalecl.json, an empty or truncated safetensors file, a folder with only pickled weights: one
     ScaleclError naming the file, before any weights load (and before anything could be unpickled)."""
+    from .base_models import read_config
+
     p = Path(path)
     if not p.is_dir():
         raise ScaleclError(f"model path {path} does not exist or is not a directory")
     meta = read_meta(p)
+    if meta is None or (p / "config.json").exists():  # what transformers reads, parsed as it will be
+        read_config(p)
     if meta is None:
         check_weights_folder(p, "model folder")
         return None
@@ -468,11 +472,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
 
 def _load_plain(p: Path, dtype: torch.dtype | None) -> PreTrainedModel:
     """A plain transformers folder (its weights already checked), or one error naming it."""
-    from .base_models import check_config_sizes
-
-    check_config_sizes(read_json(p / "config.json", "model config"), f"config {p / 'config.json'}")
     try:
-        check_config_sizes(AutoConfig.from_pretrained(str(p)), f"config of {p}")
         return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32, use_safetensors=True).eval()
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ScaleclError(f"cannot load the model in {p} ({type(e).__name__}: "

@@ -543,6 +543,9 @@ def main() -> None:
     from .machine import tune_cpu_allocator
 
     tune_cpu_allocator()  # before any tensor exists; see its docstring (SCALECL_TUNE_MALLOC=0 turns it off)
+    # transformers' per-load "Loading weights" bars would fill logs and stderr (where only an error line
+    # belongs); read when transformers is imported, so set before. HF_HUB_DISABLE_PROGRESS_BARS=0 keeps them.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     app()
 
 

@@ -7,8 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .base_models import load_base_config
-from .checkpoint import check_model_files, load_model, read_meta
+from .base_models import load_base_config, read_config
+from .checkpoint import check_model_files, load_model
 from .config import CorpusConfig, CptRunConfig
 from .corpora import BUILTIN, bilingual_config, builtin_root, check_builtin_spec, corpus_spec, max_positions
 from .data.bilingual import write_corpus
@@ -51,14 +51,12 @@ def eval_ppl(
     Everything that can be wrong with the input (model folder, its config, the tokenizer, the dataset, the
     sequence length, the device) is checked before the builtin corpus is generated or weights are loaded.
     """
-    from transformers import AutoConfig
 
     if not Path(model_path).is_dir():
         raise ScaleclError(f"model path {model_path} does not exist or is not a directory")
     try:
-        meta = read_meta(model_path)
-        config = AutoConfig.from_pretrained(model_path) if meta is not None else load_base_config(model_path)
-        check_model_files(model_path)  # its record and weight files, before anything is generated
+        meta = check_model_files(model_path)  # its record, config and weight files, before anything is generated
+        config = read_config(model_path) if meta is not None else load_base_config(model_path)
     except (OSError, ValueError) as e:
         raise ScaleclError(f"{model_path} is not a readable checkpoint ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None

@@ -4,10 +4,13 @@ thread for tiny matrices, and continual pre-training on local text (test_cpt, te
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as `scalecl` sets it (cli.main), before transformers
 
 from scalecl.base_models import model_from_config, tiny_config
 

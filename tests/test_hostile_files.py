@@ -379,3 +379,99 @@ def test_read_only_out_fails_before_any_work(tmp_path, monkeypatch):
     os.symlink(tmp_path / "nothing", link)
     assert "symbolic link to nothing" in one_error(runner.invoke(app, ["plot", "--results", str(res_dir),
                                                                        "--out", str(link)]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generated damage through the commands (issue 19, item 7): whatever a checkpoint's files are made to hold,
+# merge, eval-ppl and --resume either work or end with one `error:` line, write nothing and leave the damaged
+# folder as it was
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+DAMAGE = settings(max_examples=30, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+_json = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=6)
+
+
+@st.composite
+def damaged(draw, original: bytes, is_json: bool) -> bytes:
+    """A damaged copy of a file: cut short, bytes overwritten, any bytes, or (JSON) a key given any value."""
+    kind = draw(st.sampled_from(["cut", "flip", "bytes", "key"] if is_json else ["cut", "flip", "bytes"]))
+    if kind == "cut":
+        return original[: draw(st.integers(0, max(len(original) - 1, 0)))]
+    if kind == "flip":
+        at = draw(st.integers(0, min(len(original), 400) - 1))
+        return original[:at] + draw(st.binary(min_size=1, max_size=8)) + original[at + 8:]
+    if kind == "bytes":
+        return draw(st.binary(max_size=80))
+    doc = json.loads(original)
+    key = draw(st.sampled_from(sorted(doc)) | st.text(max_size=5))
+    return json.dumps(doc | {key: draw(_json)}).encode()
+
+
+def _fails_cleanly_or_works(res, written: Path) -> None:
+    assert res.exit_code in (0, 1, 2), (res.exit_code, res.output, res.exception)
+    if res.exit_code:
+        one_error(res, res.exit_code)
+        assert not written.exists()
+
+
+@DAMAGE
+@given(data=st.data())
+def test_generated_damage_through_merge_and_eval_ppl(ppl_model, tmp_path_factory, data):
+    model, corpus = ppl_model
+    name = data.draw(st.sampled_from(["scalecl.json", "config.json", "model.safetensors"]), label="file")
+    tmp = tmp_path_factory.mktemp("damage")
+    d = _copy(model, tmp / "model")
+    (d / name).write_bytes(data.draw(damaged((model / name).read_bytes(), name.endswith(".json")), label="bytes"))
+    before = tree(d)
+    _fails_cleanly_or_works(runner.invoke(app, ["merge", "--model", str(d), "--out", str(tmp / "m")]), tmp / "m")
+    _fails_cleanly_or_works(runner.invoke(app, _ppl(d, corpus, tmp / "ppl.json")), tmp / "ppl.json")
+    assert tree(d) == before
+
+
+@pytest.fixture(scope="module")
+def stopped(local, tmp_path_factory) -> tuple[Path, list[str]]:
+    """A tiny CPT run stopped after step 2 with a checkpoint, and the command that resumes it (relative paths)."""
+    from conftest import local_sets
+
+    sets = [x for s in local_sets(local, "llama", "train.steps=4", "checkpoint.every=2") for x in ("--set", s)]
+    root = tmp_path_factory.mktemp("stopped")
+    args = ["train-cpt", "--preset", "tiny", "--method", "fft", "--out", "out", "--cache", "cache", "--checkpoints",
+            "runs", *sets]
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert runner.invoke(app, [*args, "--stop-after", "2"]).exit_code == 0
+    finally:
+        os.chdir(cwd)
+    return root, args
+
+
+@pytest.mark.slow
+@settings(DAMAGE, max_examples=10)
+@given(data=st.data())
+def test_generated_damage_to_a_checkpoint_then_resume(stopped, tmp_path_factory, monkeypatch, data):
+    import shutil
+
+    root, args = stopped
+    tmp = tmp_path_factory.mktemp("resume") / "run"
+    shutil.copytree(root, tmp, symlinks=True)
+    monkeypatch.chdir(tmp)
+    (step,) = Path("runs/cpt").glob("*/step-*")
+    files = sorted(p for p in step.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors"))
+    target = data.draw(st.sampled_from(files), label="file")
+    target.write_bytes(data.draw(damaged(target.read_bytes(), target.suffix == ".json"), label="bytes"))
+    res = runner.invoke(app, [*args, "--resume"])
+    assert res.exit_code in (0, 1, 2), (res.exit_code, res.output, res.exception)
+    results = list(Path("out").glob("*/result.json"))
+    if res.exit_code:  # progress lines may precede it on stdout; stderr holds the error line alone
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+        assert "Traceback" not in res.output
+        assert not results
+    else:
+        assert len(results) == 1

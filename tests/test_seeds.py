@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
+from conftest import local_sets, records, run
 from typer.testing import CliRunner
 
-from conftest import local_sets, records, run
 from scalecl.cli import app
 from scalecl.errors import ScaleclError
 from scalecl.schema import run_stream_seed, seed_tag
@@ -61,7 +61,7 @@ def test_bio_replicates_share_a_base_per_base_seed_and_reproduce(tmp_path):
     names = {n.rsplit("-", 1)[0] for n in runs}
     assert names == {"tiny-fft", "tiny-fft-s0-r1", "tiny-fft-s1-r0", "tiny-fft-s1-r1"}
     by = {}
-    for name, path in runs.items():
+    for path in runs.values():
         res = json.loads((path / "result.json").read_text())
         by[(res["seeds"]["base"], res["seeds"]["run"])] = (res, _metrics(path))
         assert (res["config"]["seed"], res["config"]["run_seed"]) == (res["seeds"]["base"], res["seeds"]["run"])
