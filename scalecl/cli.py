@@ -327,8 +327,10 @@ def train_bio(
 def plot(
     results: list[Path] = typer.Option(
         [], "--results", help="Results folder to read, searched recursively (repeatable). Default: runs (your runs) "
-        "and results (the committed reference runs), those that exist; for the same preset and method the newest "
-        "run is drawn."),
+        "and results (the committed reference runs), those that exist. Runs of one setting that differ only in their "
+        "seeds are replicates: tables give their mean and 95% Student-t interval (paired_*.csv: per-base "
+        "differences between methods), curves a band; of two runs with the same seeds the newer is used. Every "
+        "figure and table lists the runs it used (<name>.inputs.txt)."),
     out: Path = typer.Option(Path("runs/figures"), "--out", help="Folder for figures (PNG + PDF) and tables "
                              "(CSV/MD/TeX). The committed figures: --results results --out paper_figures."),
 ) -> None:

@@ -3,7 +3,9 @@ nothing here trains or needs a GPU, so every figure can be rebuilt at any time w
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ from .errors import ScaleclError  # noqa: E402
 from .files import OwnedFiles  # noqa: E402
 from .methods.base import METHOD_ORDER  # noqa: E402
 from .readers import read_json, read_jsonl  # noqa: E402
+from .stats import LEVEL, binomial_se, interval_note, t_interval, t_quantile  # noqa: E402
 
 # Every figure has a `draw_*` function that builds it from the results files and yields (file stem, Figure)
 # pairs, open and unsaved, so its content can be inspected; the `fig*` function beside it saves each one.
@@ -96,11 +99,21 @@ def _result_or_none(f: Path) -> dict | None:
         return None
 
 
-def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None = None) -> pd.DataFrame:
-    """One row per finished run (result.json) of an experiment; the newest run per (preset, method) kept.
+RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair"]
+SEED_KEYS = ("seed", "run_seed")  # what replicates of one setting differ in
+METHOD_KEYS = ("methods", "lr_scale", "lr")  # per-method tables of a config: runs of other methods differ there
 
+
+def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None = None) -> pd.DataFrame:
+    """One row per finished run (result.json) of an experiment, with its replicate group and seeds.
+
+    Main runs: replicates are kept. A replicate group is (experiment, preset, method, method options, config
+    without its seeds) (`group`, a short hash, and `setting`, what tells it from the preset's other groups);
+    in a group one run per (base seed, run seed), the newest. `pair` names the runs that share a base: same
+    experiment, preset and config outside the seeds and the per-method tables.
     Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and, with `study=`,
-    loaded alone (one row per run, since their options differ). Several results folders may be given.
+    loaded alone (one row per run, each its own group, since their options differ). Several results folders
+    may be given.
     """
     rows, seen = [], set()
     for root in _roots(results):
@@ -114,15 +127,120 @@ def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None
             if _lacks(r):
                 _skip(f, f"result {f} has no {_lacks(r)!r}")
                 continue
+            seeds = seeds_of(r)
+            if seeds is None:
+                _skip(f, f"result {f}: its seeds (seeds.base/run, config.seed/run_seed) are not integers")
+                continue
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
-                         "date": r.get("provenance", {}).get("date", ""), "result": r})
+                         "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
+                         "run_seed": seeds[1], "group": _config_id(r) if study is None else str(f.parent),
+                         "pair": _config_id(r, pair=True)})
     if not rows:
-        return pd.DataFrame(columns=["dir", "preset", "method", "date", "result"])
+        return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
-        df = df.drop_duplicates(["preset", "method"], keep="last")
+        df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
+    df["setting"] = _settings(df) if study is None else ""
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
-    return df.sort_values(["preset", "order"], kind="stable").reset_index(drop=True)
+    keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
+    return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def seeds_of(r: dict) -> tuple[int, int] | None:
+    """(base seed, run seed) of a result: its `seeds`, else config.seed / config.run_seed; older results
+    without them: run seed 0 (and base seed 0 without config.seed). None when one is not an integer."""
+    cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
+    s = r.get("seeds") if isinstance(r.get("seeds"), dict) else {}
+    seeds = (s.get("base", cfg.get("seed", 0)), s.get("run", cfg.get("run_seed", 0)))
+    return seeds if all(isinstance(v, int) and not isinstance(v, bool) for v in seeds) else None
+
+
+def _config_rest(r: dict, pair: bool = False) -> dict:
+    """The config without its seeds (pair=True: also without the per-method tables)."""
+    cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
+    return {k: v for k, v in cfg.items()
+            if k not in SEED_KEYS and not (pair and k in METHOD_KEYS and isinstance(v, dict))}
+
+
+def _config_id(r: dict, pair: bool = False) -> str:
+    """A short hash of a run's replicate group (pair=False) or of the base it shares with other methods."""
+    ident = [r["experiment"], r["preset"], _config_rest(r, pair)]
+    if not pair:
+        ident += [r["method"], r.get("method_options") or {}]
+    text = json.dumps(ident, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, str]:
+    """A nested dict as dotted keys -> JSON values."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def _varying(flats: list[dict[str, str]]) -> list[str]:
+    """The keys whose values (or presence) differ among the dicts."""
+    keys = sorted(set().union(*flats)) if flats else []
+    return [k for k in keys if len({f.get(k) for f in flats}) > 1]
+
+
+def _settings(df: pd.DataFrame, most: int = 4) -> pd.Series:
+    """Per run, what tells its replicate group from the others of its preset: the config keys that differ
+    across the preset's groups and the method options that differ across the method's groups ('' if none)."""
+    labels: dict[str, str] = {}
+    firsts = df.drop_duplicates("group")
+    for _, g in firsts.groupby("preset", sort=False):
+        shared = {row["group"]: _flat(_config_rest(row["result"], pair=True)) for _, row in g.iterrows()}
+        opts = {row["group"]: _flat(row["result"].get("method_options") or {}) for _, row in g.iterrows()}
+        keys = _varying(list(shared.values()))
+        for _, row in g.iterrows():
+            same = [opts[x] for x in g[g["method"] == row["method"]]["group"]]
+            parts = [f"{k}={shared[row['group']].get(k, 'unset')}" for k in keys]
+            parts += [f"{k}={opts[row['group']].get(k, 'unset')}" for k in _varying(same)]
+            label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
+            labels[row["group"]] = label.replace('"', "")
+        for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their hashes tell
+            names = [labels[x] for x in same["group"]]
+            for x in same["group"]:
+                if names.count(labels[x]) > 1:
+                    labels[x] = f"{labels[x]}, #{x}" if labels[x] else f"#{x}"
+    return df["group"].map(labels)
+
+
+def replicate_groups(runs: pd.DataFrame) -> list[pd.DataFrame]:
+    """The runs split into their replicate groups, in the runs' order (a study's runs: one each)."""
+    return [g for _, g in runs.groupby("group", sort=False)] if len(runs) else []
+
+
+def group_label(row: pd.Series | dict) -> str:
+    """A replicate group's name in figures and tables: the method's label, and its setting when it has one."""
+    name = LABELS.get(row["method"], row["method"])
+    return f"{name} [{row['setting']}]" if row.get("setting") else name
+
+
+def _seeds_text(g: pd.DataFrame) -> str:
+    return ", ".join(f"{b}/{r}" for b, r in zip(g["base_seed"], g["run_seed"], strict=True))
+
+
+def inputs_text(runs: pd.DataFrame, what: str) -> str:
+    """The inputs of a figure or table: per replicate group, its runs' folders and seeds (base/run)."""
+    lines = [f"{what}", f"{len(runs)} run(s) in {len(replicate_groups(runs))} group(s); seeds as base/run.", ""]
+    for g in replicate_groups(runs):
+        first = g.iloc[0]
+        group = f" group {first['group']}" if first["group"] != str(first["dir"]) else ""
+        lines.append(f"{first['preset']} {group_label(first)}{group}: n = {len(g)} (seeds {_seeds_text(g)})")
+        lines += [f"  {d}" for d in g["dir"]]
+    return "\n".join(lines) + "\n"
+
+
+def _replicates_note(runs: pd.DataFrame) -> str:
+    """Caption line: how many replicates each group has."""
+    counts = ", ".join(f"{group_label(g.iloc[0])} {len(g)}" for g in replicate_groups(runs))
+    return f"Replicates (runs with other seeds) per line: {counts}."
 
 
 def load_metrics(run_dir: Path) -> pd.DataFrame | None:
@@ -147,17 +265,69 @@ def _owned(out: Path) -> OwnedFiles:
 
 
 def _save(fig, out: Path, stem: str) -> list[Path]:
+    """Save a figure as PNG and PDF, and its inputs (the runs it draws) as `<stem>.inputs.txt` when it has them."""
     owned = _owned(out)
     paths = []
+    inputs = getattr(fig, INPUTS_ATTR, None)
     try:
+        for name in [f"{stem}.png", f"{stem}.pdf"] + ([f"{stem}.inputs.txt"] if inputs else []):
+            owned.check(name)  # before drawing: a user's file of that name is refused
         for ext in ("png", "pdf"):
-            owned.check(f"{stem}.{ext}")  # before drawing: a user's file of that name is refused
             buf = io.BytesIO()
             fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight")
             paths.append(owned.write(f"{stem}.{ext}", buf.getvalue()))  # never through a link
+        if inputs:
+            paths.append(owned.write(f"{stem}.inputs.txt", inputs))
     finally:
         plt.close(fig)
     return paths
+
+
+INPUTS_ATTR = "scalecl_inputs"  # a drawn figure's inputs (inputs_text), saved beside it by _save
+BAND_ALPHA = 0.2
+BAND_NOTE = ("Lines: mean over a group's replicates; shaded: the 95% Student-t interval per step over the runs "
+             "evaluated at that step (mean +- t_0.975,n-1 s/sqrt(n)); a group of one run: its line alone.")
+
+
+def _with_inputs(fig: Figure, runs: pd.DataFrame, what: str) -> Figure:
+    """Attach the figure's inputs (run folders and replicates per group) for _save to write beside it."""
+    setattr(fig, INPUTS_ATTR, inputs_text(runs, what))
+    return fig
+
+
+def mean_curve(frames: Sequence[pd.DataFrame], column: str) -> pd.DataFrame | None:
+    """A column over steps across replicate runs: per step, over the runs evaluated at that step, n, mean,
+    sd and the 95% Student-t interval (lo, hi; NaN where n < 2). None when no run has the column."""
+    parts = [f[["step", column]].dropna() for f in frames if f is not None and column in f]
+    parts = [x for x in parts if len(x)]
+    if not parts:
+        return None
+    long = pd.concat(parts, ignore_index=True)
+    values = long[column].astype(float).groupby(long["step"])
+    out = pd.DataFrame({"n": values.count(), "mean": values.mean(), "sd": values.std(ddof=1)})
+    out = out.rename_axis("step").reset_index()
+    tq = out["n"].map(lambda n: t_quantile(0.5 + LEVEL / 2, int(n) - 1) if n >= 2 else math.nan)
+    half = tq * out["sd"] / out["n"].astype(float) ** 0.5
+    out["lo"], out["hi"] = out["mean"] - half, out["mean"] + half
+    return out
+
+
+def _draw_mean(ax, curve: pd.DataFrame, scale: float = 1.0, **style):
+    """The mean line of a mean_curve, and its interval shaded where >= 2 runs were evaluated."""
+    (ln,) = ax.plot(curve["step"], scale * curve["mean"], **style)
+    if (curve["n"] >= 2).any():
+        ax.fill_between(curve["step"], scale * curve["lo"], scale * curve["hi"], color=ln.get_color(),
+                        alpha=BAND_ALPHA, lw=0)
+    return ln
+
+
+def _group_metrics(g: pd.DataFrame, *columns: str) -> list[pd.DataFrame]:
+    """The metrics of a replicate group's runs that have them (the others named in SKIPPED)."""
+    return [m for m in (_metrics_with(d, *columns) for d in g["dir"]) if m is not None]
+
+
+def _n_label(label: str, n: int) -> str:
+    return f"{label} (n={n})" if n >= 2 else label
 
 
 def _save_all(figures: Iterable[tuple[str, Figure]], out: Path) -> list[Path]:
@@ -179,26 +349,20 @@ def fig8(results: Path, out: Path) -> list[Path]:
 
 
 def draw_fig8(results: Path) -> Drawn:
-    """Paper Fig. 8 per preset: a panel per method, titled by its label, in method order."""
+    """Paper Fig. 8 per preset: a panel per replicate group (method), titled by its label, in method order;
+    the mean over replicates with its t-interval band."""
     runs = load_runs(results, "bio")
     for preset, group in runs.groupby("preset", sort=False):
-        n = len(group)
+        reps = replicate_groups(group)
+        n = len(reps)
         ncols = min(4, n)
         nrows = math.ceil(n / ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.9 * nrows + 0.8), squeeze=False,
                                  sharey=True)
-        for ax, (_, row) in zip(axes.flat, group.iterrows(), strict=False):
-            m = _metrics_with(row["dir"], "task0/acc", "task1/acc")
-            if m is None:  # named in SKIPPED
-                continue
-            prior = row["result"]["priors"]["task0_heldout"]["pooled"]
-            ax.plot(m["step"], 100 * m["task0/acc"], marker=".", ms=3, color="tab:blue", label="Task 0 (held-out)")
-            ax.plot(m["step"], 100 * m["task1/acc"], marker=".", ms=3, color="tab:orange", label="Task 1")
-            ax.axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
-            ax.set_title(LABELS.get(row["method"], row["method"]), fontsize=10)
-            ax.set_ylim(-2, 102)
-            ax.grid(alpha=0.3)
-            ax.set_xlabel("Task 1 step")
+        for ax, g in zip(axes.flat, reps, strict=False):
+            ms = _group_metrics(g, "task0/acc", "task1/acc")
+            if ms:  # else each run is named in SKIPPED
+                _fig8_panel(ax, g, ms)
         for ax in axes[:, 0]:
             ax.set_ylabel("first-token acc. (%)")
         for ax in list(axes.flat)[n:]:
@@ -206,42 +370,127 @@ def draw_fig8(results: Path) -> Drawn:
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 1.0))
         first = group.iloc[0]["result"]
-        fig.text(0.5, -0.02, _bio_caption(first) + "\n" + PAPER_FIG8, ha="center", va="top", fontsize=8, wrap=True)
+        band = "\n" + BAND_NOTE if any(len(g) >= 2 for g in reps) else ""
+        fig.text(0.5, -0.02, _bio_caption(first) + "\n" + PAPER_FIG8 + band + "\n" + _replicates_note(group),
+                 ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout(rect=(0, 0, 1, 0.95))
-        yield f"fig8_bio_{preset}", fig
+        yield f"fig8_bio_{preset}", _with_inputs(fig, group, f"fig8_bio_{preset}: Task 0 / Task 1 accuracy per step")
+
+
+def _fig8_panel(ax, g: pd.DataFrame, ms: list[pd.DataFrame]) -> None:
+    """One Fig. 8 panel: Task 0 and Task 1 accuracy (mean and band over the group's runs), the chance floor."""
+    prior = t_interval(r["priors"]["task0_heldout"]["pooled"] for r in g["result"]).mean
+    for key, color, label in (("task0/acc", "tab:blue", "Task 0 (held-out)"), ("task1/acc", "tab:orange", "Task 1")):
+        _draw_mean(ax, mean_curve(ms, key), 100, marker=".", ms=3, color=color, label=label)
+    ax.axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
+    ax.set_title(_n_label(group_label(g.iloc[0]), len(ms)), fontsize=10)
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.set_xlabel("Task 1 step")
 
 
 def bio_table(results: Path) -> pd.DataFrame:
-    """Per method: Task 0 at start / minimum / end, Task 1 at end (slices), and full-range final accuracy."""
-    runs = load_runs(results, "bio")
+    """Per replicate group: Task 0 at start / minimum / end, Task 1 at end (slices, with their binomial SE),
+    full-range final accuracy; each the mean over replicates with its 95% t interval (`_ci_lo`, `_ci_hi`)."""
+    return aggregate_table(load_runs(results, "bio"), BIO_METRICS, lambda r: {
+        "trainable": r["trainable_params"], "lr": r["lr"]})
+
+
+def _get(r: dict, path: str):
+    """A dotted path of a result (None where it is missing)."""
+    v = r
+    for k in path.split("."):
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+
+
+def _slice_questions(r: dict) -> int | None:
+    """Questions in one evaluation slice: slice_people x the attributes asked per person (the keys of
+    priors.task0_heldout besides 'pooled'); None when the result does not say."""
+    attrs = [k for k in (_get(r, "priors.task0_heldout") or {}) if k != "pooled"]
+    people = _get(r, "config.eval.slice_people")
+    return people * len(attrs) if attrs and isinstance(people, int) else None
+
+
+# (column, where in result.json, questions behind one value: for a binomial SE, or None)
+BIO_METRICS = (("task0_start", "summary.task0_start", _slice_questions),
+               ("task0_min", "summary.task0_min", _slice_questions),
+               ("task0_end", "summary.task0_end", _slice_questions),
+               ("task1_end", "summary.task1_end", _slice_questions),
+               ("task0_full_end", "final.task0_heldout.acc", None), ("task1_full_end", "final.task1.acc", None),
+               ("task0_prior", "priors.task0_heldout.pooled", None))
+CPT_METRICS = tuple((c, f"summary.{c}", None) for c in ("old_ppl_start", "old_ppl_end", "old_ppl_max",
+                                                       "new_ppl_start", "new_ppl_end", "rep_cos_end"))
+
+
+def aggregate_table(runs: pd.DataFrame, metrics: tuple, head) -> pd.DataFrame:
+    """One row per replicate group: preset, method, setting, group, n, seeds (base/run), `head(result)`, then
+    per metric its mean over replicates, the 95% t interval (`_ci_lo`, `_ci_hi`; NaN for n = 1) and, where the
+    questions behind it are known, `_binom_se` (sqrt(p(1-p)/q) at the mean)."""
     rows = []
-    for _, row in runs.iterrows():
-        r = row["result"]
-        s = r["summary"]
-        rows.append({
-            "preset": row["preset"], "method": row["method"], "trainable": r["trainable_params"], "lr": r["lr"],
-            "task0_start": s["task0_start"], "task0_min": s["task0_min"], "task0_end": s["task0_end"],
-            "task1_end": s["task1_end"], "task0_full_end": r["final"]["task0_heldout"]["acc"],
-            "task1_full_end": r["final"]["task1"]["acc"], "task0_prior": r["priors"]["task0_heldout"]["pooled"],
-        })
+    for g in replicate_groups(runs):
+        first = g.iloc[0]
+        rec = {"preset": first["preset"], "method": first["method"], "setting": first["setting"],
+               "group": first["group"], "n": len(g), "interval": interval_note(len(g)),
+               "seeds": _seeds_text(g), **head(first["result"])}
+        for col, path, questions in metrics:
+            iv = t_interval(_get(r, path) for r in g["result"])
+            rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi}
+            if questions is not None:
+                rec[f"{col}_binom_se"] = binomial_se(iv.mean, questions(first["result"]))
+        rows.append(rec)
     return pd.DataFrame(rows)
 
 
-def write_table(df: pd.DataFrame, out: Path, stem: str, float_fmt: str = "{:.3f}") -> list[Path]:
-    """CSV (full precision), Markdown and LaTeX (rounded) versions of one table."""
+def _cell(row: pd.Series, col: str, fmt: str) -> str:
+    """A table cell: mean +- half-width of the t interval (n >= 2) or the value, and the binomial SE if known."""
+    mean = row[col]
+    if pd.isna(mean):
+        return ""
+    text = fmt.format(mean)
+    if not pd.isna(row.get(f"{col}_ci_hi", math.nan)):
+        text += " ± " + fmt.format(row[f"{col}_ci_hi"] - mean)
+    se = row.get(f"{col}_binom_se", math.nan)
+    return text + (f" (SE {fmt.format(se)})" if not pd.isna(se) else "")
+
+
+def shown_aggregate(df: pd.DataFrame, metrics: tuple, fmt: str = "{:.3f}") -> pd.DataFrame:
+    """The Markdown/LaTeX view of an aggregate_table: a cell 'mean ± half-width (SE se)' per metric."""
+    cols = ["preset", "method"] + (["setting"] if df["setting"].astype(bool).any() else [])
+    shown = df[cols + ["interval", "seeds", *[c for c in df.columns if c in ("trainable", "lr")]]].copy()
+    for col, _, _ in metrics:
+        shown[col] = [_cell(row, col, fmt) for _, row in df.iterrows()]
+    return shown
+
+
+AGG_CAPTION = ("Mean over replicates (runs of one setting with other base/run seeds) ± the half-width of the 95% "
+               "Student-t interval, mean ± t_0.975,n-1 · s/√n ('interval': t interval, n = k per row; "
+               "n=1 (no interval): the value alone). CSV: `<col>` mean, `<col>_ci_lo`/`_ci_hi` the interval.")
+
+
+def write_table(df: pd.DataFrame, out: Path, stem: str, float_fmt: str = "{:.3f}", shown: pd.DataFrame | None = None,
+                caption: str | None = None, inputs: str | None = None) -> list[Path]:
+    """CSV (full precision), Markdown and LaTeX (rounded, or `shown` as given) versions of one table; the
+    caption under the Markdown table (`Table: ...`) and atop the LaTeX one (comments); the inputs (run folders)
+    as `<stem>.inputs.txt`."""
     out.mkdir(parents=True, exist_ok=True)
-    shown = df.copy()
-    for c in shown.columns:
-        if shown[c].dtype.kind == "f" and c != "lr":
-            shown[c] = shown[c].map(lambda v: "" if pd.isna(v) else float_fmt.format(v))  # not recorded: blank
-        elif shown[c].isna().any():
-            shown[c] = shown[c].astype(object).where(shown[c].notna(), "")
+    if shown is None:
+        shown = df.copy()
+        for c in shown.columns:
+            if shown[c].dtype.kind == "f" and c != "lr":
+                shown[c] = shown[c].map(lambda v: "" if pd.isna(v) else float_fmt.format(v))  # not recorded: blank
+            elif shown[c].isna().any():
+                shown[c] = shown[c].astype(object).where(shown[c].notna(), "")
     owned = _owned(out)
-    for ext in ("csv", "md", "tex"):  # all three checked before the first is written
-        owned.check(f"{stem}.{ext}")
-    return [owned.write(f"{stem}.csv", df.to_csv(index=False)),
-            owned.write(f"{stem}.md", shown.to_markdown(index=False) + "\n"),
-            owned.write(f"{stem}.tex", shown.to_latex(index=False))]
+    names = [f"{stem}.{ext}" for ext in ("csv", "md", "tex")] + ([f"{stem}.inputs.txt"] if inputs else [])
+    for name in names:  # all checked before the first is written
+        owned.check(name)
+    md = shown.to_markdown(index=False) + "\n" + (f"\nTable: {caption}\n" if caption else "")
+    tex = shown.map(lambda v: v.replace("±", "$\\pm$") if isinstance(v, str) else v).to_latex(index=False)
+    tex = "".join(f"% {line}\n" for line in (caption or "").splitlines()) + tex
+    paths = [owned.write(f"{stem}.csv", df.to_csv(index=False)), owned.write(f"{stem}.md", md),
+             owned.write(f"{stem}.tex", tex)]
+    return paths + ([owned.write(f"{stem}.inputs.txt", inputs)] if inputs else [])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -267,16 +516,17 @@ def fig9(results: Path, out: Path) -> list[Path]:
 
 
 def draw_fig9(results: Path) -> Drawn:
-    """Paper Fig. 9 per preset: old- and new-domain perplexity, a line per method."""
+    """Paper Fig. 9 per preset: old- and new-domain perplexity, a line per replicate group (mean and band)."""
     for preset, group in load_runs(results, "cpt").groupby("preset", sort=False):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for _, row in group.iterrows():
-            m = _metrics_with(row["dir"], "old/ppl", "new/ppl")
-            if m is None:  # named in SKIPPED
+        reps = replicate_groups(group)
+        for g in reps:
+            ms = _group_metrics(g, "old/ppl", "new/ppl")
+            if not ms:  # named in SKIPPED
                 continue
             for ax, key in zip(axes, ("old/ppl", "new/ppl"), strict=True):
-                ax.plot(m["step"], m[key], marker=".", ms=3, color=COLORS.get(row["method"]),
-                        label=LABELS.get(row["method"], row["method"]))
+                _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=COLORS.get(g.iloc[0]["method"]),
+                           label=_n_label(group_label(g.iloc[0]), len(ms)))
         axes[0].set_title("(a) forgetting: old-domain perplexity")
         axes[1].set_title("(b) learning: new-domain perplexity")
         for ax in axes:
@@ -287,9 +537,11 @@ def draw_fig9(results: Path) -> Drawn:
             ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
             ax.grid(alpha=0.3, which="both")
         axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]), ha="center", va="top", fontsize=8, wrap=True)
+        band = "\n" + BAND_NOTE if any(len(g) >= 2 for g in reps) else ""
+        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]) + band + "\n" + _replicates_note(group),
+                 ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        yield f"fig9_cpt_{preset}", fig
+        yield f"fig9_cpt_{preset}", _with_inputs(fig, group, f"fig9_cpt_{preset}: old/new-domain perplexity")
 
 
 def fig4(results: Path, out: Path) -> list[Path]:
@@ -306,15 +558,17 @@ def draw_fig4(results: Path) -> Drawn:
         if group.empty:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for _, row in group.iterrows():
-            m = _metrics_with(row["dir"], "rep_cos", "old/ppl")
-            if m is None:  # named in SKIPPED
+        for g in replicate_groups(group):
+            ms = _group_metrics(g, "rep_cos", "old/ppl")
+            if not ms:  # named in SKIPPED
                 continue
+            row = g.iloc[0]
             label = names[row["method"]]
             if row["method"] == "scale-adapt":
                 label += f", l_fp={row['result']['method_options'].get('l_fp')}"
-            axes[0].plot(m["step"], m["rep_cos"], marker=".", ms=3, color=COLORS[row["method"]], label=label)
-            axes[1].plot(m["step"], m["old/ppl"], marker=".", ms=3, color=COLORS[row["method"]], label=label)
+            label = _n_label(label + (f" [{row['setting']}]" if row["setting"] else ""), len(ms))
+            for ax, key in zip(axes, ("rep_cos", "old/ppl"), strict=True):
+                _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=COLORS[row["method"]], label=label)
         axes[0].set_title("(a) representation forgetting")
         axes[0].set_ylabel("cosine of final hidden states (step 0 vs now)")
         axes[1].set_title("(b) forgetting perplexity (old domain)")
@@ -323,9 +577,11 @@ def draw_fig4(results: Path) -> Drawn:
             ax.set_xlabel("training step")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]), ha="center", va="top", fontsize=8, wrap=True)
+        band = "\n" + BAND_NOTE if any(len(g) >= 2 for g in replicate_groups(group)) else ""
+        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]) + band + "\n" + _replicates_note(group),
+                 ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        yield f"fig4_width_vs_depth_{preset}", fig
+        yield f"fig4_width_vs_depth_{preset}", _with_inputs(fig, group, f"fig4_width_vs_depth_{preset}")
 
 
 def _study_label(study: str, opts: dict) -> str:
@@ -369,11 +625,12 @@ STUDY_TABLES = {"init": "table_fig5_init", "l_fp": "table_fig6_l_fp", "collab": 
 
 def _study_caption(fig: Figure, results: Path, study: str, df: pd.DataFrame, note: str = "") -> Figure:
     """Caption a study's figure (method + run settings) and lay it out."""
-    r0 = load_runs(results, "cpt", study=study).iloc[0]["result"]
+    runs = load_runs(results, "cpt", study=study)
+    r0 = runs.iloc[0]["result"]
     fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + _cpt_caption(r0), ha="center", va="top", fontsize=8,
              wrap=True)
     fig.tight_layout()
-    return fig
+    return _with_inputs(fig, runs, f"study '{study}': one line or point per run")
 
 
 def _save_study(figures: Drawn, results: Path, out: Path, study: str) -> list[Path]:
@@ -381,7 +638,9 @@ def _save_study(figures: Drawn, results: Path, out: Path, study: str) -> list[Pa
     paths = _save_all(figures, out)
     if not paths:
         return []
-    return paths + write_table(study_table(results, study).drop(columns="dir"), out, STUDY_TABLES[study])
+    inputs = inputs_text(load_runs(results, "cpt", study=study), f"{STUDY_TABLES[study]}: one row per run")
+    return paths + write_table(study_table(results, study).drop(columns="dir"), out, STUDY_TABLES[study],
+                               inputs=inputs)
 
 
 def fig5(results: Path, out: Path) -> list[Path]:
@@ -463,15 +722,9 @@ def draw_fig7(results: Path) -> Drawn:
 
 
 def cpt_table(results: Path) -> pd.DataFrame:
-    rows = []
-    for _, row in load_runs(results, "cpt").iterrows():
-        r = row["result"]
-        s = r["summary"]
-        rows.append({"preset": row["preset"], "method": row["method"], "trainable": r["trainable_params"],
-                     "lr": r["lr"], "old_ppl_start": s["old_ppl_start"], "old_ppl_end": s["old_ppl_end"],
-                     "old_ppl_max": s["old_ppl_max"], "new_ppl_start": s["new_ppl_start"],
-                     "new_ppl_end": s["new_ppl_end"], "rep_cos_end": s["rep_cos_end"]})
-    return pd.DataFrame(rows)
+    """Per replicate group: perplexity end points and representation cosine, means with 95% t intervals."""
+    return aggregate_table(load_runs(results, "cpt"), CPT_METRICS, lambda r: {
+        "trainable": r["trainable_params"], "lr": r["lr"]})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -647,33 +900,34 @@ def _missing_note(names: list[str], what: str) -> str:
 
 
 def _draw_train_log(results: Path | Sequence[Path], experiment: str, column: str, stem: str) -> Drawn:
-    """One figure per group of runs: a per-step train_log.jsonl column against the step, a line per run."""
+    """One figure per group of runs: a per-step train_log.jsonl column against the step, a line per replicate
+    group (main runs; its mean over replicates, shaded 95% t interval) or per run (a study)."""
     for tag, study, runs in _groups(results, experiment):
         if column == "lr" and study is not None:
             continue  # a study's runs share one schedule; the main runs' figure shows it
-        logs, missing = [], []
-        for _, row in runs.iterrows():
-            log = load_train_log(row["dir"])
-            label = _setting(study, row["result"])
-            if log is None or column not in log or log[column].isna().all():
-                missing.append(label)
-            else:
-                logs.append((row, label, log))
-        if not logs:
+        lines, missing = [], []
+        for g in replicate_groups(runs):
+            logs = [log for log in map(load_train_log, g["dir"])
+                    if log is not None and column in log and not log[column].isna().all()]
+            label = _line_label(study, g.iloc[0], len(logs))
+            (lines.append((g, label, logs)) if logs else missing.append(label))
+        if not lines:
             continue
-        colors = _colors(len(logs)) if study is not None else [COLORS.get(r["method"]) for r, _, _ in logs]
+        colors = _colors(len(lines)) if study is not None else [COLORS.get(g.iloc[0]["method"]) for g, _, _ in lines]
         fig, ax = plt.subplots(figsize=(8, 4.2))
-        n_max = max(len(log) for _, _, log in logs)
+        n_max = max(len(log) for _, _, logs in lines for log in logs)
         window = max(1, min(n_max // 4, max(SMOOTH_MIN, round(SMOOTH_FRACTION * n_max))))
-        for i, ((_, label, log), color) in enumerate(zip(logs, colors, strict=True)):
-            y = log[column].astype(float)
+        for i, ((_, label, logs), color) in enumerate(zip(lines, colors, strict=True)):
             if column == "loss":
-                ax.plot(log["step"], y, color=color, alpha=0.2, lw=0.6)
-                y = y.rolling(window, center=True, min_periods=1).mean()
-                ax.plot(log["step"], y, color=color, lw=1.4, label=label)
+                raw = mean_curve(logs, column)
+                ax.plot(raw["step"], raw["mean"], color=color, alpha=0.2, lw=0.6)
+                smooth = [pd.DataFrame({"step": log["step"], column: log[column].astype(float).rolling(
+                    window, center=True, min_periods=1).mean()}) for log in logs]
+                _draw_mean(ax, mean_curve(smooth, column), color=color, lw=1.4, label=label)
             else:  # equal schedules coincide: a style per method keeps each visible
-                ax.plot(log["step"], y, color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)], label=label)
-        vals = pd.concat([log[column] for _, _, log in logs]).astype(float).dropna()
+                _draw_mean(ax, mean_curve(logs, column), color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)],
+                           label=label)
+        vals = pd.concat([log[column] for _, _, logs in lines for log in logs]).astype(float).dropna()
         if len(vals) and vals.min() > 0 and vals.max() / vals.min() > LOG_RATIO[column]:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -685,12 +939,17 @@ def _draw_train_log(results: Path | Sequence[Path], experiment: str, column: str
         what = (f"Training loss per step (faint) and its centred running mean over {window} step(s) (bold)"
                 if column == "loss" else "Learning rate per step as the schedule set it")
         where = " (stage 3, Task 1)" if experiment == "bio" else ""
-        first = logs[0][0]["result"]
         title = f"{what}{where}, from train_log.jsonl" + (f"; study '{study}'" if study else "") + "."
-        fig.text(0.5, -0.02, title + "\n" + _caption(first) + _missing_note(missing, "train_log.jsonl"),
-                 ha="center", va="top", fontsize=8, wrap=True)
+        band = "\n" + BAND_NOTE if any(len(logs) >= 2 for _, _, logs in lines) else ""
+        fig.text(0.5, -0.02, title + band + "\n" + _caption(lines[0][0].iloc[0]["result"])
+                 + _missing_note(missing, "train_log.jsonl"), ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        yield f"{stem}_{tag}", fig
+        yield f"{stem}_{tag}", _with_inputs(fig, runs, f"{stem}_{tag}: {column} per step from train_log.jsonl")
+
+
+def _line_label(study: str | None, row: pd.Series, n: int = 1) -> str:
+    """A line's label: its replicate group (main runs, with n when >= 2) or the study's setting of the run."""
+    return _n_label(group_label(row), n) if study is None else _setting(study, row["result"])
 
 
 def fig_train_loss(results: Path | Sequence[Path], out: Path) -> list[Path]:
@@ -719,12 +978,19 @@ def _has(m: pd.DataFrame, key: str) -> bool:
     return key in m and m[key].notna().any()
 
 
-def _route_series(m: pd.DataFrame, prefix: str, path: str) -> pd.Series | None:
-    """Share of a slice's tokens routed to a path (`prefix/route_<path>`; Task 0 also reads legacy keys)."""
+def _route_key(m: pd.DataFrame, prefix: str, path: str) -> str | None:
+    """The column holding the share of a slice's tokens routed to a path (`prefix/route_<path>`; Task 0 also
+    reads legacy keys), or None."""
     for key in (f"{prefix}/route_{path}",) + ((f"route_{path}",) if prefix == "task0" else ()):
         if _has(m, key):
-            return m[key]
+            return key
     return None
+
+
+def _route_series(m: pd.DataFrame, prefix: str, path: str) -> pd.Series | None:
+    """Share of a slice's tokens routed to a path, or None."""
+    key = _route_key(m, prefix, path)
+    return m[key] if key is not None else None
 
 
 def _answer_preserve(m: pd.DataFrame, task: str) -> pd.Series | None:
@@ -732,14 +998,31 @@ def _answer_preserve(m: pd.DataFrame, task: str) -> pd.Series | None:
     return m[key] if _has(m, key) else None
 
 
-def _route_runs(runs: pd.DataFrame) -> list[tuple[pd.Series, pd.DataFrame]]:
-    """SCALE-Route runs of a group with their metrics (runs without a metrics file are left out)."""
+def _route_runs(runs: pd.DataFrame) -> list[tuple[pd.Series, pd.DataFrame, list[pd.DataFrame]]]:
+    """SCALE-Route replicate groups (a study: runs) with metrics: (first run, the mean of the group's metrics
+    per step, each run's metrics). Runs without a metrics file are left out."""
     picked = []
-    for _, row in runs[runs["method"] == "scale-route"].iterrows():
-        m = _metrics_or_none(row["dir"])
-        if m is not None:
-            picked.append((row, m))
+    for g in replicate_groups(runs[runs["method"] == "scale-route"]):
+        frames = [m for m in map(_metrics_or_none, g["dir"]) if m is not None]
+        if frames:
+            picked.append((g.iloc[0], _mean_frame(frames), frames))
     return picked
+
+
+def _mean_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Replicates' metrics averaged per step (numeric columns; over the runs that have a value there)."""
+    if len(frames) == 1:
+        return frames[0]
+    long = pd.concat(frames, ignore_index=True)
+    return long.select_dtypes("number").groupby("step").mean().reset_index()
+
+
+def _route_band(ax, frames: list[pd.DataFrame], key: str | None, flip: bool, color) -> None:
+    """The 95% t band of a routing share over >= 2 replicates (flip: of 1 - share), in percent."""
+    c = mean_curve(frames, key) if key is not None and len(frames) >= 2 else None
+    if c is not None and (c["n"] >= 2).any():
+        lo, hi = (1 - c["hi"], 1 - c["lo"]) if flip else (c["lo"], c["hi"])
+        ax.fill_between(c["step"], 100 * lo, 100 * hi, color=color, alpha=BAND_ALPHA / 2, lw=0)
 
 
 def _tau(r: dict) -> float | None:
@@ -760,42 +1043,18 @@ def draw_routing(results: Path | Sequence[Path]) -> Drawn:
     """The routing figures: a row of panels per Route run (all tokens; bio also the answer position)."""
     for experiment in ("bio", "cpt"):
         for tag, study, runs in _groups(results, experiment):
-            picked = [(row, m) for row, m in _route_runs(runs)
+            picked = [(row, m, frames) for row, m, frames in _route_runs(runs)
                       if any(_route_series(m, p, "preserve") is not None
                              for p in ("task0", "task1", "old", "new"))]
             if not picked:
                 continue
-            answers = experiment == "bio" and any(_answer_preserve(m, t) is not None for _, m in picked
+            answers = experiment == "bio" and any(_answer_preserve(m, t) is not None for _, m, _ in picked
                                                   for t, _, _ in TASKS)
             ncols = 2 if answers else 1
             fig, axes = plt.subplots(len(picked), ncols, figsize=(5.6 * ncols + 1.6, 2.7 * len(picked) + 0.6),
                                      squeeze=False, sharey=True)
-            sets = TASKS if experiment == "bio" else CPT_SETS
-            for (row, m), ax_row in zip(picked, axes, strict=True):
-                name = _setting(study, row["result"])
-                for (prefix, set_label, color), lw in zip(sets, (2.4, 1.2), strict=True):  # equal: both show
-                    for path, ls in PATHS:
-                        y = _route_series(m, prefix, path)
-                        if y is not None:
-                            ax_row[0].plot(m["step"], 100 * y, ls=ls, lw=lw, color=color,
-                                           label=f"{set_label}, {path}")
-                    if answers:
-                        y = _answer_preserve(m, prefix)
-                        if y is not None:
-                            for path, ls in PATHS:
-                                ax_row[1].plot(m["step"], 100 * (y if path == "preserve" else 1 - y), ls=ls,
-                                               lw=lw, color=color, label=f"{set_label}, {path}")
-                ax_row[0].set_title(f"{name}: all tokens" if experiment == "bio" else name, fontsize=9)
-                if answers:
-                    ax_row[1].set_title(f"{name}: answer position", fontsize=9)
-                    if not ax_row[1].lines:
-                        ax_row[1].set_xlim(ax_row[0].get_xlim())
-                        ax_row[1].text(0.5, 0.5, "no answer-position record (older run)", ha="center",
-                                       va="center", transform=ax_row[1].transAxes, fontsize=8, color="grey")
-                ax_row[0].set_ylabel("tokens routed (%)")
-                for ax in ax_row:
-                    ax.set_ylim(-3, 103)
-                    ax.grid(alpha=0.3)
+            for pick, ax_row in zip(picked, axes, strict=True):
+                _routing_row(ax_row, pick, _line_label(study, pick[0], len(pick[2])), experiment, answers)
             for ax in axes[-1]:
                 ax.set_xlabel(_step_label(experiment))
             handles, labels = max((ax.get_legend_handles_labels() for ax in axes.flat),
@@ -815,10 +1074,41 @@ def draw_routing(results: Path | Sequence[Path]) -> Drawn:
                 what += "; tau per row"
             elif tau is not None:
                 what += f"; tau={tau}"
-            fig.text(0.5, -0.01, what + (f"; study '{study}'." if study else ".") + "\n" + _caption(r0),
+            band = "\n" + BAND_NOTE if any(len(frames) >= 2 for _, _, frames in picked) else ""
+            fig.text(0.5, -0.01, what + (f"; study '{study}'." if study else ".") + band + "\n" + _caption(r0),
                      ha="center", va="top", fontsize=8, wrap=True)
             fig.tight_layout()
-            yield f"routing_{tag}", fig
+            yield f"routing_{tag}", _with_inputs(fig, runs[runs["method"] == "scale-route"], f"routing_{tag}")
+
+
+def _routing_row(ax_row, pick: tuple, name: str, experiment: str, answers: bool) -> None:
+    """One routing row: per slice and path the share routed (all tokens; bio also the answer position), the
+    mean over a group's replicates with its band."""
+    _, m, frames = pick
+    sets = TASKS if experiment == "bio" else CPT_SETS
+    for (prefix, set_label, color), lw in zip(sets, (2.4, 1.2), strict=True):  # equal: both show
+        for path, ls in PATHS:
+            key = _route_key(m, prefix, path)
+            if key is not None:
+                ax_row[0].plot(m["step"], 100 * m[key], ls=ls, lw=lw, color=color, label=f"{set_label}, {path}")
+                _route_band(ax_row[0], frames, key, False, color)
+        y = _answer_preserve(m, prefix) if answers else None
+        if y is not None:
+            for path, ls in PATHS:
+                ax_row[1].plot(m["step"], 100 * (y if path == "preserve" else 1 - y), ls=ls,
+                               lw=lw, color=color, label=f"{set_label}, {path}")
+                _route_band(ax_row[1], frames, f"{prefix}/answer/route_preserve", path != "preserve", color)
+    ax_row[0].set_title(f"{name}: all tokens" if experiment == "bio" else name, fontsize=9)
+    if answers:
+        ax_row[1].set_title(f"{name}: answer position", fontsize=9)
+        if not ax_row[1].lines:
+            ax_row[1].set_xlim(ax_row[0].get_xlim())
+            ax_row[1].text(0.5, 0.5, "no answer-position record (older run)", ha="center",
+                           va="center", transform=ax_row[1].transAxes, fontsize=8, color="grey")
+    ax_row[0].set_ylabel("tokens routed (%)")
+    for ax in ax_row:
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
 
 
 def _score(m: pd.DataFrame, task: str, stat: str) -> pd.Series | None:
@@ -841,17 +1131,17 @@ def draw_router_score(results: Path | Sequence[Path]) -> Drawn:
 
     for tag, study, runs in _groups(results, "bio"):
         picked, missing = [], []
-        for row, m in _route_runs(runs):
+        for row, m, frames in _route_runs(runs):
             if any(_score(m, t, "q50") is not None for t, _, _ in TASKS):
-                picked.append((row, m))
+                picked.append((row, m, len(frames)))
             else:
-                missing.append(_setting(study, row["result"]))
+                missing.append(_line_label(study, row, len(frames)))
         if not picked:
             continue
         fig, axes = plt.subplots(len(picked), 2, figsize=(11.5, 2.7 * len(picked) + 0.6), squeeze=False,
                                  sharey=True)
-        for (row, m), ax_row in zip(picked, axes, strict=True):
-            name = _setting(study, row["result"])
+        for (row, m, n), ax_row in zip(picked, axes, strict=True):
+            name = _line_label(study, row, n)
             tau = _tau(row["result"])
             for ax, (task, task_label, color) in zip(ax_row, TASKS, strict=True):
                 ax.set_title(f"{name}: {task_label}", fontsize=9)
@@ -887,11 +1177,12 @@ def draw_router_score(results: Path | Sequence[Path]) -> Drawn:
                  "option) at the scored answer position (the last prompt token) of the Task 0 (held-out, "
                  "blue) and Task 1 (orange) evaluation slices; an answer goes to the preserve path when its "
                  f"score exceeds tau{tau_note}" + (f"; study '{study}'." if study else ".") + "\n"
-                 + _bio_caption(r0)
+                 + _bio_caption(r0) + ("\nA group of n >= 2 replicates: each statistic averaged over its runs per "
+                                       "step." if any(n >= 2 for _, _, n in picked) else "")
                  + _missing_note(missing, "answer-position record"), ha="center", va="top", fontsize=8,
                  wrap=True)
         fig.tight_layout()
-        yield f"router_score_{tag}", fig
+        yield f"router_score_{tag}", _with_inputs(fig, runs[runs["method"] == "scale-route"], f"router_score_{tag}")
 
 
 def _early_mean(m: pd.DataFrame, y: pd.Series | None) -> float:
@@ -970,7 +1261,8 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
     if not paths:
         return []
     stem = BIO_STUDIES.get(study, f"fig8_route_{study}")
-    return paths + write_table(df.drop(columns="dir"), out, f"table_{stem}")
+    inputs = inputs_text(load_runs(results, "bio", study=study), f"table_{stem}: one row per run")
+    return paths + write_table(df.drop(columns="dir"), out, f"table_{stem}", inputs=inputs)
 
 
 def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataFrame | None = None) -> Drawn:
@@ -1043,12 +1335,86 @@ def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataF
     fig.text(0.5, -0.02, f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}."
              + refs + fft_note + "\n" + _bio_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
-    yield BIO_STUDIES.get(study, f"fig8_route_{study}"), fig
+    stem = BIO_STUDIES.get(study, f"fig8_route_{study}")
+    yield stem, _with_inputs(fig, study_runs, f"{stem}: one line per run of study '{study}'")
 
 
 def fig_route_studies(results: Path | Sequence[Path], out: Path) -> list[Path]:
     """Fig. 8 per biography Route study present (tau, router, vocab, any other bio study), with its table."""
     return [p for study in study_names(results, "bio") for p in fig_route_study(results, out, study)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Paired differences: methods trained on the same base (same base seed, preset and non-method config)
+
+PAIR_REFERENCE = "scale-route"  # each other method is compared with it: reference - other, per base
+PAIRED = {"bio": (("task0_full_end", "final.task0_heldout.acc"), ("task1_full_end", "final.task1.acc")),
+          "cpt": (("old_ppl_end", "summary.old_ppl_end"), ("new_ppl_end", "summary.new_ppl_end"))}
+NO_INTERVAL = "fewer than 2 bases: interval cannot be computed"
+
+
+def _per_base(g: pd.DataFrame, path: str) -> dict[int, float]:
+    """A replicate group's value per base seed (the mean over its run seeds on that base)."""
+    return {b: t_interval(_get(r, path) for r in sub["result"]).mean for b, sub in g.groupby("base_seed")}
+
+
+def paired_table(results: Path | Sequence[Path], experiment: str) -> pd.DataFrame:
+    """Per pair of replicate groups on the same bases (SCALE-Route and each other method) and metric: the
+    per-base differences a - b and their mean with a 95% t interval over the bases shared."""
+    runs, rows = load_runs(results, experiment), []
+    for _, share in runs.groupby("pair", sort=False):
+        reps = replicate_groups(share)
+        for a in (g for g in reps if g.iloc[0]["method"] == PAIR_REFERENCE):
+            for b in (g for g in reps if g.iloc[0]["method"] != PAIR_REFERENCE):
+                rows += [_paired_row(a, b, col, path) for col, path in PAIRED[experiment]]
+    return pd.DataFrame(rows)
+
+
+def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> dict:
+    va, vb = _per_base(a, path), _per_base(b, path)
+    bases = sorted(set(va) & set(vb))
+    diffs = [va[x] - vb[x] for x in bases]
+    iv = t_interval(diffs)
+    return {"preset": a.iloc[0]["preset"], "a": group_label(a.iloc[0]), "b": group_label(b.iloc[0]),
+            "metric": col, "n_bases": len(bases), "bases": ", ".join(map(str, bases)),
+            "a_runs": int(a["base_seed"].isin(bases).sum()), "b_runs": int(b["base_seed"].isin(bases).sum()),
+            "a_mean": t_interval(va[x] for x in bases).mean, "b_mean": t_interval(vb[x] for x in bases).mean,
+            "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi,
+            "interval": iv.note if len(bases) >= 2 else (NO_INTERVAL if bases else "no base seed shared"),
+            "per_base": "; ".join(f"{x}: {d:+.6g}" for x, d in zip(bases, diffs, strict=True))}
+
+
+PAIRED_CAPTION = ("Paired differences a - b of runs on the same base (same base seed, preset and config outside "
+                  "the seeds and per-method options): per base seed the difference of the two methods' values (each "
+                  "the mean over its run seeds on that base), then their mean over the bases with the 95% "
+                  "Student-t interval (diff_ci_lo, diff_ci_hi: mean ± t_0.975,n-1 · s/√n, n = n_bases); a_mean, "
+                  "b_mean: each method's mean over the same bases. {what}")
+
+
+def _summary_tables(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """table_bio, table_cpt (means over replicates with t intervals) and paired_bio, paired_cpt."""
+    written = []
+    for exp, table, metrics, what in (("bio", bio_table, BIO_METRICS, BIO_TABLE_NOTE),
+                                      ("cpt", cpt_table, CPT_METRICS, "")):
+        df, runs = table(results), load_runs(results, exp)
+        if len(df):
+            written += write_table(df, out, f"table_{exp}", shown=shown_aggregate(df, metrics),
+                                   caption=f"{AGG_CAPTION} {what}".strip(),
+                                   inputs=inputs_text(runs, f"table_{exp}: one row per replicate group"))
+        paired = paired_table(results, exp)
+        if len(paired):
+            note = {"bio": "Metrics: full-range final accuracy (final.task0_heldout.acc, final.task1.acc).",
+                    "cpt": "Metrics: final forgetting (old) and learning (new) perplexity."}[exp]
+            written += write_table(paired, out, f"paired_{exp}", float_fmt="{:.4f}",
+                                   caption=PAIRED_CAPTION.format(what=note),
+                                   inputs=inputs_text(runs, f"paired_{exp}: runs compared per base seed"))
+    return written
+
+
+BIO_TABLE_NOTE = ("task0_full_end, task1_full_end: full-range final accuracy (result.json final.*.acc); task0_start/"
+                  "min/end, task1_end: accuracy on the evaluation slices, with SE = sqrt(p(1-p)/q), the binomial "
+                  "standard error of one slice evaluation of q questions (slice_people x attributes) at the shown "
+                  "value (blank when q is not recorded).")
 
 
 def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
@@ -1057,10 +1423,10 @@ def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
     SKIPPED.clear()
     written: list[Path] = []
     written += fig8(results, out)
-    for table, stem in ((bio_table(results), "table_bio"), (cpt_table(results), "table_cpt"),
-                        (table2(results), "table2_harness")):
-        if len(table):
-            written += write_table(table, out, stem)
+    written += _summary_tables(results, out)
+    harness = table2(results)
+    if len(harness):
+        written += write_table(harness, out, "table2_harness")
     for fig in (fig9, fig4, fig5, fig6, fig7, fig_route_studies, fig_train_loss, fig_lr_schedule, fig_routing,
                 fig_router_score):
         written += fig(results, out)

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
     ["errors", "version", "presets"],
-    ["schema", "modeling", "crash", "processes", "summary", "qa", "files", "readers", "locks", "data.biography"],
+    ["schema", "modeling", "crash", "processes", "summary", "qa", "files", "readers", "locks", "data.biography",
+     "stats"],
     ["optim", "state", "base_models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data"],
     ["perf", "machine", "methods"],
     ["parallel", "checkpoint"],

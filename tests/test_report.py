@@ -246,6 +246,11 @@ def build_route_results(tmp_path):
     return [new, old]
 
 
+# build_route_results' main bio runs differ in config (FFT/LoRA: 10 steps, no model.vocab; Route: 50 steps,
+# model.vocab=0): separate replicate groups, each labelled with what tells it from the others
+FFT_CPU = "FFT [model.vocab=unset, stage3.steps=10]"
+ROUTE_CPU = "SCALE-Route [model.vocab=0, stage3.steps=50]"
+
 NEW_FIGURES = ("train_loss_bio_cpu", "lr_schedule_bio_cpu", "train_loss_cpt_cpu", "lr_schedule_cpt_cpu",
                "routing_bio_cpu", "routing_bio_old", "routing_cpt_cpu", "router_score_bio_cpu",
                "train_loss_study_tau", "routing_study_tau", "router_score_study_tau", "routing_study_router",
@@ -471,13 +476,14 @@ def test_training_log_figures_draw_each_logged_run(tmp_path, drawn):
     assert list(figs) == ["train_loss_bio_cpu", "train_loss_study_router", "train_loss_study_tau",
                           "train_loss_study_vocab", "train_loss_cpt_cpu"]  # the older preset logged nothing
     (ax,) = figs["train_loss_bio_cpu"].axes
-    assert labels(ax) == texts(ax.get_legend()) == ["FFT", "SCALE-Route"]  # LoRA has no train_log.jsonl
+    assert labels(ax) == texts(ax.get_legend()) == [FFT_CPU, ROUTE_CPU]  # LoRA has no train_log.jsonl
     assert len(ax.get_lines()) == 4  # per run: the raw loss (faint) and its running mean (labelled)
     raw, smooth = ax.get_lines()[:2]
     assert xs(raw) == list(range(1, 51)) and ys(raw) == pytest.approx(fake_loss())
     assert ys(smooth) == pytest.approx(pd.Series(fake_loss()).rolling(5, center=True, min_periods=1).mean())
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("Task 1 step", "training loss (per step)")
-    assert "Not drawn (no train_log.jsonl; older runs): LoRA." in caption(figs["train_loss_bio_cpu"])
+    lora = "LoRA [model.vocab=unset, stage3.steps=10]"
+    assert f"Not drawn (no train_log.jsonl; older runs): {lora}." in caption(figs["train_loss_bio_cpu"])
     (ax,) = figs["train_loss_study_tau"].axes
     assert labels(ax) == ["tau=-1", "tau=0.5", "tau=0.99"] and ax.get_legend().get_title().get_text() == "tau"
     assert "older runs): tau=0.9." in caption(figs["train_loss_study_tau"])
@@ -486,7 +492,7 @@ def test_training_log_figures_draw_each_logged_run(tmp_path, drawn):
     figs = drawn(draw_lr_schedule(roots))
     assert list(figs) == ["lr_schedule_bio_cpu", "lr_schedule_cpt_cpu"]  # studies share the main schedule
     (ax,) = figs["lr_schedule_bio_cpu"].axes
-    assert labels(ax) == ["FFT", "SCALE-Route"] and ax.get_ylabel() == "learning rate"
+    assert labels(ax) == [FFT_CPU, ROUTE_CPU] and ax.get_ylabel() == "learning rate"
     for ln, lr in zip(ax.get_lines(), (1e-4, 1e-3), strict=True):
         assert ys(ln) == pytest.approx([lr * (1 - s / 100) for s in range(1, 51)])
     assert [ln.get_linestyle() for ln in ax.get_lines()] == ["-", "--"] and ax.get_yscale() == "log"
@@ -501,7 +507,7 @@ def test_routing_figure_draws_each_route_run_per_path(tmp_path, drawn):
                           "routing_study_vocab", "routing_cpt_cpu"]
     f = [i / 10 for i in range(11)]
     all_tokens, answer = figs["routing_bio_cpu"].axes  # one Route run: a row of two panels
-    assert (all_tokens.get_title(), answer.get_title()) == ("SCALE-Route: all tokens", "SCALE-Route: answer position")
+    assert (all_tokens.get_title(), answer.get_title()) == (f"{ROUTE_CPU}: all tokens", f"{ROUTE_CPU}: answer position")
     lines = [f"{task}, {path}" for task in ("Task 0 (held-out)", "Task 1") for path in ROUTES]
     assert labels(all_tokens) == labels(answer) == lines
     assert ys(line(all_tokens, "Task 1, adapt")) == pytest.approx([100 * 0.7 * x for x in f])
@@ -525,7 +531,7 @@ def test_router_score_figure_draws_median_mean_and_tau(tmp_path, drawn):
     assert list(figs) == ["router_score_bio_cpu", "router_score_study_router", "router_score_study_tau",
                           "router_score_study_vocab"]  # runs without the score (older ones) draw nothing
     fig = figs["router_score_bio_cpu"]
-    assert [ax.get_title() for ax in fig.axes] == ["SCALE-Route: Task 0 (held-out)", "SCALE-Route: Task 1"]
+    assert [ax.get_title() for ax in fig.axes] == [f"{ROUTE_CPU}: Task 0 (held-out)", f"{ROUTE_CPU}: Task 1"]
     f = [i / 10 for i in range(11)]
     for ax, k in zip(fig.axes, (0.0, 0.05), strict=True):
         tau, median, mean = ax.get_lines()

@@ -1,0 +1,63 @@
+"""Means and 95% Student-t intervals over replicate runs.
+
+The interval of n values is mean +- t_{(1+level)/2, n-1} * s / sqrt(n), s the sample standard deviation
+(n - 1 in the denominator), the t quantile from scipy. With one value there is no interval: its bounds are NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+LEVEL = 0.95
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (scipy.stats.t.ppf)."""
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of n values and its Student-t interval; lo, hi, half and sd are NaN when n < 2."""
+
+    n: int
+    mean: float
+    lo: float
+    hi: float
+    half: float
+    sd: float
+
+    @property
+    def note(self) -> str:
+        """What a table says about the interval: 't interval, n = k', or 'n=1 (no interval)'."""
+        return interval_note(self.n)
+
+
+def interval_note(n: int) -> str:
+    """'t interval, n = k' for n >= 2 values, else 'n=<n> (no interval)'."""
+    return f"t interval, n = {n}" if n >= 2 else f"n={n} (no interval)"
+
+
+def t_interval(values: Iterable[float], level: float = LEVEL) -> Interval:
+    """The mean of the finite values given and its `level` Student-t interval over them."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(xs)
+    if n == 0:
+        return Interval(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+    mean = math.fsum(xs) / n
+    if n == 1:
+        return Interval(1, mean, math.nan, math.nan, math.nan, math.nan)
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(n, mean, mean - half, mean + half, half, sd)
+
+
+def binomial_se(p: float, n: int | None) -> float:
+    """Standard error sqrt(p (1 - p) / n) of an accuracy p measured on n questions (NaN when n is unknown)."""
+    if n is None or n <= 0 or p is None or not math.isfinite(p) or not 0 <= p <= 1:
+        return math.nan
+    return math.sqrt(p * (1 - p) / n)
