@@ -210,6 +210,18 @@ def base_model_config(rc: BioRunConfig, tokenizer=None):
                         bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
 
+def never_target_rows(docs: list[list[int]], qa_sets, rows: int, eos: int) -> torch.Tensor:
+    """(rows,) bool: the vocabulary rows no stage ever trains as a target, i.e. tokens that appear in no
+    pre-training biography, in no QA answer and are not EOS (model.vocab padding rows, unused tokens)."""
+    seen = np.zeros(rows, dtype=bool)
+    seen[np.concatenate([np.asarray(d, dtype=np.int64) for d in docs] + [np.asarray([eos])])] = True
+    for qa in qa_sets:
+        pos = torch.arange(qa.ids.shape[1])[None]
+        answer = (pos >= qa.prompt_len[:, None]) & (pos < qa.total_len[:, None])  # answer tokens and EOS
+        seen[qa.ids[answer].numpy()] = True
+    return torch.from_numpy(~seen)
+
+
 def attribute_priors(qa: QATensors) -> dict[str, float]:
     """Chance floor per attribute: accuracy of always answering the most common first token."""
     first = qa.ids[torch.arange(len(qa)), qa.prompt_len]
@@ -377,6 +389,8 @@ class BioExperiment:
             raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "
                                f"model.context={rc.model.context} tokens the biographies give; lower stage1.batch or "
                                f"model.context, or generate more people (data_overrides)")
+        self.never_rows = never_target_rows(docs, data.qa.values(), self.base_cfg.vocab_size,
+                                            data.tokenizer.eos_token_id)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
         keep = rc.checkpoint.keep
         s1_run = stage_run(self.cache, "stage1", k1, keep, d, data.tokenizer)
@@ -403,7 +417,11 @@ class BioExperiment:
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(self.stream_seed)  # methods with random initialisation (rnd blocks) draw from here
-        return method.apply(load_model(self.stage2_dir))
+        model = method.apply(load_model(self.stage2_dir))
+        state = getattr(model, "scale_state", None)
+        if state is not None and state.mode == "route":  # measure what decides the router (never_shares)
+            state.never_rows = self.never_rows
+        return model
 
     def save_kw(self) -> dict[str, Any]:
         return {"tokenizer": self.data.tokenizer, "base_model": str(self.stage2_dir)}
@@ -440,6 +458,7 @@ class BioExperiment:
             "experiment": "bio", "preset": self.preset, "method": method.name, "method_options": method.options(),
             "description": method.describe(), "lr": self.stage3_lr(method),
             "seeds": {"base": rc.seed, "run": rc.run_seed},
+            "never_target_rows": int(self.never_rows.sum()),
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "total_params": sum(p.numel() for p in model.parameters()),
             "config": asdict(rc), "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,

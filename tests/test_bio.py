@@ -259,3 +259,36 @@ def test_routing_at_the_answer_position_matches_two_explicit_paths(tiny_qa):
         assert got[f"answer/route_score/q{round(100 * q):02d}"] == pytest.approx(want, abs=1e-5)
     assert got["answer/route_score/mean"] == pytest.approx(cos.mean().item(), abs=1e-5)
     assert 0.0 <= got["route_preserve"] <= 1.0  # all tokens, as before
+
+
+def test_never_target_share_at_the_answer_matches_two_explicit_paths(tiny_qa):
+    """answer/never_share_{preserve,adapt}: the share of each path's squared logit norm on rows never a target,
+    at the scored position, equals the one computed from the two paths' full logits (the head's new columns
+    start at zero, so a fresh model's full logits are the original channels' Z). Nothing is kept without the
+    mask of never-target rows, and nothing while training (autograd on)."""
+    from scalecl.methods import get_method
+    from scalecl.methods.scale import scale_path
+
+    tok, _, qa = tiny_qa
+    method = get_method("scale-route", hidden_up=32, ffn_up=32, l_fp=1)
+    model = method.apply(model_from_config(tiny_config("gpt_neox", vocab_size=len(tok)), seed=3))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("w12") and p.requires_grad:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    assert not any("never_share" in k for k in qa_accuracy(model, qa, batch_size=7, method=method))
+    never = torch.zeros(len(tok), dtype=torch.bool)
+    never[torch.randperm(len(tok), generator=g)[: len(tok) // 3]] = True
+    model.scale_state.never_rows = never
+    model(input_ids=qa.ids[:2])  # a training-like forward (autograd on) keeps nothing
+    assert model.scale_state.path_hidden is None
+    rows = torch.arange(len(qa))
+    got = qa_accuracy(model, qa, batch_size=7, method=method)
+    for path in ("preserve", "adapt"):
+        with torch.no_grad(), scale_path(model, path):
+            z = model(input_ids=qa.ids).logits[rows, qa.prompt_len - 1].double()  # (N, V)
+        share = z[:, never].square().sum(-1) / z.square().sum(-1)
+        assert got[f"answer/never_share_{path}/mean"] == pytest.approx(share.mean().item(), abs=1e-5)
+        assert got[f"answer/never_share_{path}/q50"] == pytest.approx(torch.quantile(share, 0.5).item(), abs=1e-5)
+    assert got["answer/never_share_preserve/mean"] != pytest.approx(got["answer/never_share_adapt/mean"], abs=1e-4)

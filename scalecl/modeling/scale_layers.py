@@ -36,6 +36,11 @@ class PathState:
         self.products = products
         self.preserve_mask: torch.Tensor | None = None  # (B, T) bool, from the last routed forward
         self.route_score: torch.Tensor | None = None  # (B, T) float32 router score of that forward, detached
+        # Route's mechanism, measured (issue #18): when an experiment sets never_rows (a (V,) bool mask of the
+        # vocabulary rows no training stage ever has as a target), every routed forward without autograd
+        # (evaluation) keeps both paths' original-channel hidden states, (B, T, d) each, detached
+        self.never_rows: torch.Tensor | None = None
+        self.path_hidden: tuple[torch.Tensor, torch.Tensor] | None = None
         # leading groups (decoder layers, then the final norm) whose original channels depend on no
         # trainable parameter on each path; refreshed before every forward (upscale._ConstantHook)
         self.const_preserve = 0
@@ -384,6 +389,8 @@ class UpHead(nn.Module):
             score = self.router_score(hp_d, ha[..., :d])  # (B, T) float32
             keep = score > st.tau  # (B, T)
         st.preserve_mask, st.route_score = keep, score
+        if st.never_rows is not None and not torch.is_grad_enabled():
+            st.path_hidden = (hp_d.detach(), ha[..., :d].detach())
         mixed = torch.cat([(hp_d + ha[..., :d]) / 2, hp[..., d:]], dim=-1)  # (Z_p + Z_a)/2 + Z_p_up
         return torch.where(keep.unsqueeze(-1), mixed, ha)  # else Z_a + Z_a_up
 

@@ -14,6 +14,22 @@ from .upscale import check_sizes, routing_fractions, scale_path, upscale
 __all__ = ["ScaleConfig", "ScaleMethod", "upscale", "scale_path", "routing_fractions"]
 
 
+def never_shares(model: PreTrainedModel, st, mask) -> dict[str, Any]:
+    """At the (B, T) mask positions of the last routed evaluation forward: for each path, the share of its
+    original-channel logit vector's squared norm, sum_v Z_v^2, that lies on vocabulary rows never a training
+    target (state.never_rows). A share near 1 means the router's raw-logit cosine is decided by rows the task
+    never uses. Empty unless the experiment set never_rows (scalecl.bio does for SCALE-Route)."""
+    never, hidden = getattr(st, "never_rows", None), getattr(st, "path_hidden", None)
+    if never is None or hidden is None or hidden[0].shape[:2] != mask.shape:
+        return {}
+    w = model.get_output_embeddings().weight.float()  # (V, d): the original channels' head
+    out = {}
+    for path, h in zip(("preserve", "adapt"), hidden, strict=True):
+        sq = (h[mask].float() @ w.T).square()  # (n, V)
+        out[f"never_share_{path}"] = sq[:, never.to(sq.device)].sum(-1) / sq.sum(-1).clamp_min(1e-30)
+    return out
+
+
 @dataclass
 class ScaleMethod(Method):
     """Width upscaling; the variant is fixed by the registered subclass."""
@@ -63,7 +79,7 @@ class ScaleMethod(Method):
         if routed is None or score is None or routed.shape != mask.shape:
             return {}
         mask = mask.to(routed.device)
-        return {"route_preserve": routed[mask], "route_score": score[mask]}
+        return {"route_preserve": routed[mask], "route_score": score[mask], **never_shares(model, st, mask)}
 
     def metrics(self, model: PreTrainedModel, mask=None) -> dict[str, float]:
         return routing_fractions(model, mask)
