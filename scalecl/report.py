@@ -500,6 +500,12 @@ COLORS = {m: c for m, c in zip(METHOD_ORDER, ("tab:red", "tab:purple", "tab:brow
                                                "tab:cyan", "tab:blue"), strict=True)}
 
 
+# FFT in fig9 is drawn on top of the others, thick and dashed: methods that learn like it would hide it
+FFT_STYLE = {"lw": 2.6, "ls": (0, (5, 2)), "zorder": 5, "marker": "o", "ms": 3.5}
+FFT_NOTE = ("FFT: thick dashed line drawn over the others (methods close to it would hide it). Perplexity axes "
+            "are log scale.")
+
+
 def _cpt_caption(r: dict) -> str:
     c = r["config"]
     base = c.get("base", r.get("base", {}).get("source", "?"))
@@ -524,21 +530,23 @@ def draw_fig9(results: Path) -> Drawn:
             ms = _group_metrics(g, "old/ppl", "new/ppl")
             if not ms:  # named in SKIPPED
                 continue
+            style = FFT_STYLE if g.iloc[0]["method"] == "fft" else {"marker": ".", "ms": 3}
             for ax, key in zip(axes, ("old/ppl", "new/ppl"), strict=True):
-                _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=COLORS.get(g.iloc[0]["method"]),
-                           label=_n_label(group_label(g.iloc[0]), len(ms)))
+                _draw_mean(ax, mean_curve(ms, key), color=COLORS.get(g.iloc[0]["method"]),
+                           label=_n_label(group_label(g.iloc[0]), len(ms)), **style)
         axes[0].set_title("(a) forgetting: old-domain perplexity")
         axes[1].set_title("(b) learning: new-domain perplexity")
         for ax in axes:
             ax.set_xlabel("training step")
-            ax.set_ylabel("perplexity")
+            ax.set_ylabel("perplexity (log scale)")
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
             ax.grid(alpha=0.3, which="both")
         axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
         band = "\n" + BAND_NOTE if any(len(g) >= 2 for g in reps) else ""
-        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]) + band + "\n" + _replicates_note(group),
+        fft = "\n" + FFT_NOTE if (group["method"] == "fft").any() else ""
+        fig.text(0.5, -0.02, _cpt_caption(group.iloc[0]["result"]) + fft + band + "\n" + _replicates_note(group),
                  ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
         yield f"fig9_cpt_{preset}", _with_inputs(fig, group, f"fig9_cpt_{preset}: old/new-domain perplexity")
@@ -901,50 +909,84 @@ def _missing_note(names: list[str], what: str) -> str:
 
 def _draw_train_log(results: Path | Sequence[Path], experiment: str, column: str, stem: str) -> Drawn:
     """One figure per group of runs: a per-step train_log.jsonl column against the step, a line per replicate
-    group (main runs; its mean over replicates, shaded 95% t interval) or per run (a study)."""
+    group (main runs; its mean over replicates, shaded 95% t interval) or per run (a study). A study whose runs
+    start from different bases (the init study's embedding variants) gets a panel per base."""
     for tag, study, runs in _groups(results, experiment):
         if column == "lr" and study is not None:
             continue  # a study's runs share one schedule; the main runs' figure shows it
-        lines, missing = [], []
-        for g in replicate_groups(runs):
-            logs = [log for log in map(load_train_log, g["dir"])
-                    if log is not None and column in log and not log[column].isna().all()]
-            label = _line_label(study, g.iloc[0], len(logs))
-            (lines.append((g, label, logs)) if logs else missing.append(label))
+        lines, missing = _train_log_lines(runs, study, column)
         if not lines:
             continue
-        colors = _colors(len(lines)) if study is not None else [COLORS.get(g.iloc[0]["method"]) for g, _, _ in lines]
-        fig, ax = plt.subplots(figsize=(8, 4.2))
-        n_max = max(len(log) for _, _, logs in lines for log in logs)
+        panels = list(dict.fromkeys(line[0] for line in lines))
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 4.2 if len(panels) == 1 else 3.0 * len(panels) + 0.8),
+                                 squeeze=False, sharex=True)
+        n_max = max(len(log) for *_, logs in lines for log in logs)
         window = max(1, min(n_max // 4, max(SMOOTH_MIN, round(SMOOTH_FRACTION * n_max))))
-        for i, ((_, label, logs), color) in enumerate(zip(lines, colors, strict=True)):
-            if column == "loss":
-                raw = mean_curve(logs, column)
-                ax.plot(raw["step"], raw["mean"], color=color, alpha=0.2, lw=0.6)
-                smooth = [pd.DataFrame({"step": log["step"], column: log[column].astype(float).rolling(
-                    window, center=True, min_periods=1).mean()}) for log in logs]
-                _draw_mean(ax, mean_curve(smooth, column), color=color, lw=1.4, label=label)
-            else:  # equal schedules coincide: a style per method keeps each visible
-                _draw_mean(ax, mean_curve(logs, column), color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)],
-                           label=label)
-        vals = pd.concat([log[column] for _, _, logs in lines for log in logs]).astype(float).dropna()
-        if len(vals) and vals.min() > 0 and vals.max() / vals.min() > LOG_RATIO[column]:
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel(_step_label(experiment))
-        ax.set_ylabel("training loss (per step)" if column == "loss" else "learning rate")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5),
-                  title=study if study is not None else None)
+        names = list(dict.fromkeys(line[2] for line in lines))
+        colors = dict(zip(names, _colors(len(names)), strict=True))
+        for ax, panel in zip(axes[:, 0], panels, strict=True):
+            mine = [line for line in lines if line[0] == panel]
+            styles = [colors[lab] if study is not None else COLORS.get(g.iloc[0]["method"]) for _, g, lab, _ in mine]
+            _train_log_panel(ax, mine, styles, column, window)
+            ax.set_title(panel if len(panels) > 1 else "", fontsize=9)
+            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5),
+                      title=study if study is not None else None)
+        axes[-1, 0].set_xlabel(_step_label(experiment))
         what = (f"Training loss per step (faint) and its centred running mean over {window} step(s) (bold)"
                 if column == "loss" else "Learning rate per step as the schedule set it")
         where = " (stage 3, Task 1)" if experiment == "bio" else ""
         title = f"{what}{where}, from train_log.jsonl" + (f"; study '{study}'" if study else "") + "."
-        band = "\n" + BAND_NOTE if any(len(logs) >= 2 for _, _, logs in lines) else ""
-        fig.text(0.5, -0.02, title + band + "\n" + _caption(lines[0][0].iloc[0]["result"])
+        if len(panels) > 1:
+            title += " The study's runs start from different bases or settings: a panel per one (its title)."
+        band = "\n" + BAND_NOTE if any(len(logs) >= 2 for *_, logs in lines) else ""
+        fig.text(0.5, -0.02, title + band + "\n" + _caption(lines[0][1].iloc[0]["result"])
                  + _missing_note(missing, "train_log.jsonl"), ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
         yield f"{stem}_{tag}", _with_inputs(fig, runs, f"{stem}_{tag}: {column} per step from train_log.jsonl")
+
+
+def _train_log_panel(ax, lines: list, colors: list, column: str, window: int) -> None:
+    """One panel of a training-log figure: per line its mean over replicates (loss: faint raw, bold smoothed)."""
+    for i, ((_, _, label, logs), color) in enumerate(zip(lines, colors, strict=True)):
+        if column == "loss":
+            raw = mean_curve(logs, column)
+            ax.plot(raw["step"], raw["mean"], color=color, alpha=0.2, lw=0.6)
+            smooth = [pd.DataFrame({"step": log["step"], column: log[column].astype(float).rolling(
+                window, center=True, min_periods=1).mean()}) for log in logs]
+            _draw_mean(ax, mean_curve(smooth, column), color=color, lw=1.4, label=label)
+        else:  # equal schedules coincide: a style per method keeps each visible
+            _draw_mean(ax, mean_curve(logs, column), color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)],
+                       label=label)
+    vals = pd.concat([log[column] for *_, logs in lines for log in logs]).astype(float).dropna()
+    if len(vals) and vals.min() > 0 and vals.max() / vals.min() > LOG_RATIO[column]:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylabel("training loss (per step)" if column == "loss" else "learning rate")
+    ax.grid(alpha=0.3, which="both")
+
+
+def _train_log_lines(runs: pd.DataFrame, study: str | None, column: str) -> tuple[list[list], list[str]]:
+    """The lines of a training-log figure, [panel, group, label, logs] each, and the labels of the groups that
+    logged nothing. Labels equal within a panel get what tells their runs apart appended."""
+    lines, missing = [], []
+    for g in replicate_groups(runs):
+        logs = [log for log in map(load_train_log, g["dir"])
+                if log is not None and column in log and not log[column].isna().all()]
+        label = _line_label(study, g.iloc[0], len(logs))
+        r = g.iloc[0]["result"]
+        panel = _embedding_variant(r) if study is not None and r["experiment"] == "cpt" else ""
+        (lines.append([panel, g, label, logs]) if logs else missing.append(label))
+    for panel, label in {(line[0], line[2]) for line in lines}:
+        same = [line for line in lines if (line[0], line[2]) == (panel, label)]
+        if len(same) < 2:
+            continue
+        flats = [_flat({**_config_rest(line[1].iloc[0]["result"]),
+                        "options": line[1].iloc[0]["result"].get("method_options") or {}}) for line in same]
+        keys = _varying(flats)
+        for line, flat in zip(same, flats, strict=True):
+            extra = ", ".join(f"{k}={flat.get(k, 'unset')}" for k in keys[:3]).replace('"', "")
+            line[2] = f"{label} [{extra}]" if extra else f"{label} #{Path(str(line[1].iloc[0]['dir'])).name}"
+    return lines, missing
 
 
 def _line_label(study: str | None, row: pd.Series, n: int = 1) -> str:
@@ -1239,19 +1281,58 @@ def _fmt_option(v) -> str:
     return "+".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
 
 
-def _fft_reference(results: Path | Sequence[Path], r0: dict) -> tuple[pd.DataFrame | None, str]:
-    """The main FFT run trained like a study's runs (preset, data, stage-3 steps): metrics, caption note."""
-    main = load_runs(results, "bio")
-    fft = main[(main["preset"] == r0["preset"]) & (main["method"] == "fft")]
-    if fft.empty:
-        return None, " No main FFT run of this preset to draw as a reference."
-    ref = fft.iloc[-1]["result"]
-    steps = ref["config"]["stage3"]["steps"]
-    if steps != r0["config"]["stage3"]["steps"] or ref.get("data") != r0.get("data"):
-        return None, (f" The main FFT run ({Path(fft.iloc[-1]['dir']).name}: {steps} steps) trained on "
-                      "other data or steps; not drawn.")
-    m = _metrics_or_none(fft.iloc[-1]["dir"])
-    return m, f" FFT dashed black: main run {Path(fft.iloc[-1]['dir']).name}." if m is not None else ""
+def _vocab_key(r: dict) -> int | str:
+    """The rows of a run's embedding and head: 'tokenizer' when they are the tokenizer's size (also a run that
+    records neither, the default), else the model's rows."""
+    model, tok = _vocab_rows(r)
+    return "tokenizer" if model is None or model == tok else model
+
+
+def _vocab_text(key: int | str, r: dict | None = None) -> str:
+    """A vocabulary key as a label: '1,045 vocab rows (tokenizer's size)' or '50,304 vocab rows'."""
+    if key == "tokenizer":
+        tok = _vocab_rows(r)[1] if r is not None else None
+        return f"{tok:,} vocab rows (tokenizer's size)" if tok else "vocab rows = tokenizer's size"
+    return f"{key:,} vocab rows"
+
+
+def _trained_like(r: dict, r0: dict) -> bool:
+    """Whether a run trained like r0 as far as a reference needs: preset, data (seed aside), stage-3 steps, and
+    the same vocabulary rows."""
+    def data(x: dict) -> dict:
+        return {k: v for k, v in (x.get("data") or {}).items() if k != "seed"}
+
+    return (r["preset"] == r0["preset"] and data(r) == data(r0) and _vocab_key(r) == _vocab_key(r0)
+            and _get(r, "config.stage3.steps") == _get(r0, "config.stage3.steps"))
+
+
+def _fft_reference(results: Path | Sequence[Path], r0: dict) -> tuple[dict | None, str]:
+    """The FFT replicate group trained like a study's run r0 (_trained_like; the main runs first, else an FFT
+    run in a biography study): {'curves': {key: mean_curve}, 'dirs', 'n', 'label'} and a caption note."""
+    pools = [("main", load_runs(results, "bio"))]
+    pools += [(f"study '{s}'", load_runs(results, "bio", study=s)) for s in study_names(results, "bio")]
+    found, other = [], []
+    for where, pool in pools:
+        for _, row in pool[(pool["method"] == "fft") & (pool["preset"] == r0["preset"])].iterrows() if len(pool) else []:
+            (found if _trained_like(row["result"], r0) else other).append({**row, "where": where,
+                                                                           "group": _config_id(row["result"])})
+    if not found:
+        return None, (f" The FFT runs of preset '{r0['preset']}' ({', '.join(Path(x['dir']).name for x in other)}) "
+                      f"trained on other data, steps or vocabulary rows; no reference drawn." if other else
+                      f" No FFT run of preset '{r0['preset']}' to draw as a reference.")
+    runs = pd.DataFrame(found)
+    runs = runs[runs["group"] == runs["group"].iloc[0]].sort_values("date", kind="stable")
+    runs = runs.drop_duplicates(["base_seed", "run_seed"], keep="last")
+    frames = [m for m in (_metrics_with(d, "task0/acc", "task1/acc") for d in runs["dir"]) if m is not None]
+    if not frames:
+        return None, " The matching FFT runs have no readable metrics; no reference drawn."
+    n, where = len(frames), runs["where"].iloc[0]
+    names = ", ".join(Path(d).name for d in runs["dir"])
+    vocab = _vocab_text(_vocab_key(r0), r0)
+    what = f"the mean of {n} {where} runs ({names}; seeds {_seeds_text(runs)})" if n >= 2 else f"{where} run {names}"
+    label = ("FFT (main run)" if where == "main" else "FFT reference") + (f", n={n}" if n >= 2 else "")
+    return ({"curves": {k: mean_curve(frames, k) for k in ("task0/acc", "task1/acc")}, "n": n, "label": label,
+             "dirs": {str(d) for d in runs["dir"]}}, f" FFT reference with {vocab}: {what}.")
 
 
 def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> list[Path]:
@@ -1266,7 +1347,9 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
 
 
 def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataFrame | None = None) -> Drawn:
-    """Paper Fig. 8 for one Route study (`table`: its route_study_table, when already built)."""
+    """Paper Fig. 8 for one Route study (`table`: its route_study_table, when already built). Route runs on
+    different vocabulary rows (outside the vocab study) get a row of panels each, with the FFT reference
+    trained on the same rows; the vocab study keeps one row and draws a reference per vocabulary."""
     df = route_study_table(results, study) if table is None else table
     if df.empty:
         return
@@ -1278,52 +1361,98 @@ def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataF
     answers = any(_answer_preserve(m, t) is not None for _, m in runs for t, _, _ in TASKS)
     route = _answer_preserve if answers else (lambda m, task: _route_series(m, task, "preserve"))
     routed = any(route(m, t) is not None for _, m in runs for t, _, _ in TASKS)
-    ncols = 3 if routed else 2
-    fig, axes = plt.subplots(1, ncols, figsize=(4.3 * ncols + 1.8, 3.9), squeeze=False)
-    axes = axes[0]
-    colors = _colors(len(runs))
-    for (row, m), color in zip(runs, colors, strict=True):
-        for ax, (task, _, _) in zip(axes, TASKS, strict=False):
-            if _has(m, f"{task}/acc"):  # reference runs of other methods in the study's folder: dashed
-                ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
-                        ls="-" if row["method"] == "scale-route" else "--", label=row["setting"])
-        if routed:
-            for task, ls in (("task0", "-"), ("task1", "--")):
-                y = route(m, task)
-                if y is not None:
-                    axes[2].plot(m["step"], 100 * y, color=color, ls=ls, marker=".", ms=2, lw=1.2)
     study_runs = load_runs(results, "bio", study=study)
-    routes = study_runs[study_runs["method"] == "scale-route"]
-    r0 = (routes if len(routes) else study_runs).iloc[0]["result"]
-    fft, fft_note = _fft_reference(results, r0)
-    if fft is not None:
-        for ax, (task, _, _) in zip(axes, TASKS, strict=False):
-            if _has(fft, f"{task}/acc"):
-                ax.plot(fft["step"], 100 * fft[f"{task}/acc"], color="black", ls="--", lw=1,
-                        label="FFT (main run)")
-    prior = r0.get("priors", {}).get("task0_heldout", {}).get("pooled")
-    if prior is not None:
-        axes[0].axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
-    axes[0].set_title("(a) Task 0 (held-out) accuracy", fontsize=10)
-    axes[1].set_title("(b) Task 1 accuracy", fontsize=10)
-    axes[0].set_ylabel("first-token acc. (%)")
-    if routed:
-        where = "at the answer position" if answers else "(all tokens)"
-        axes[2].set_title(f"(c) routed to preserve {where}", fontsize=10)
-        axes[2].set_ylabel("answer positions (%)" if answers else "tokens (%)")
-        axes[2].plot([], [], color="grey", ls="-", label="Task 0 slice")
-        axes[2].plot([], [], color="grey", ls="--", label="Task 1 slice")
-    for ax in axes:
-        ax.set_ylim(-3, 103)
-        ax.set_xlabel("Task 1 step")
-        ax.grid(alpha=0.3)
+    result_of = {str(d): r for d, r in zip(study_runs["dir"], study_runs["result"], strict=True)}
+    key_of = {str(row["dir"]): _vocab_key(result_of[str(row["dir"])]) for row, _ in runs}
+    keys = list(dict.fromkeys(key_of[str(row["dir"])] for row, _ in runs if row["method"] == "scale-route"))
+    panel_keys = keys if study != "vocab" and len(keys) > 1 else [None]
+    ncols = 3 if routed else 2
+    fig, axes = plt.subplots(len(panel_keys), ncols, figsize=(4.3 * ncols + 1.8, 3.9 * len(panel_keys)),
+                             squeeze=False)
+    colors = dict(zip((str(row["dir"]) for row, _ in runs), _colors(len(runs)), strict=True))
+    notes = []
+    for ax_row, key in zip(axes, panel_keys, strict=True):
+        mine = [(row, m) for row, m in runs if key is None or key_of[str(row["dir"])] == key]
+        for row, m in mine:
+            _route_study_run(ax_row, row, m, colors[str(row["dir"])], route if routed else None)
+        refs = [k for k in keys if key in (None, k)]
+        for i, k in enumerate(refs):
+            r0 = next(result_of[str(row["dir"])] for row, _ in mine if key_of[str(row["dir"])] == k
+                      and row["method"] == "scale-route")
+            notes.append(_route_study_reference(ax_row, results, r0, {str(row["dir"]) for row, _ in mine},
+                                                ("--", ":", "-.")[i % 3], len(refs) > 1))
+        _route_study_axes(ax_row, result_of[str(mine[0][0]["dir"])], answers, routed,
+                          f"\n{_vocab_text(key, result_of[str(mine[0][0]['dir'])])}" if key is not None else "")
     handles, labels = [], []
-    for ax in axes:
+    for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.text(0.5, -0.02, _route_study_caption(study, study_runs, "".join(notes), len(panel_keys) > 1),
+             ha="center", va="top", fontsize=8, wrap=True)
+    fig.tight_layout()
+    stem = BIO_STUDIES.get(study, f"fig8_route_{study}")
+    yield stem, _with_inputs(fig, study_runs, f"{stem}: one line per run of study '{study}'")
+
+
+def _route_study_run(ax_row, row: pd.Series, m: pd.DataFrame, color, route) -> None:
+    """One run of a Route study: its Task 0 / Task 1 accuracy (another method's reference run: dashed) and,
+    with `route`, its share routed to preserve (Task 0 solid, Task 1 dashed)."""
+    for ax, (task, _, _) in zip(ax_row, TASKS, strict=False):
+        if _has(m, f"{task}/acc"):
+            ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
+                    ls="-" if row["method"] == "scale-route" else "--", label=row["setting"])
+    if route is not None:
+        for task, ls in (("task0", "-"), ("task1", "--")):
+            y = route(m, task)
+            if y is not None:
+                ax_row[2].plot(m["step"], 100 * y, color=color, ls=ls, marker=".", ms=2, lw=1.2)
+
+
+def _route_study_reference(ax_row, results: Path | Sequence[Path], r0: dict, drawn: set[str], ls,
+                           several: bool) -> str:
+    """The FFT reference trained like r0 (its vocabulary rows included), black, on the accuracy panels: the mean
+    over its replicates (`several`: one of several in the panel, its vocabulary in its label).
+    Nothing when those runs are already drawn as the study's own lines."""
+    ref, note = _fft_reference(results, r0)
+    if ref is None:
+        return note
+    if ref["dirs"] <= drawn:
+        return note.rstrip(".") + " (the study's own FFT line)."
+    label = ref["label"] + (f", {_vocab_text(_vocab_key(r0), r0)}" if several else "")
+    for ax, (task, _, _) in zip(ax_row, TASKS, strict=False):
+        curve = ref["curves"][f"{task}/acc"]
+        if curve is not None:  # the mean alone: a band over 2-3 bases would cover the panel
+            ax.plot(curve["step"], 100 * curve["mean"], color="black", ls=ls, lw=1, label=label)
+    return note
+
+
+def _route_study_axes(ax_row, r0: dict, answers: bool, routed: bool, suffix: str) -> None:
+    """Titles, labels, limits and the chance floor of one row of a Route study's panels."""
+    prior = r0.get("priors", {}).get("task0_heldout", {}).get("pooled")
+    if prior is not None:
+        ax_row[0].axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
+    ax_row[0].set_title("(a) Task 0 (held-out) accuracy" + suffix, fontsize=10)
+    ax_row[1].set_title("(b) Task 1 accuracy" + suffix, fontsize=10)
+    ax_row[0].set_ylabel("first-token acc. (%)")
+    if routed:
+        where = "at the answer position" if answers else "(all tokens)"
+        ax_row[2].set_title(f"(c) routed to preserve {where}" + suffix, fontsize=10)
+        ax_row[2].set_ylabel("answer positions (%)" if answers else "tokens (%)")
+        ax_row[2].plot([], [], color="grey", ls="-", label="Task 0 slice")
+        ax_row[2].plot([], [], color="grey", ls="--", label="Task 1 slice")
+    for ax in ax_row:
+        ax.set_ylim(-3, 103)
+        ax.set_xlabel("Task 1 step")
+        ax.grid(alpha=0.3)
+
+
+def _route_study_caption(study: str, study_runs: pd.DataFrame, fft_note: str, split: bool) -> str:
+    """The caption of a Route study's figure: what varies, the fixed options, the reference lines."""
+    routes = study_runs[study_runs["method"] == "scale-route"]
+    r0 = (routes if len(routes) else study_runs).iloc[0]["result"]
     swept = {"tau": "the router threshold tau", "router": "what the router compares",
              "vocab": "the embedding/head rows"}.get(study, study)
     fixed = {k: v for k, v in (r0.get("method_options") or {}).items() if k != study}
@@ -1332,11 +1461,11 @@ def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataF
     options = "; options " + ", ".join(f"{k}={_fmt_option(v)}" for k, v in fixed.items()) if fixed else ""
     others = sorted({LABELS.get(m, m) for m in study_runs["method"] if m != "scale-route"})
     refs = f" Dashed coloured lines: {', '.join(others)} runs trained like the study's runs." if others else ""
-    fig.text(0.5, -0.02, f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}."
-             + refs + fft_note + "\n" + _bio_caption(r0), ha="center", va="top", fontsize=8, wrap=True)
-    fig.tight_layout()
-    stem = BIO_STUDIES.get(study, f"fig8_route_{study}")
-    yield stem, _with_inputs(fig, study_runs, f"{stem}: one line per run of study '{study}'")
+    rows = (" A row of panels per vocabulary size (its titles), each with the FFT reference trained on those "
+            "rows." if split else "")
+    band = " Black: FFT reference (the mean over its replicates when it has several)."
+    return (f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}." + refs + rows + band
+            + fft_note + "\n" + _bio_caption(r0))
 
 
 def fig_route_studies(results: Path | Sequence[Path], out: Path) -> list[Path]:
@@ -1417,6 +1546,375 @@ BIO_TABLE_NOTE = ("task0_full_end, task1_full_end: full-range final accuracy (re
                   "value (blank when q is not recorded).")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The learning-forgetting frontier (issue #18 item 3): one method at several stage-3 learning rates. Runs of a
+# method that differ only in their rate (config.lr_scale, config.stage3.lr, cpt's per-method config.lr) are
+# separate replicate groups; here they form one line of points, one point per rate.
+
+# experiment -> (x: what was learned, y: what was kept), each (column, result.json path, axis label)
+FRONTIER = {
+    "bio": (("task1_full", "final.task1.acc", "Task 1 learned: full-range final accuracy (%)"),
+            ("task0_full", "final.task0_heldout.acc", "Task 0 retained: held-out full-range final accuracy (%)")),
+    "cpt": (("new_ppl_end", "summary.new_ppl_end", "learning: new-domain perplexity at the end (log scale)"),
+            ("old_ppl_end", "summary.old_ppl_end", "forgetting: old-domain perplexity at the end (log scale)")),
+}
+THRESHOLDS = (0.5, 0.8)  # Task 0 accuracy when Task 1 accuracy first reaches these (bio)
+FRONTIER_CAPTION = (
+    "Each point: one method at one learning rate (result.json `lr`, the rate its Task 1 / new-domain training "
+    "used), the mean over its replicates (runs with other seeds) with the 95% Student-t interval in both "
+    "directions (mean ± t_0.975,n-1 · s/√n; none for n = 1). Points of a method (with its options and the rest of "
+    "the config equal) are joined in learning-rate order where it has >= 2 rates; a method with one rate is a "
+    "point alone. Each point is labelled with its rate (and n when >= 2).")
+
+
+def _threshold_column(threshold: float) -> str:
+    return f"task0_at_task1_{round(100 * threshold)}"
+
+
+def _frontier_config(r: dict) -> dict:
+    """What a frontier line's runs share: the config without seeds, method tables and the stage-3 rate."""
+    rest = {k: v for k, v in _config_rest(r, pair=True).items() if k not in METHOD_KEYS}
+    if isinstance(rest.get("stage3"), dict):
+        rest["stage3"] = {k: v for k, v in rest["stage3"].items() if k != "lr"}
+    return rest
+
+
+def _short_hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def frontier_runs(results: Path | Sequence[Path], experiment: str) -> pd.DataFrame:
+    """The main runs with their frontier `line` (preset, config outside seeds, rates and method tables, method,
+    method options) and `point` (line and lr to 6 significant digits); one run per point and seed pair (the
+    newest); `setting` what tells a line from the preset's other lines of its method, `line_label` its name."""
+    runs = load_runs(results, experiment)
+    ok = [isinstance(r["lr"], int | float) and not isinstance(r["lr"], bool) and math.isfinite(r["lr"])
+          for r in runs["result"]]
+    for f in runs[[not x for x in ok]]["dir"] if len(runs) else []:
+        _skip(Path(f) / "result.json", f"result {Path(f) / 'result.json'}: its lr is not a number")
+    runs = runs[ok].copy() if len(runs) else runs
+    if runs.empty:
+        return runs
+    runs["front"] = [_short_hash([experiment, r["preset"], _frontier_config(r)]) for r in runs["result"]]
+    runs["line"] = [_short_hash([f, r["method"], r.get("method_options") or {}])
+                    for f, r in zip(runs["front"], runs["result"], strict=True)]
+    runs["lr"] = [float(r["lr"]) for r in runs["result"]]
+    runs["point"] = runs["line"] + runs["lr"].map(lambda v: f"@{v:.6g}")
+    newest = runs.sort_values("date", kind="stable").drop_duplicates(["point", "base_seed", "run_seed"], keep="last")
+    runs = runs.loc[[i for i in runs.index if i in newest.index]]
+    runs["setting"] = _frontier_settings(runs)
+    runs["line_label"] = [group_label(row) for _, row in runs.iterrows()]
+    return runs.sort_values(["preset", "order", "setting", "lr"], kind="stable").reset_index(drop=True)
+
+
+def _frontier_settings(runs: pd.DataFrame, most: int = 4) -> pd.Series:
+    """Per run, what tells its frontier line from the preset's others: config keys that differ across the
+    preset's lines and method options that differ across the method's lines ('' if none)."""
+    labels = {}
+    for _, g in runs.drop_duplicates("line").groupby("preset", sort=False):
+        fronts = {row["front"]: _flat(_frontier_config(row["result"])) for _, row in g.iterrows()}
+        keys = _varying(list(fronts.values()))
+        for _, row in g.iterrows():
+            same = [_flat(r.get("method_options") or {}) for r in g[g["method"] == row["method"]]["result"]]
+            opts = _flat(row["result"].get("method_options") or {})
+            parts = [f"{k}={fronts[row['front']].get(k, 'unset')}" for k in keys]
+            parts += [f"{k}={opts.get(k, 'unset')}" for k in _varying(same)]
+            label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
+            labels[row["line"]] = label.replace('"', "")
+    return runs["line"].map(labels)
+
+
+def _task0_when(m: pd.DataFrame | None, threshold: float) -> tuple[float, float] | None:
+    """(step, Task 0 accuracy) at the first evaluated step where Task 1 accuracy reaches `threshold`, or None
+    (never reached, or Task 0 not evaluated at that step)."""
+    if m is None or "task1/acc" not in m or "task0/acc" not in m:
+        return None
+    hit = m[m["task1/acc"].notna() & (m["task1/acc"] >= threshold)]
+    if hit.empty or pd.isna(hit["task0/acc"].iloc[0]):
+        return None
+    return float(hit["step"].iloc[0]), float(hit["task0/acc"].iloc[0])
+
+
+def _threshold_columns(g: pd.DataFrame) -> dict:
+    """Per threshold: Task 0 when Task 1 first reaches it, mean and t interval over the runs that reached it
+    (`_reached` of `curves`, the runs with Task 0 and Task 1 curves), and the mean step it happened at."""
+    curves = [m for m in map(_metrics_or_none, g["dir"]) if m is not None and "task1/acc" in m and "task0/acc" in m]
+    rec: dict = {"curves": len(curves)}
+    for threshold in THRESHOLDS:
+        col = _threshold_column(threshold)
+        hits = [h for h in (_task0_when(m, threshold) for m in curves) if h is not None]
+        iv = t_interval(v for _, v in hits)
+        rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi, f"{col}_reached": len(hits),
+                f"{col}_step": t_interval(step for step, _ in hits).mean}
+    return rec
+
+
+def frontier_table(results: Path | Sequence[Path], experiment: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per frontier point (preset, method, setting, lr): n, seeds, then x and y of FRONTIER as mean
+    with 95% t interval (`_ci_lo`, `_ci_hi`); bio also Task 0 when Task 1 first reaches each of THRESHOLDS."""
+    runs = frontier_runs(results, experiment) if runs is None else runs
+    rows = []
+    for _, g in runs.groupby("point", sort=False) if len(runs) else []:
+        first = g.iloc[0]
+        rec = {"preset": first["preset"], "method": first["method"], "setting": first["setting"],
+               "line": first["line_label"], "lr": first["lr"], "n": len(g), "interval": interval_note(len(g)),
+               "seeds": _seeds_text(g)}
+        for col, path, _ in FRONTIER[experiment]:
+            iv = t_interval(_get(r, path) for r in g["result"])
+            rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi}
+        if experiment == "bio":
+            rec |= _threshold_columns(g)
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def _shown_frontier(df: pd.DataFrame, experiment: str) -> pd.DataFrame:
+    """The Markdown/LaTeX view of a frontier table: 'mean ± half-width' cells, threshold cells with how many runs
+    reached the threshold and at which step on average."""
+    fmt = "{:.3f}" if experiment == "bio" else "{:.2f}"
+    cols = ["preset", "method"] + (["setting"] if df["setting"].astype(bool).any() else [])
+    shown = df[cols].copy()
+    shown["lr"] = df["lr"].map(lambda v: f"{v:g}")
+    shown[["n", "seeds"]] = df[["n", "seeds"]]
+    for col, _, _ in FRONTIER[experiment]:
+        shown[col] = [_cell(row, col, fmt) for _, row in df.iterrows()]
+    for threshold in THRESHOLDS if experiment == "bio" else ():
+        col = _threshold_column(threshold)
+        shown[f"Task 0 when Task 1 first reaches {threshold:g}"] = [
+            (f"{_cell(row, col, fmt)} ({row[f'{col}_reached']} of {row['curves']} runs reached it; mean step "
+             f"{row[f'{col}_step']:.0f})" if row[f"{col}_reached"] else f"never (0 of {row['curves']} runs)")
+            for _, row in df.iterrows()]
+    return shown
+
+
+FRONTIER_TABLE_NOTE = {
+    "bio": ("task1_full, task0_full: full-range final accuracy (final.task1.acc, final.task0_heldout.acc). "
+            "task0_at_task1_<p>: per run, Task 0 (held-out slice, metrics.jsonl task0/acc) at the first "
+            "evaluated step where Task 1 (task1/acc) reaches p/100; blank for a run that never does; mean and "
+            "t interval over the runs that reached it (`_reached` of `curves` runs with both curves; `_step` their "
+            "mean step)."),
+    "cpt": "new_ppl_end, old_ppl_end: learning (new-domain) and forgetting (old-domain) perplexity at the end.",
+}
+
+
+def fig_frontier(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """The learning-forgetting frontiers frontier_bio and frontier_cpt, each with its table."""
+    written = []
+    for experiment in ("bio", "cpt"):
+        runs = frontier_runs(results, experiment)
+        table = frontier_table(results, experiment, runs)
+        if table.empty:
+            continue
+        written += _save_all(draw_frontier(results, experiment, table, runs), out)
+        written += write_table(table, out, f"frontier_{experiment}", shown=_shown_frontier(table, experiment),
+                               caption=f"{FRONTIER_CAPTION} {FRONTIER_TABLE_NOTE[experiment]}",
+                               inputs=inputs_text(_as_groups(runs), f"frontier_{experiment}: one row per point"))
+    return written
+
+
+def _as_groups(runs: pd.DataFrame) -> pd.DataFrame:
+    """Frontier runs with their point as the replicate group (for inputs_text)."""
+    return runs.assign(group=runs["point"]) if len(runs) else runs
+
+
+def draw_frontier(results: Path | Sequence[Path], experiment: str, table: pd.DataFrame | None = None,
+                  runs: pd.DataFrame | None = None) -> Drawn:
+    """The frontier figure of an experiment: a panel per preset, a line of points per method (and setting)."""
+    runs = frontier_runs(results, experiment) if runs is None else runs
+    table = frontier_table(results, experiment, runs) if table is None else table
+    if table.empty:
+        return
+    presets = list(dict.fromkeys(table["preset"]))
+    fig, axes = plt.subplots(1, len(presets), figsize=(6.2 * len(presets), 5.0), squeeze=False)
+    for ax, preset in zip(axes[0], presets, strict=True):
+        _frontier_panel(ax, table[table["preset"] == preset], experiment)
+        ax.set_title(f"preset '{preset}'", fontsize=10)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    better = ("Upper right is better: Task 1 learned while Task 0 is kept. Error bars are cut at 0 and 100%, "
+              "the range of an accuracy (the table has the full intervals)." if experiment == "bio" else
+              "Lower left is better: new domain learned (low learning PPL) while the old one is kept (low "
+              "forgetting PPL); an interval reaching below 1 is cut at 1, the lowest perplexity.")
+    r0 = runs.iloc[0]["result"]
+    fig.text(0.5, -0.02, f"{FRONTIER_CAPTION} {better}\n{_caption(r0)}", ha="center", va="top", fontsize=8,
+             wrap=True)
+    fig.tight_layout()
+    yield f"frontier_{experiment}", _with_inputs(fig, _as_groups(runs), f"frontier_{experiment}: a point per rate")
+
+
+def _frontier_panel(ax, table: pd.DataFrame, experiment: str) -> None:
+    """One preset's frontier: per line its points in lr order (joined when >= 2) with t-interval error bars."""
+    (x, _, xlabel), (y, _, ylabel) = FRONTIER[experiment]
+    scale, log = (100.0, False) if experiment == "bio" else (1.0, True)
+    styles: dict[str, int] = {}
+    for _, pts in table.groupby("line", sort=False):
+        pts = pts.sort_values("lr")
+        method = pts["method"].iloc[0]
+        styles[method] = styles.get(method, -1) + 1  # a method's second line (another setting): another style
+        ls = LINESTYLES[styles[method] % len(LINESTYLES)] if len(pts) >= 2 else "none"
+        ax.errorbar(scale * pts[x], scale * pts[y], xerr=_error_bars(pts, x, scale, log),
+                    yerr=_error_bars(pts, y, scale, log), marker="o", ms=5, ls=ls, lw=1.3, capsize=3,
+                    elinewidth=0.9, color=COLORS.get(method), label=pts["line"].iloc[0])
+        for _, p in pts.iterrows():
+            ax.annotate(f"{p['lr']:g}" + (f" (n={p['n']})" if p["n"] >= 2 else ""), (scale * p[x], scale * p[y]),
+                        textcoords="offset points", xytext=(5, 4), fontsize=7, color=COLORS.get(method))
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis, col in ((ax.xaxis, x), (ax.yaxis, y)):  # plain numbers; minor ticks labelled within a decade
+            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            narrow = table[col].max() < 10 * table[col].min()
+            axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}") if narrow
+                                     else matplotlib.ticker.NullFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+
+
+def _error_bars(pts: pd.DataFrame, col: str, scale: float, log: bool) -> list[list[float]]:
+    """[below, above] the means of a column: its t interval (NaN for n = 1: no bar), cut where the quantity
+    ends: perplexity (log axis) at 1, accuracy at 0 and 1."""
+    lo, hi = pts[f"{col}_ci_lo"].clip(lower=1.0 if log else 0.0), pts[f"{col}_ci_hi"]
+    hi = hi if log else hi.clip(upper=1.0)
+    return [list(scale * (pts[col] - lo)), list(scale * (hi - pts[col]))]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SCALE-Route's mechanism (issue #18 item 4): how much of each path's logits falls on vocabulary rows that are
+# never a training target, at the answer positions, next to where the router sends those positions.
+
+NEVER_KEY = "{task}/answer/never_share_{path}/mean"
+MECHANISM_PATHS = (("preserve", "-", "tab:green"), ("adapt", "--", "tab:purple"))
+MECHANISM_CAPTION = (
+    "SCALE-Route at the scored answer positions (the last prompt token) of each evaluation. (a, b) Share of the "
+    "squared logit norm that falls on vocabulary rows never a training target (result.json never_target_rows of "
+    "vocab.model rows), for the preserve path's logits (green, solid) and the adapt path's (purple, dashed), "
+    "averaged over the "
+    "answer positions of the Task 0 (held-out) and Task 1 slices (metrics.jsonl <task>/answer/never_share_<path>/"
+    "mean; q05-q95 over the positions are recorded beside it). (c) Share of answer positions routed to preserve. "
+    "(d) The router's score, mean over answer positions; tau dotted (preserve above). A row per Route setting "
+    "(vocabulary rows, tau, router), from the main runs and the biography studies; a run found in several folders "
+    "counts once. (a, b) share one scale per column, up to a quarter above the highest mean; a wider band is cut.")
+
+
+def _has_never_share(m: pd.DataFrame) -> bool:
+    return any(_has(m, NEVER_KEY.format(task=t, path=p)) for t, _, _ in TASKS for p, _, _ in MECHANISM_PATHS)
+
+
+def _mechanism_groups(results: Path | Sequence[Path]) -> list[tuple[pd.DataFrame, list[pd.DataFrame]]]:
+    """SCALE-Route runs (main and every biography study) that recorded the never-target share, as replicate
+    groups (config without seeds and method options; one run per seed pair, the newest): (runs, their metrics)."""
+    frames = [load_runs(results, "bio")] + [load_runs(results, "bio", study=s) for s in study_names(results, "bio")]
+    frames = [f[f["method"] == "scale-route"] for f in frames if len(f)]
+    runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if runs.empty:
+        return []
+    runs["group"] = [_config_id(r) for r in runs["result"]]
+    runs = runs.sort_values("date", kind="stable").drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
+    out = []
+    for _, g in runs.groupby("group", sort=False):
+        picked = [(i, m) for i, m in zip(g.index, map(_metrics_or_none, g["dir"]), strict=True)
+                  if m is not None and _has_never_share(m)]
+        if picked:
+            out.append((g.loc[[i for i, _ in picked]], [m for _, m in picked]))
+    out.sort(key=lambda gm: _mechanism_key(gm[0].iloc[0]["result"]))
+    return out
+
+
+def _mechanism_key(r: dict) -> tuple:
+    """Route settings in order: preset, vocabulary rows (the tokenizer's size first), tau, router."""
+    key = _vocab_key(r)
+    router = (r.get("method_options") or {}).get("router", "logit")
+    return (r["preset"], 0 if key == "tokenizer" else key, _tau(r) if _tau(r) is not None else -math.inf,
+            ROUTER_ORDER.index(router) if router in ROUTER_ORDER else len(ROUTER_ORDER), str(router))
+
+
+def _mechanism_label(r: dict, presets: int) -> str:
+    """A Route setting's name: its vocabulary rows (and how many are never a target), tau and router."""
+    never = r.get("never_target_rows")
+    label = _vocab_text(_vocab_key(r), r) + (f" ({never:,} never a target)" if isinstance(never, int) else "")
+    tau = _tau(r)
+    label += (f", tau={tau:g}" if tau is not None else "") + f", router={(r.get('method_options') or {}).get('router', 'logit')}"
+    return (f"{r['preset']}: " if presets > 1 else "") + label
+
+
+def fig_route_mechanism(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    """route_mechanism: never-target logit share per path, answer routing and router score (skipped when no run
+    recorded the never-target share)."""
+    return _save_all(draw_route_mechanism(results), out)
+
+
+def draw_route_mechanism(results: Path | Sequence[Path]) -> Drawn:
+    """The mechanism figure: a row per Route setting group, the mean over its replicates with t bands."""
+    groups = _mechanism_groups(results)
+    if not groups:
+        return
+    presets = len({g.iloc[0]["preset"] for g, _ in groups})
+    labels = [_mechanism_label(g.iloc[0]["result"], presets) for g, _ in groups]
+    for i, (g, _) in enumerate(groups):  # settings that differ elsewhere (other config): their hash tells
+        if labels.count(labels[i]) > 1:
+            labels[i] += f" #{g.iloc[0]['group']}"
+    scored = any(_has(m, f"{t}/answer/route_score/mean") for _, ms in groups for m in ms for t, _, _ in TASKS)
+    ncols = 4 if scored else 3
+    fig, axes = plt.subplots(len(groups), ncols, figsize=(4.2 * ncols + 1.8, 2.9 * len(groups) + 0.8),
+                             squeeze=False, sharey="col")
+    for ax_row, (g, ms), label in zip(axes, groups, labels, strict=True):
+        _mechanism_row(ax_row, ms, _n_label(label, len(ms)), _tau(g.iloc[0]["result"]))
+    for ax in axes[-1]:
+        ax.set_xlabel("Task 1 step")
+    for col in (0, 1):  # shares from 0 to a quarter above the highest mean (a wide band of few replicates: cut)
+        means = [float(v) for ax in axes[:, col] for ln in ax.get_lines() for v in ln.get_ydata() if math.isfinite(v)]
+        axes[0, col].set_ylim(0, min(100.0, 1.25 * max(means, default=0) or 1.0))
+    handles, names = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in names:
+                handles.append(h)
+                names.append(lab)
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    band = "\n" + BAND_NOTE if any(len(ms) >= 2 for _, ms in groups) else ""
+    fig.text(0.5, -0.01, MECHANISM_CAPTION + band + "\n" + _bio_caption(groups[0][0].iloc[0]["result"]),
+             ha="center", va="top", fontsize=8, wrap=True)
+    fig.tight_layout()
+    runs = pd.concat([g for g, _ in groups])
+    yield "route_mechanism", _with_inputs(fig, runs, "route_mechanism: a row per Route setting group")
+
+
+def _mechanism_row(ax_row, ms: list[pd.DataFrame], label: str, tau: float | None) -> None:
+    """One Route setting: never-target share per path (Task 0, Task 1), answer routing, router score."""
+    for ax, (task, task_label, _) in zip(ax_row[:2], TASKS, strict=True):
+        for path, ls, color in MECHANISM_PATHS:
+            curve = mean_curve(ms, NEVER_KEY.format(task=task, path=path))
+            if curve is not None:
+                _draw_mean(ax, curve, 100, color=color, ls=ls, lw=1.4, label=f"{path} path")
+        panel = f"({'ab'[task != 'task0']}) {task_label}: never-target share"
+        ax.set_title(f"{label}\n{panel}" if task == "task0" else panel, fontsize=8, loc="left")
+        ax.set_ylabel("squared logit norm on never-target rows (%)", fontsize=8)
+    for task, task_label, color in TASKS:
+        ls = "-" if task == "task0" else "--"
+        curve = mean_curve(ms, f"{task}/answer/route_preserve")
+        if curve is not None:
+            _draw_mean(ax_row[2], curve, 100, color=color, ls=ls, lw=1.4, label=f"{task_label} slice")
+        curve = mean_curve(ms, f"{task}/answer/route_score/mean") if len(ax_row) > 3 else None
+        if curve is not None:
+            _draw_mean(ax_row[3], curve, color=color, ls=ls, lw=1.4, label=f"{task_label} slice")
+    ax_row[2].set_title("(c) answer positions routed to preserve", fontsize=8, loc="left")
+    ax_row[2].set_ylabel("answer positions (%)", fontsize=8)
+    ax_row[2].set_ylim(-3, 103)
+    if len(ax_row) > 3:
+        if tau is not None:
+            ax_row[3].axhline(tau, color="tab:red", ls=":", lw=1.2, label="tau (preserve above)")
+        ax_row[3].set_title("(d) router score at the answer position", fontsize=8, loc="left")
+        ax_row[3].set_ylabel("router cosine (mean)", fontsize=8)
+    for ax in ax_row:
+        ax.grid(alpha=0.3)
+
+
 def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
     """Every figure and table the results folders have data for (the one entry point of `scalecl plot`); the
     runs left out for a missing or malformed file are in SKIPPED afterwards."""
@@ -1428,6 +1926,6 @@ def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
     if len(harness):
         written += write_table(harness, out, "table2_harness")
     for fig in (fig9, fig4, fig5, fig6, fig7, fig_route_studies, fig_train_loss, fig_lr_schedule, fig_routing,
-                fig_router_score):
+                fig_router_score, fig_frontier, fig_route_mechanism):
         written += fig(results, out)
     return written

@@ -415,7 +415,11 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
     names = ["FFT", "LLaMA Pro", "SCALE-Preserve", "SCALE-Adapt", "SCALE-Route"]  # method order
     for ax, key in zip(fig.axes, ("old", "new"), strict=True):
         assert labels(ax) == names
-        assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_yscale()) == ("training step", "perplexity", "log")
+        assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_yscale()) == ("training step", "perplexity (log scale)",
+                                                                       "log")
+        fft = line(ax, "FFT")  # drawn over the others, thick and dashed: methods close to it cannot hide it
+        assert fft.get_zorder() > max(ln.get_zorder() for ln in ax.get_lines() if ln is not fft)
+        assert fft.get_linewidth() > 2 and fft.get_linestyle() == "--"
         for ln, method in zip(ax.get_lines(), [m for m in METHOD_ORDER if m in old], strict=True):
             assert xs(ln) == [0, 10, 20]
             assert ys(ln) == pytest.approx(old[method] if key == "old" else (50.0, 20.0, 15.0))

@@ -1,0 +1,394 @@
+"""Issue #18 items 3, 4, 6 in `scalecl plot`: the learning-forgetting frontier (bio and cpt), SCALE-Route's
+mechanism figure, and the FFT reference of the Route studies. Synthetic result folders shaped like
+results/bio/*/ and results/cpt/*/ with known numbers; every expected value below is computed by hand."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from scalecl.report import (
+    draw_frontier,
+    draw_route_mechanism,
+    draw_route_study,
+    draw_train_loss,
+    frontier_table,
+    plot_all,
+)
+
+T2 = 4.302653  # t_{0.975, 2}
+T1 = 12.706205  # t_{0.975, 1}
+STEPS = (0, 5, 10, 15)
+ATTRS = ("birthday", "birth_city", "university", "major", "company", "company_city")
+
+
+def half(sd: float, n: int, t: float) -> float:
+    return t * sd / math.sqrt(n)
+
+
+def bio_run(root: Path, method: str, base: int, *, stage3_lr: float = 1e-4, scale: float = 1.0, t1=(0.0, 0.3, 0.6, 0.7),
+            t0=(0.9, 0.8, 0.6, 0.5), final=(0.7, 0.5), steps3: int = 10, date: str = "2026-12-01T00:00:00",
+            extra: dict | None = None) -> Path:
+    """A biography run folder like results/bio/*/: result.json (lr = stage3.lr x lr_scale[method]) and
+    metrics.jsonl with Task 0 / Task 1 accuracy at STEPS, plus a step-3 record without any evaluation."""
+    d = root / "bio" / f"cpu-{method}-s{base}-lr{stage3_lr * scale:g}-x{scale:g}-{steps3}-{date[:10]}"
+    d.mkdir(parents=True)
+    lines = [{"step": s, "loss": None if s == 0 else 1.0, "task0/acc": a, "task1/acc": b}
+             for s, a, b in zip(STEPS, t0, t1, strict=True)]
+    lines.insert(1, {"step": 3, "loss": 1.2})  # a training record: not an evaluated step
+    for rec in lines:
+        if "task0/acc" in rec:
+            rec |= extra or {}
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    config = {"data": "cpu", "model": {"hidden": 128, "layers": 4, "vocab": 0},
+              "stage3": {"steps": steps3, "batch": 32, "lr": stage3_lr}, "eval": {"slice_people": 100},
+              "lr_scale": {"fft": 1.0, "lora": 10.0, "scale-route": 10.0, method: scale},
+              "methods": {"scale": {"hidden_up": 32}}, "seed": base, "run_seed": 0}
+    result = {
+        "experiment": "bio", "preset": "cpu", "method": method, "method_options": {}, "trainable_params": 10,
+        "lr": stage3_lr * scale, "provenance": {"date": date}, "seeds": {"base": base, "run": 0},
+        "data": {"n_bio": 1000, "n_task1": 200, "seed": base}, "config": config,
+        "vocab": {"tokenizer": 1045, "model": 1045},
+        "priors": {"task0_heldout": {**{a: 0.05 for a in ATTRS}, "pooled": 0.05}},
+        "summary": {"task0_start": t0[0], "task0_min": min(t0), "task0_end": t0[-1], "task1_start": t1[0],
+                    "task1_end": t1[-1]},
+        "final": {"task1": {"acc": final[0]}, "task0_heldout": {"acc": final[1]}},
+    }
+    (d / "result.json").write_text(json.dumps(result))
+    return d
+
+
+# FFT at three stage-3 rates (config.stage3.lr; three replicate groups), bases 0-2 each:
+# rate -> per base (Task 1 curve, Task 0 curve, (final Task 1, final Task 0))
+FFT = {
+    1e-4: [((0.0, 0.3, 0.6, 0.7), (0.9, 0.8, 0.6 - 0.1 * b, 0.5), (0.70 + 0.02 * b, 0.5 - 0.1 * b)) for b in range(3)],
+    3e-4: [((0.0, 0.5, 0.85, 0.9), (0.9, 0.7, 0.5, 0.4), (0.90, 0.35)),
+           ((0.0, 0.5, 0.85, 0.9), (0.9, 0.6, 0.4, 0.3), (0.90, 0.25)),
+           ((0.0, 0.4, 0.7, 0.85), (0.9, 0.65, 0.45, 0.35), (0.84, 0.30))],
+    1e-3: [((0.0, 0.9, 0.95, 1.0), (0.9, 0.2 + 0.1 * b, 0.1, 0.1), (1.0, 0.1 + 0.1 * b)) for b in range(3)],
+}
+
+
+def frontier_results(root: Path) -> Path:
+    """FFT: 3 rates x 3 bases. Route: 2 rates (via lr_scale: 10 and 30 at stage3.lr 1e-4) x 2 bases, plus an
+    older run at one of them (stage3.lr 3e-4, lr_scale 10: another replicate group, same rate and seeds) that
+    the newer one replaces. LoRA: one rate, 2 bases. FFT with 20 Task 1 steps: a line of its own."""
+    for lr, per_base in FFT.items():
+        for b, (t1, t0, final) in enumerate(per_base):
+            bio_run(root, "fft", b, stage3_lr=lr, t1=t1, t0=t0, final=final)
+    route = {10.0: [((0.0, 0.3, 0.55, 0.6), (0.9, 0.9, 0.85, 0.8), (0.8, 0.8)),
+                    ((0.0, 0.3, 0.45, 0.6), (0.9, 0.9, 0.8, 0.8), (0.9, 0.7))],
+             30.0: [((0.0, 0.6, 0.9, 0.95), (0.9, 0.7, 0.6, 0.6), (0.95, 0.6)),
+                    ((0.0, 0.6, 0.9, 0.95), (0.9, 0.8, 0.5, 0.5), (0.97, 0.5))]}
+    for scale, per_base in route.items():
+        for b, (t1, t0, final) in enumerate(per_base):
+            bio_run(root, "scale-route", b, scale=scale, t1=t1, t0=t0, final=final)
+    bio_run(root, "scale-route", 0, stage3_lr=3e-4, scale=10.0, final=(0.0, 0.0), date="2026-11-01T00:00:00")
+    for b, final in enumerate(((0.6, 0.5), (0.7, 0.6))):
+        bio_run(root, "lora", b, stage3_lr=1e-4, scale=10.0, final=final)
+    bio_run(root, "fft", 0, stage3_lr=1e-4, steps3=20, final=(0.99, 0.01))
+    return root
+
+
+@pytest.fixture
+def closing():
+    figs = []
+    yield figs.append
+    for fig in figs:
+        plt.close(fig)
+
+
+def test_frontier_table_means_intervals_and_thresholds(tmp_path):
+    table = frontier_table(frontier_results(tmp_path), "bio")
+    rows = {(r["line"], round(r["lr"], 9)): r for _, r in table.iterrows()}
+    fft = "FFT [stage3.steps=10]"
+    assert sorted(rows) == sorted([(fft, 1e-4), (fft, 3e-4), (fft, 1e-3), ("FFT [stage3.steps=20]", 1e-4),
+                                   ("LoRA [stage3.steps=10]", 1e-3), ("SCALE-Route [stage3.steps=10]", 1e-3),
+                                   ("SCALE-Route [stage3.steps=10]", 3e-3)])
+    a = rows[(fft, 1e-4)]
+    assert (a["n"], a["seeds"], a["interval"]) == (3, "0/0, 1/0, 2/0", "t interval, n = 3")
+    assert a["task1_full"] == pytest.approx(0.72) and a["task0_full"] == pytest.approx(0.4)
+    assert a["task1_full_ci_hi"] - 0.72 == pytest.approx(half(0.02, 3, T2), rel=1e-6)
+    assert 0.4 - a["task0_full_ci_lo"] == pytest.approx(half(0.1, 3, T2), rel=1e-6)
+    # Task 1 first reaches 0.5 at step 10 (0.6) in every run; Task 0 there: 0.6, 0.5, 0.4. It never reaches 0.8
+    assert (a["curves"], a["task0_at_task1_50_reached"], a["task0_at_task1_50_step"]) == (3, 3, 10)
+    assert a["task0_at_task1_50"] == pytest.approx(0.5)
+    assert a["task0_at_task1_50_ci_hi"] - 0.5 == pytest.approx(half(0.1, 3, T2), rel=1e-6)
+    assert a["task0_at_task1_80_reached"] == 0 and pd.isna(a["task0_at_task1_80"])
+    b = rows[(fft, 3e-4)]
+    assert b["task1_full"] == pytest.approx(0.88)
+    assert b["task1_full_ci_hi"] - 0.88 == pytest.approx(half(math.sqrt(0.0012), 3, T2), rel=1e-6)
+    # 0.5 is reached exactly (>=) at step 5 on bases 0 and 1 (Task 0 0.7, 0.6), at step 10 on base 2 (0.45)
+    assert b["task0_at_task1_50"] == pytest.approx((0.7 + 0.6 + 0.45) / 3)
+    assert b["task0_at_task1_50_step"] == pytest.approx(20 / 3)
+    sd = math.sqrt(sum((v - 1.75 / 3) ** 2 for v in (0.7, 0.6, 0.45)) / 2)
+    assert b["task0_at_task1_50_ci_lo"] == pytest.approx(1.75 / 3 - half(sd, 3, T2), rel=1e-6)
+    # 0.8: at step 10 on bases 0, 1 (0.5, 0.4) and at step 15 on base 2 (0.35)
+    assert b["task0_at_task1_80"] == pytest.approx(1.25 / 3) and b["task0_at_task1_80_reached"] == 3
+    c = rows[(fft, 1e-3)]
+    assert c["task1_full"] == 1.0 and c["task1_full_ci_lo"] == pytest.approx(1.0)  # sd 0: a zero-width interval
+    assert c["task0_at_task1_50"] == pytest.approx(0.3) == c["task0_at_task1_80"]  # both at step 5: 0.2, 0.3, 0.4
+    route = rows[("SCALE-Route [stage3.steps=10]", 1e-3)]
+    assert route["n"] == 2 and route["task1_full"] == pytest.approx(0.85)
+    assert route["task1_full_ci_hi"] - 0.85 == pytest.approx(half(math.sqrt(0.005), 2, T1), rel=1e-6)
+    # base 0 reaches 0.5 at step 10 (Task 0 there 0.85), base 1 at step 15 (0.45 at 10; Task 0 0.8); 0.8 never
+    assert route["task0_at_task1_50_reached"] == 2 and route["task0_at_task1_50"] == pytest.approx(0.825)
+    assert route["task0_at_task1_80_reached"] == 0
+    fast = rows[("SCALE-Route [stage3.steps=10]", 3e-3)]
+    # two replicate groups reach lr 3e-3 with seeds 0/0: the newer (lr_scale 30) replaces the older
+    assert fast["n"] == 2 and fast["task0_full"] == pytest.approx(0.55) and fast["seeds"] == "0/0, 1/0"
+    one = rows[("FFT [stage3.steps=20]", 1e-4)]
+    assert one["n"] == 1 and one["task0_full"] == 0.01 and pd.isna(one["task0_full_ci_lo"])
+    assert one["interval"] == "n=1 (no interval)"
+
+
+def test_frontier_threshold_counts_only_the_runs_that_reach_it(tmp_path):
+    for b, t1 in enumerate(((0.0, 0.6, 0.7, 0.8), (0.0, 0.1, 0.2, 0.3), (0.0, 0.2, 0.5, 0.9))):
+        bio_run(tmp_path, "fft", b, t1=t1, t0=(0.9, 0.7, 0.6, 0.4))
+    row = frontier_table(tmp_path, "bio").iloc[0]
+    # 0.5: base 0 at step 5 (0.7), base 2 at step 10 (0.6), base 1 never: mean over the two that reached it
+    assert (row["curves"], row["task0_at_task1_50_reached"]) == (3, 2)
+    assert row["task0_at_task1_50"] == pytest.approx(0.65)
+    assert row["task0_at_task1_50_ci_hi"] - 0.65 == pytest.approx(half(math.sqrt(0.005), 2, T1), rel=1e-6)
+    # 0.8: base 0 at step 15 (0.4), base 2 at 15 (0.4): one value twice; base 1 never
+    assert row["task0_at_task1_80_reached"] == 2 and row["task0_at_task1_80"] == pytest.approx(0.4)
+    (tmp_path / "bio").rename(tmp_path / "only")
+    bio_run(tmp_path, "fft", 0, t1=(0.0, 0.6, 0.7, 0.9), t0=(0.9, 0.7, 0.6, 0.4))
+    row = frontier_table(tmp_path / "bio", "bio").iloc[0]
+    assert row["task0_at_task1_50_reached"] == 1 and row["task0_at_task1_50"] == pytest.approx(0.7)
+    assert pd.isna(row["task0_at_task1_50_ci_lo"])  # one run reached it: its value, no interval
+
+
+def test_frontier_figure_lines_points_and_error_bars(tmp_path, closing):
+    fig = dict(draw_frontier(frontier_results(tmp_path), "bio"))["frontier_bio"]
+    closing(fig)
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "Task 1 learned: full-range final accuracy (%)"
+    assert ax.get_ylabel() == "Task 0 retained: held-out full-range final accuracy (%)"
+    bars = {c.get_label(): c for c in ax.containers}
+    assert sorted(bars) == ["FFT [stage3.steps=10]", "FFT [stage3.steps=20]", "LoRA [stage3.steps=10]",
+                            "SCALE-Route [stage3.steps=10]"]
+    data, _, (xbars, ybars) = bars["FFT [stage3.steps=10]"].lines
+    assert data.get_linestyle() == "-"  # three rates: joined in lr order
+    assert [float(v) for v in data.get_xdata()] == pytest.approx([72, 88, 100])
+    assert [float(v) for v in data.get_ydata()] == pytest.approx([40, 30, 20])
+    h = 100 * half(0.02, 3, T2)  # the first point's x interval, in %
+    assert xbars.get_segments()[0].ravel().tolist() == pytest.approx([72 - h, 40, 72 + h, 40])
+    h = 100 * half(0.1, 3, T2)
+    assert ybars.get_segments()[0].ravel().tolist() == pytest.approx([72, 40 - h, 72, 40 + h])
+    for single in ("LoRA [stage3.steps=10]", "FFT [stage3.steps=20]"):  # one rate: a point, no line
+        data = bars[single].lines[0]
+        assert data.get_linestyle() == "None" and len(data.get_xdata()) == 1
+    route = bars["SCALE-Route [stage3.steps=10]"].lines
+    assert route[0].get_linestyle() == "-"
+    h = 100 * half(math.sqrt(0.005), 2, T1)  # 85 ± 63.5: the bar is cut at 100%, an accuracy's end
+    assert route[2][0].get_segments()[0].ravel().tolist() == pytest.approx([85 - h, 75, 100, 75])
+    assert not bars["FFT [stage3.steps=20]"].lines[2][0].get_segments()[0].size  # n = 1: no error bar
+    notes = [t.get_text() for t in ax.texts]
+    assert {"0.0001 (n=3)", "0.0003 (n=3)", "0.001 (n=3)", "0.003 (n=2)", "0.0001"} <= set(notes)
+    assert "joined in learning-rate order" in fig.texts[-1].get_text()
+
+
+def cpt_run(root: Path, method: str, base: int, lr: float, old_end: float, new_end: float, tag: str = "") -> Path:
+    """A CPT result folder like results/cpt/*/ (its per-method rate table config.lr sets `lr`)."""
+    d = root / "cpt" / f"cpu-{method}-s{base}-lr{lr:g}{tag}"
+    d.mkdir(parents=True)
+    lines = [{"step": s, "old/ppl": 10 + (old_end - 10) * i / 2, "new/ppl": 50 + (new_end - 50) * i / 2,
+              "rep_cos": 1.0, "up_norm": 1.0} for i, s in enumerate((0, 10, 20))]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    config = {"base": "builtin", "data": {"path": "builtin:ko"}, "train": {"steps": 20, "batch": 8, "seq_len": 64},
+              "lr": {"fft": 1e-4, "scale-route": 1e-3, method: lr}, "seed": base, "run_seed": 0}
+    result = {"experiment": "cpt", "preset": "cpu", "method": method, "method_options": {}, "lr": lr,
+              "trainable_params": 5, "provenance": {"date": "2026-12-01"}, "seeds": {"base": base, "run": 0},
+              "config": copy.deepcopy(config),
+              "summary": {"old_ppl_start": 10.0, "old_ppl_end": old_end, "old_ppl_max": old_end,
+                          "new_ppl_start": 50.0, "new_ppl_end": new_end, "rep_cos_end": 1.0},
+              "final": lines[-1]}
+    (d / "result.json").write_text(json.dumps(result))
+    return d
+
+
+def test_cpt_frontier_table_and_log_axes(tmp_path, closing):
+    for b, (old, new) in enumerate(((11.0, 20.0), (13.0, 22.0))):
+        cpt_run(tmp_path, "fft", b, 1e-4, old, new)
+    for b, (old, new) in enumerate(((14.0, 12.0), (16.0, 14.0))):
+        cpt_run(tmp_path, "fft", b, 3e-4, old, new)
+    for b, (old, new) in enumerate(((10.5, 21.0), (11.5, 23.0))):
+        cpt_run(tmp_path, "scale-route", b, 1e-3, old, new)
+    table = frontier_table(tmp_path, "cpt").set_index(["method", "lr"])
+    a = table.loc[("fft", 1e-4)]
+    assert (a["n"], a["new_ppl_end"], a["old_ppl_end"]) == (2, pytest.approx(21.0), pytest.approx(12.0))
+    assert a["old_ppl_end_ci_lo"] == pytest.approx(12 - half(math.sqrt(2), 2, T1), rel=1e-6)  # below 1: -0.71
+    assert table.loc[("scale-route", 1e-3), "new_ppl_end"] == pytest.approx(22.0)
+    assert "task0_at_task1_50" not in table
+    fig = dict(draw_frontier(tmp_path, "cpt"))["frontier_cpt"]
+    closing(fig)
+    (ax,) = fig.axes
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    assert "log scale" in ax.get_xlabel() and "log scale" in ax.get_ylabel()
+    assert ax.get_xlabel().startswith("learning") and ax.get_ylabel().startswith("forgetting")
+    bars = {c.get_label(): c for c in ax.containers}
+    assert bars["FFT"].lines[0].get_linestyle() == "-" and bars["SCALE-Route"].lines[0].get_linestyle() == "None"
+    ys_segment = bars["FFT"].lines[2][1].get_segments()[0]  # the 1e-4 point's perplexity interval, cut at 1
+    assert ys_segment[:, 1].tolist() == pytest.approx([1.0, 12 + half(math.sqrt(2), 2, T1)], rel=1e-6)
+
+
+def test_plot_writes_frontier_files(tmp_path):
+    out = tmp_path / "figs"
+    names = {p.name for p in plot_all(frontier_results(tmp_path / "res"), out)}
+    assert {"frontier_bio.png", "frontier_bio.pdf", "frontier_bio.csv", "frontier_bio.md", "frontier_bio.tex",
+            "frontier_bio.inputs.txt"} <= names
+    assert "frontier_cpt.csv" not in names and "route_mechanism.png" not in names  # no cpt runs, no keys
+    csv = pd.read_csv(out / "frontier_bio.csv")
+    assert {"preset", "method", "lr", "n", "task1_full", "task1_full_ci_lo", "task1_full_ci_hi", "task0_full",
+            "task0_full_ci_lo", "task0_full_ci_hi", "task0_at_task1_50", "task0_at_task1_50_reached",
+            "task0_at_task1_80", "curves"} <= set(csv.columns)
+    md = (out / "frontier_bio.md").read_text()
+    assert "Task 0 when Task 1 first reaches 0.5" in md and "Task 0 when Task 1 first reaches 0.8" in md
+    assert f"0.500 ± {half(0.1, 3, T2):.3f} (3 of 3 runs reached it; mean step 10)" in md
+    assert "never (0 of 3 runs)" in md and "Student-t" in md
+    inputs = (out / "frontier_bio.inputs.txt").read_text()
+    assert "2026-11-01" not in inputs and "n = 3 (seeds 0/0, 1/0, 2/0)" in inputs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SCALE-Route's mechanism: never-target logit share per path
+
+
+def route_run(root: Path, base: int, rows: int, *, never: int | None, keys: bool = True, tau: float = 0.9,
+              share=0.1, tag: str = "") -> Path:
+    """A SCALE-Route run with (keys=True) the never-target share per path at the answer positions: preserve
+    `share` flat, adapt rising from 0 to 2 x share; answer routing and the router score as recorded today."""
+    t1 = (0.0, 0.3, 0.6, 0.9)
+    t0 = (0.9, 0.8, 0.7, 0.6)
+    extra = {"task0/answer/route_preserve": 0.5, "task1/answer/route_preserve": 0.25,
+             "task0/answer/route_score/mean": 0.8, "task1/answer/route_score/mean": 0.6}
+    d = bio_run(root, "scale-route", base, scale=10.0, t1=t1, t0=t0, extra=extra,
+                date=f"2026-12-0{1 + base}T00:00:00")
+    d = d.rename(d.with_name(d.name + f"-v{rows}{tag}"))
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    for i, rec in enumerate(x for x in lines if "task0/acc" in x):
+        if keys:
+            for task in ("task0", "task1"):
+                rec[f"{task}/answer/never_share_preserve/mean"] = share
+                rec[f"{task}/answer/never_share_adapt/mean"] = 2 * share * i / 3
+                rec |= {f"{task}/answer/never_share_{p}/{q}": share for p in ("preserve", "adapt")
+                        for q in ("q05", "q25", "q50", "q75", "q95")}
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = json.loads((d / "result.json").read_text())
+    r["method_options"] = {"tau": tau, "router": "logit"}
+    r["vocab"] = {"tokenizer": 1045, "model": rows}
+    r["config"]["model"]["vocab"] = 0 if rows == 1045 else rows
+    if never is not None:
+        r["never_target_rows"] = never
+    (d / "result.json").write_text(json.dumps(r))
+    return d
+
+
+def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing):
+    res = tmp_path / "res"
+    route_run(res, 0, 1045, never=600, share=0.1)  # main run
+    route_run(res / "studies" / "vocab", 0, 50304, never=49859, share=0.2)  # a study: two replicates
+    route_run(res / "studies" / "vocab", 1, 50304, never=49859, share=0.4)
+    route_run(res / "studies" / "tau", 0, 1045, never=None, keys=False, tau=0.5)  # older: not drawn
+    fig = dict(draw_route_mechanism(res))["route_mechanism"]
+    closing(fig)
+    assert len(fig.axes) == 2 * 4  # a row per setting group; never share x2, routing, router score
+    top, bottom = fig.axes[:4], fig.axes[4:]
+    assert top[0].get_title("left").startswith("1,045 vocab rows (tokenizer's size) (600 never a target), tau=0.9")
+    assert bottom[0].get_title("left").startswith("50,304 vocab rows (49,859 never a target), tau=0.9, router=logit (n=2)")
+    pres, adapt = bottom[0].get_lines()
+    assert (pres.get_label(), adapt.get_label()) == ("preserve path", "adapt path")
+    assert [float(v) for v in pres.get_ydata()] == pytest.approx([30] * 4)  # mean of 20% and 40%, in %
+    assert [float(v) for v in adapt.get_ydata()] == pytest.approx([0, 20, 40, 60])
+    assert len(bottom[0].collections) == 2 and not top[0].collections  # a band for n = 2 only
+    band = bottom[0].collections[0].get_paths()[0].vertices
+    h = 100 * half(math.sqrt(0.02), 2, T1)
+    assert max(band[:, 1]) == pytest.approx(30 + h, rel=1e-6)
+    assert [float(v) for v in bottom[2].get_lines()[0].get_ydata()] == pytest.approx([50] * 4)
+    assert "never a training target" in fig.texts[-1].get_text()
+    out = tmp_path / "o"
+    assert {"route_mechanism.png", "route_mechanism.pdf", "route_mechanism.inputs.txt"} <= {
+        p.name for p in plot_all(res, out)}
+    assert "studies/tau" not in (out / "route_mechanism.inputs.txt").read_text()
+
+
+def test_route_mechanism_skipped_without_keys(tmp_path):
+    route_run(tmp_path, 0, 1045, never=None, keys=False)
+    assert list(draw_route_mechanism(tmp_path)) == []
+    assert "route_mechanism.png" not in {p.name for p in plot_all(tmp_path, tmp_path / "o")}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fig8_route_*: the FFT reference trained on the same vocabulary rows, the replicate mean
+
+
+def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
+    res = tmp_path / "res"
+    bio_run(res, "fft", 0, t0=(0.9, 0.4, 0.3, 0.2))  # main FFT on the tokenizer's rows: two bases
+    bio_run(res, "fft", 1, t0=(0.9, 0.6, 0.5, 0.4))
+    ref = bio_run(res / "studies" / "vocab", "fft", 0, t0=(0.9, 0.1, 0.1, 0.1))  # FFT on 50,304 rows
+    r = json.loads((ref / "result.json").read_text())
+    r["vocab"], r["config"]["model"]["vocab"] = {"tokenizer": 1045, "model": 50304}, 50304
+    (ref / "result.json").write_text(json.dumps(r))
+    router = res / "studies" / "router"
+    route_run(router, 0, 1045, never=600)
+    route_run(router, 0, 50304, never=49859, tag="-big")
+    fig = dict(draw_route_study(res, "router"))["fig8_route_router"]
+    closing(fig)
+    assert len(fig.axes) == 2 * 3  # a row of panels per vocabulary
+    small, big = fig.axes[0], fig.axes[3]
+    assert small.get_title() == "(a) Task 0 (held-out) accuracy\n1,045 vocab rows (tokenizer's size)"
+    assert big.get_title() == "(a) Task 0 (held-out) accuracy\n50,304 vocab rows"
+    (mean,) = [ln for ln in small.get_lines() if ln.get_color() == "black"]
+    assert mean.get_label() == "FFT (main run), n=2"
+    assert [float(v) for v in mean.get_ydata()] == pytest.approx([90, 50, 40, 30])  # the mean of both bases
+    (other,) = [ln for ln in big.get_lines() if ln.get_color() == "black"]
+    assert other.get_label() == "FFT reference" and [float(v) for v in other.get_ydata()] == pytest.approx(
+        [90, 10, 10, 10])  # the 50,304-row FFT, not the main one
+    text = fig.texts[-1].get_text()
+    assert "FFT reference with 50,304 vocab rows: study 'vocab' run" in text
+    assert "FFT reference with 1,045 vocab rows (tokenizer's size): the mean of 2 main runs" in text
+    # the vocab study: one row; the study's own 50,304-row FFT is its dashed line, the main FFT the reference
+    route_run(res / "studies" / "vocab", 0, 1045, never=600)
+    route_run(res / "studies" / "vocab", 0, 50304, never=49859, tag="-big")
+    fig = dict(draw_route_study(res, "vocab"))["fig8_route_vocab"]
+    closing(fig)
+    assert len(fig.axes) == 3
+    black = [ln for ln in fig.axes[0].get_lines() if ln.get_color() == "black"]
+    assert [ln.get_label() for ln in black] == ["FFT (main run), n=2, 1,045 vocab rows (tokenizer's size)"]
+    assert "(the study's own FFT line)" in fig.texts[-1].get_text()
+
+
+def cpt_study_run(root: Path, init: list[str], tied: bool, tag: str) -> Path:
+    """A cpt init-study run with a training log, on a tied or untied base."""
+    d = cpt_run(root / "studies" / "init", "scale-preserve", 0, 1e-3, 11.0, 20.0, tag=f"-{tag}")
+    (d / "train_log.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0 - 0.01 * s + (0.5 if tied else 0),
+                                                           "lr": 1e-3}) + "\n" for s in range(1, 21)))
+    r = json.loads((d / "result.json").read_text())
+    r["method_options"] = {"init": init}
+    r["config"]["model"] = {"tie_embeddings": tied}
+    (d / "result.json").write_text(json.dumps(r))
+    return d
+
+
+def test_study_loss_figure_separates_bases(tmp_path, closing):
+    for tied in (True, False):
+        for init in (["svd", "zero"], ["zero", "rnd"]):
+            cpt_study_run(tmp_path, init, tied, f"{init[0]}{tied}")
+    fig = dict(draw_train_loss(tmp_path))["train_loss_study_init"]
+    closing(fig)
+    panels = {ax.get_title(): ax for ax in fig.axes}
+    assert sorted(panels) == ["tied base, new embedding columns zero", "untied base, new embedding columns zero"]
+    for ax in fig.axes:
+        names = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert names == ["SVD,0", "0,RND"]  # each label once per panel
+    tied = panels["tied base, new embedding columns zero"]
+    tied_line = [ln for ln in tied.get_lines() if ln.get_label() == "SVD,0"][0]
+    assert float(tied_line.get_ydata()[10]) == pytest.approx(3.5 - 0.11, abs=0.02)
