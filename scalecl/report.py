@@ -793,6 +793,7 @@ def _read_jsonl(path: Path, required: bool = False) -> pd.DataFrame | None:
         return None
     try:
         rows = read_jsonl(path, "unreadable log")
+        _check_log_values(rows, path)
         df = pd.DataFrame(rows)
         if not df.empty and "step" in df:
             return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
@@ -801,6 +802,16 @@ def _read_jsonl(path: Path, required: bool = False) -> pd.DataFrame | None:
         why = str(e)
     _skip(path, why)
     return None
+
+
+def _check_log_values(rows: list[dict], path: Path) -> None:
+    """Every value the suite logs is a finite number or null (a step an integer): anything else (NaN, text,
+    a list) was not written by a run and would break a figure. One ScaleclError naming the file and line."""
+    for i, row in enumerate(rows, 1):
+        for k, v in row.items():
+            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not (number or v is None) or (k == "step" and not isinstance(v, int)):
+                raise ScaleclError(f"{path} (record {i}): {k!r} is {v!r}, not a finite number")
 
 
 def load_train_log(run_dir: Path) -> pd.DataFrame | None:

@@ -61,7 +61,10 @@ def parse_methods(text: str) -> list[str]:
     """`--method`: 'all', or one or more method names separated by commas."""
     if text.strip() == "all":
         return method_names()
-    return [m.strip() for m in text.split(",") if m.strip()]
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise ScaleclError(f"--method {text!r} names no method; choose from {', '.join(method_names())} or all")
+    return names
 
 
 MAX_REPLICATES = 1000

@@ -111,6 +111,13 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["prepare", "--method", "llama-pro", "--random-config", "llama", "--out", "p", "--set", "n=2"], "divisor"),
         (["prepare", "--method", "fft", "--model", str(fx / "truncated"), "--out", "p"], "truncated"),
         # train-bio
+        (["train-bio", "--preset", "tiny", "--method", ""], "names no method"),
+        (["train-cpt", "--preset", "tiny", "--method", " , "], "names no method"),
+        ([*tiny_bio, "--seeds", "a,b"], "--seeds takes integers"),
+        ([*tiny_bio, "--run-seeds", "0..99999"], "--run-seeds '0..99999' gives 100000 seeds"),
+        ([*tiny_bio, "--seeds", "4294967296"], "--seeds must be an integer in 0..4294967295"),
+        ([*tiny_bio, "--set", "seed=1", "--seeds", "0,1"], "given twice"),
+        ([*tiny_cpt, "--set", "run_seed=1", "--run-seeds", "0,1"], "given twice"),
         (["train-bio", "--preset", "huge"], "unknown preset 'huge'"),
         ([*tiny_bio, "--set", "stage1.stepz=3"], "unknown config key stage1.stepz"),
         ([*tiny_bio, "--set", "stage1.steps"], "--set expects key=value"),

@@ -574,3 +574,31 @@ def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
     assert labels(fig.axes[0])[:3] == vocab
     assert [line(fig.axes[0], v).get_linestyle() for v in vocab] == ["-", "-", "--"]  # a reference run: dashed
     assert ys(line(fig.axes[0], vocab[2])) == pytest.approx([90, 20, 30])
+
+
+@pytest.mark.parametrize("log, bad", [("metrics.jsonl", '"task0/acc": NaN'), ("train_log.jsonl", '"lr": "x"'),
+                                      ("metrics.jsonl", '"step": 1.5')])
+def test_plot_skips_a_run_whose_log_holds_what_no_run_writes(tmp_path, log, bad):
+    """NaN, text or a fractional step in a log is not something a run wrote: the run is skipped with one line
+    naming the file and record, and the other runs are drawn (before: a traceback inside a figure)."""
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from scalecl.cli import app
+
+    src = Path(__file__).resolve().parents[1] / "results" / "bio"
+    for name in ("cpu-fft-03f5c2ac10", "cpu-lora-45f8c72949"):
+        shutil.copytree(src / name, tmp_path / "res" / "bio" / name)
+    path = tmp_path / "res" / "bio" / "cpu-lora-45f8c72949" / log
+    lines = path.read_text().splitlines()
+    key = bad.split(":")[0].strip('"')
+    row = json.loads(lines[1])
+    lines[1] = json.dumps({k: v for k, v in row.items() if k != key})[:-1] + ", " + bad + "}"
+    path.write_text("\n".join(lines) + "\n")
+    res = CliRunner().invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "figs")])
+    assert res.exit_code == 0, res.output
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
+    assert len(skipped) == 1 and f"{log} (record 2)" in skipped[0], res.stderr
+    assert (tmp_path / "figs" / "table_bio.csv").exists()
