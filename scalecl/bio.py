@@ -23,7 +23,6 @@ writes caches, checkpoints and results.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -162,16 +161,26 @@ def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
 def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path):
     """The local tokenizer from the cache, or trained and cached (one process at a time: scalecl.locks)."""
     if (tok_dir / "tokenizer.json").exists():
-        return load_tokenizer(tok_dir)
+        return _load_cached_tokenizer(tok_dir)
     tokenizer = train_bio_tokenizer(people)
     vocab_rows(rc, len(tokenizer))  # a bad model.vocab fails before the cache is written
     with locked(tok_dir, wait=True, what=f"tokenizer cache {tok_dir}"):
         if (tok_dir / "tokenizer.json").exists():  # another process cached it meanwhile
-            return load_tokenizer(tok_dir)
+            return _load_cached_tokenizer(tok_dir)
         remove_temporaries(tok_dir.parent, f"{TMP_PREFIX}{tok_dir.name}-")
         with atomic_dir(tok_dir) as tmp:
             tokenizer.save_pretrained(str(tmp))
     return tokenizer
+
+
+def _load_cached_tokenizer(tok_dir: Path):
+    """The cached local tokenizer, or one error naming the cache entry: a damaged one is deleted by hand (the
+    suite never deletes what it cannot prove it wrote) and trained again on the next run."""
+    try:
+        return load_tokenizer(tok_dir)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"cached tokenizer {tok_dir} is damaged ({str(e).splitlines()[0][:200]}); delete "
+                           f"{tok_dir} and run again to train it anew") from None
 
 
 def packed_batches(docs: list[list[int]], eos: int, context: int, batch: int, seed: int) -> Iterator[dict]:
@@ -278,8 +287,7 @@ def _train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime
         stage["resumed_from"] = res.resumed_from
     if d.main:
         run.finish(None, res.export.cpu(), extra={"stage": stage})
-        for p in run.checkpoints():  # the cache folder now holds the stage: its checkpoints are spent
-            shutil.rmtree(p, ignore_errors=True)
+        run.remove_checkpoints()  # the cache folder now holds the stage: its own checkpoints are spent
     d.barrier()
     return {**stage, "cached": False}
 

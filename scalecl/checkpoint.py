@@ -42,7 +42,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -53,7 +52,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from .errors import ScaleclError
-from .files import fingerprints, unowned_entries
+from .files import fingerprints, is_marked_temporary, make_temporary, unmark, unowned_entries
 from .methods import Method, get_method
 from .readers import check_weights_folder, field, read_json, safetensors_header
 
@@ -138,18 +137,32 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _clean_stale_siblings(out: Path) -> None:
-    """Remove `.{name}.tmp-*` / `.{name}.old-*` left by a crashed save; restore an `.old` whose replacement never landed."""
+    """Remove `.{name}.tmp-*` / `.{name}.old-*` left by a crashed save; restore an `.old` whose replacement never
+    landed. Only what the suite provably wrote: a `.tmp` folder holding its mark (scalecl.files.make_temporary),
+    an `.old` folder that is a whole suite checkpoint (its scalecl.json proves every file); a user's folder
+    named so stays."""
     if not out.parent.is_dir():
         return
     pattern = _sibling_re(out)
     for p in sorted(out.parent.iterdir()):
         m = pattern.fullmatch(p.name)
-        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m[2])):
+        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m[2])) or not _stale_is_ours(p, m[1]):
             continue
         if m[1] == "old" and not out.exists():
             os.rename(p, out)  # the crash fell between moving the old checkpoint aside and moving the new one in
         else:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def _stale_is_ours(p: Path, kind: str) -> bool:
+    """Whether a stale sibling is the suite's: a marked temporary, or an old checkpoint its scalecl.json proves."""
+    if kind == "tmp":
+        return is_marked_temporary(p)
+    try:
+        meta = read_meta(p)
+    except ScaleclError:
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("written"), dict) and not _foreign_entries(p, meta)
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
@@ -198,7 +211,7 @@ def save_model(
     method = _resolve_method(model, method)
     layout = "scale" if getattr(model, "scale_spec", None) is not None else "lora" if _is_peft(model) else "plain"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    tmp = make_temporary(out.parent, f".{out.name}.tmp-{os.getpid()}-")  # marked: the suite's, if left by a kill
     try:
         meta: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
@@ -218,6 +231,7 @@ def save_model(
             _write_plain(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        unmark(tmp)  # complete: from here on its files are the checkpoint's (a kill now leaves an unmarked folder)
         meta["files"] = sorted({p.name for p in tmp.iterdir()} | {META_FILE})
         meta["written"] = fingerprints(tmp)  # what a later overwrite may replace: these files, unchanged
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
@@ -373,21 +387,35 @@ def _write_lora(model, folder: Path, out: Path, base_model: str | None, tokenize
 # Loading
 
 
+# the fields of scalecl.json and their JSON types: read_meta checks every one present, so no caller meets a
+# wrongly typed field (a method that is a number, options that are a list); _check_meta adds their values
+_META_TYPES: dict[str, type | tuple] = {
+    "format_version": int, "method": (str, type(None)), "options": dict, "layout": str, "dtype": str,
+    "base_model": (str, type(None)), "base_config": dict, "files": list, "written": dict, "lora_base": str,
+    "stage": dict, "merged_from": str, "merged_method": (str, type(None)), "merged_options": dict,
+}
+
+
 def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
     """The scalecl.json of a checkpoint folder, or None for a folder the suite did not write; a scalecl.json
-    that is not a JSON object is one ScaleclError naming it."""
+    that is not a JSON object, or whose fields (_META_TYPES) are of the wrong JSON type, is one ScaleclError
+    naming it."""
     f = Path(path) / META_FILE
-    return read_json(f, "checkpoint record") if f.exists() or f.is_symlink() else None
+    if not (f.exists() or f.is_symlink()):
+        return None
+    meta = read_json(f, "checkpoint record")
+    for key, kind in _META_TYPES.items():
+        field(meta, key, kind, f, "checkpoint record", None)
+    return meta
 
 
 def _check_meta(meta: dict[str, Any], p: Path) -> None:
-    """The fields load_model uses, of the right types and values, or one error naming the scalecl.json."""
+    """The fields load_model uses, of the right values (read_meta checked their types), or one error naming
+    the scalecl.json."""
     f, what = p / META_FILE, "checkpoint record"
-    field(meta, "method", (str, type(None)), f, what, None)
-    field(meta, "options", dict, f, what, {})
-    if field(meta, "layout", str, f, what, "plain") not in ("plain", "scale", "lora"):
+    if meta.get("layout", "plain") not in ("plain", "scale", "lora"):
         raise ScaleclError(f"{what} {f}: unknown layout {meta['layout']!r}")
-    if field(meta, "dtype", str, f, what, "float32") not in _DTYPES:
+    if meta.get("dtype", "float32") not in _DTYPES:
         raise ScaleclError(f"{what} {f}: unknown dtype {meta['dtype']!r} (one of {', '.join(_DTYPES)})")
     field(meta, "base_config", dict, f, what)
 

@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 from .errors import ScaleclError
 from .methods.scale.config import ScaleConfig, option_help
-from .schema import Raw
+from .schema import MAX_DOCS, Raw
 
 console = Console()
 err_console = Console(stderr=True)
@@ -468,10 +468,11 @@ def eval_ppl(
     name: str = typer.Option("", "--name", help="Dataset config name, e.g. sample-10BT or kor_Hang."),
     split: str = typer.Option("train", "--split", help="Dataset split."),
     text_column: str = typer.Option("text", "--text-column", help="Column holding the documents."),
-    skip: int = typer.Option(0, "--skip", help="Documents skipped before the slice."),
-    take: int = typer.Option(0, "--take", help="Documents in the slice (0 = all after --skip)."),
+    skip: int = typer.Option(0, "--skip", min=0, max=MAX_DOCS, help="Documents skipped before the slice (at most 10**12)."),
+    take: int = typer.Option(0, "--take", min=0, max=MAX_DOCS,
+                             help="Documents in the slice (0 = all after --skip; at most 10**12)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per packed chunk (default: the model's positions, at most 2048)."),
-    batch: int = typer.Option(8, "--batch", help="Chunks per forward."),
+    batch: int = typer.Option(8, "--batch", min=1, help="Chunks per forward."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer (default: the one saved with the model)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON record instead of the summary line."),
@@ -480,9 +481,8 @@ def eval_ppl(
 ) -> None:
     """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
     from .config import CorpusConfig
-    from .eval_ppl import check_record_out
+    from .eval_ppl import check_record_out, write_record
     from .eval_ppl import eval_ppl as run_eval
-    from .files import write_json
 
     if skip < 0 or take < 0 or batch < 1:
         raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
@@ -491,8 +491,7 @@ def eval_ppl(
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
     r = run_eval(model, spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
     if out is not None:
-        check_record_out(out)  # again: the file may have appeared while the model ran
-        write_json(out, r)
+        write_record(out, r)  # checked again: the file may have appeared while the model ran
     if as_json:
         print(json.dumps(r, indent=2, default=str))
     else:

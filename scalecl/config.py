@@ -8,8 +8,10 @@ from typing import Any
 from .errors import ScaleclError
 from .optim import SCHEDULES, AdamWConfig
 from .schema import (  # noqa: F401
+    MAX_DOCS,
     MAX_SEED,
     MAX_SIZE,
+    MAX_STEPS,
     Raw,
     check_config,
     coerce,
@@ -50,10 +52,10 @@ class ModelShape:
 class StageConfig(AdamWConfig):
     """Steps, batch, learning rate and warm-up of one training stage (a new AdamW and schedule each stage)."""
 
-    steps: int = opt(100, ge=1)
+    steps: int = opt(100, ge=1, le=MAX_STEPS)
     batch: int = opt(32, ge=1)
     lr: float = opt(1e-4, gt=0.0)
-    warmup: int = opt(0, ge=0)
+    warmup: int = opt(0, ge=0, le=MAX_STEPS)
 
 
 PARALLEL = ("ddp", "fsdp")
@@ -76,7 +78,7 @@ class ComputeConfig:
     compile: bool = False  # torch.compile every decoder block (needs a C/C++ compiler for CPU kernels)
     # optimizer steps between host reads of the loss and gradient norm (the GPU runs ahead in between);
     # 0 = automatic: 50 on CUDA, 1 elsewhere. Evaluation and checkpoint steps always read.
-    sync_every: int = opt(0, ge=0)
+    sync_every: int = opt(0, ge=0, le=MAX_STEPS)
     tf32: bool = True  # CUDA only: TF32 tensor cores for float32 matrix products (bf16 autocast is unaffected)
 
 
@@ -101,14 +103,30 @@ DEFAULT_LR_SCALE = {"fft": 1.0, "freeze": 1.0, "lora": 10.0, "llama-pro": 10.0,
 @dataclass
 class EvalSchedule:
     slice_people: int = opt(100, ge=1)  # people per evaluation slice during stage 3 (x6 QA)
-    dense_until: int = opt(100, ge=0)  # evaluate every dense_every steps up to here (the collapse is early) ...
-    dense_every: int = opt(5, ge=1)
-    every: int = opt(50, ge=1)  # ... then every `every` steps
+    dense_until: int = opt(100, ge=0, le=MAX_STEPS)  # evaluate every dense_every steps up to here (the collapse is early) ...
+    dense_every: int = opt(5, ge=1, le=MAX_STEPS)
+    every: int = opt(50, ge=1, le=MAX_STEPS)  # ... then every `every` steps
     batch: int = opt(256, ge=1)
 
     def steps(self, total: int) -> list[int]:
         s = set(range(0, min(self.dense_until, total) + 1, self.dense_every)) | set(range(0, total + 1, self.every))
         return sorted(s | {total})
+
+    def count(self, total: int) -> int:
+        """At least as many evaluations as steps(total) holds, computed without building it."""
+        return min(self.dense_until, total) // self.dense_every + total // self.every + 3
+
+
+# no run evaluates more than this many times (the schedule is built as a list before training): the longest
+# protocols here evaluate about a hundred times (the paper's biography stage 3: 103)
+MAX_EVALUATIONS = 100_000
+
+
+def check_evaluations(n: int, where: str) -> None:
+    """One ScaleclError when a run's step count and evaluation interval would evaluate more than MAX_EVALUATIONS times."""
+    if n > MAX_EVALUATIONS:
+        raise ScaleclError(f"{where} would evaluate about {n:,} times, more than the {MAX_EVALUATIONS:,} evaluations "
+                           f"a run may have: raise the evaluation interval or lower the steps")
 
 
 @dataclass
@@ -116,7 +134,7 @@ class CheckpointConfig:
     """Resumable checkpoints (model + optimizer, schedule, RNG, data position). They never change results, so
     they are not part of any run name or cache key."""
 
-    every: int = opt(0, ge=0)  # steps between checkpoints (0 = none; a run killed then restarts from step 0)
+    every: int = opt(0, ge=0, le=MAX_STEPS)  # steps between checkpoints (0 = none; a run killed then restarts from step 0)
     keep: int = opt(2, ge=1)  # newest checkpoints kept per run (older ones are deleted)
 
 
@@ -153,6 +171,8 @@ class BioRunConfig:
             if k not in known:
                 raise ScaleclError(f"unknown config key {where}data_overrides.{k}; known: {', '.join(sorted(known))}")
         _check_method_table(self.lr_scale, f"{where}lr_scale", positive=True)
+        check_evaluations(self.eval.count(self.stage3.steps),
+                          f"{where}stage3.steps={self.stage3.steps} with {where}eval.every={self.eval.every}")
         _check_method_options(self.methods, f"{where}methods", self.method_options)
 
 
@@ -172,8 +192,8 @@ class CorpusConfig:
     name: str = ""  # dataset config name, e.g. kor_Hang ("" = none)
     split: str = "train"
     text_column: str = "text"
-    skip: int = opt(0, ge=0)
-    take: int = opt(0, ge=0)  # 0 = every document after `skip`
+    skip: int = opt(0, ge=0, le=MAX_DOCS)
+    take: int = opt(0, ge=0, le=MAX_DOCS)  # 0 = every document after `skip`
 
     def check(self, where: str) -> None:
         if not self.path.strip():
@@ -215,7 +235,7 @@ class CptTrainConfig(AdamWConfig):
     """Continual pre-training of every method: one optimizer (rates per method: `lr`), linear decay after a
     warm-up ratio."""
 
-    steps: int = opt(300, ge=1)
+    steps: int = opt(300, ge=1, le=MAX_STEPS)
     batch: int = opt(16, ge=1)  # global batch in sequences (all processes and accumulation steps together)
     micro_batch: int = opt(0, ge=0)  # sequences per process per forward; 0 = batch / processes (no accumulation)
     seq_len: int = opt(128, ge=2, le=MAX_SIZE)
@@ -225,7 +245,7 @@ class CptTrainConfig(AdamWConfig):
 
 @dataclass
 class CptEvalConfig:
-    every: int = opt(25, ge=0)  # steps between evaluations (step 0 and the last step always; 0 = only those)
+    every: int = opt(25, ge=0, le=MAX_STEPS)  # steps between evaluations (step 0 and the last step always; 0 = only those)
     batch: int = opt(16, ge=1)  # sequences per evaluation forward
     rep_batch: int = opt(8, ge=1)  # sequences of the old-domain set whose final hidden states are compared (Fig. 4a)
 
@@ -266,6 +286,8 @@ class CptRunConfig:
         if not self.base.strip():
             raise ScaleclError(f"{where}base is empty: 'builtin', a hub id or a local directory")
         _check_method_table(self.lr, f"{where}lr", positive=True)
+        check_evaluations(self.train.steps // (self.eval.every or self.train.steps) + 2,
+                          f"{where}train.steps={self.train.steps} with {where}eval.every={self.eval.every}")
         _check_method_options(self.methods, f"{where}methods", self.method_options)
 
 

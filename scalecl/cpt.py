@@ -23,7 +23,6 @@ the numbers an uninterrupted run would have produced.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -122,8 +121,7 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
             "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
     run.finish(None, res.model.cpu(), extra={"stage": info},
                base_model="builtin (pre-trained on the stand-in's base corpus)")
-    for p in run.checkpoints():
-        shutil.rmtree(p, ignore_errors=True)
+    run.remove_checkpoints()  # its own checkpoints (anything else named like one stays)
     return info | {"cached": False}
 
 

@@ -17,3 +17,10 @@ class Busy(ScaleclError):
     """Another process holds the lock of the run or cache entry this one would write (exit code 1)."""
 
     exit_code = 1
+
+
+class NotFinite(ScaleclError):
+    """A result that is not a finite number (a perplexity of a model with NaN weights): nothing is written from
+    it (exit code 1)."""
+
+    exit_code = 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -14,32 +16,43 @@ from .corpora import BUILTIN, bilingual_config, builtin_root, check_builtin_spec
 from .data.bilingual import write_corpus
 from .data.corpus import check_corpus, eval_chunks
 from .data.tokenizer import load_tokenizer
-from .errors import ScaleclError
-from .files import check_writable_dir
+from .errors import NotFinite, ScaleclError
+from .files import OwnedFiles, check_writable_dir
 from .machine import pick_device, provenance
 from .methods import get_method
 from .perplexity import perplexity
-from .readers import read_json
 
-WRITTEN_BY = "scalecl eval-ppl"  # the mark of a record this command wrote (the only JSON file it replaces)
+WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves it is the folder's manifest)
+
+
+def _records(out: Path) -> OwnedFiles:
+    """The records eval-ppl wrote in `out`'s folder: `.scalecl-eval-ppl-files.json` there records each one's
+    fingerprint (scalecl.files.OwnedFiles), so a record edited by hand, or a user's file carrying the mark, is
+    no longer one eval-ppl may replace."""
+    return OwnedFiles(out.parent, WRITTEN_BY)
 
 
 def check_record_out(out: Path) -> None:
     """`--out` must be a file name whose folder is writable; an existing file is replaced only when it is a
-    record eval-ppl wrote (a JSON object marked `"written_by": "scalecl eval-ppl"`), never a user's file, and
-    a symbolic link (even one pointing nowhere) never."""
+    record eval-ppl wrote there and nobody changed since (its fingerprint in the folder's manifest; the
+    `"written_by"` mark alone proves nothing), never a user's file, and a symbolic link (even one pointing
+    nowhere) never."""
     if out.is_symlink():
         raise ScaleclError(f"--out {out} is a symbolic link; give a plain file name (links are never written through)")
     if out.is_dir():
         raise ScaleclError(f"--out {out} is a folder; give a file name for the JSON record")
     check_writable_dir(out.parent, "--out")
-    if out.exists():
-        try:
-            ours = read_json(out, "--out", dict).get("written_by") == WRITTEN_BY
-        except ScaleclError:
-            ours = False
-        if not ours:
-            raise ScaleclError(f"--out {out} exists and is not a record written by eval-ppl; not overwriting it")
+    if out.exists() and not _records(out).owns(out.name):
+        raise ScaleclError(f"--out {out} exists and is not a record written by eval-ppl (or was changed since); "
+                           f"not overwriting it")
+
+
+def write_record(out: Path, record: dict[str, Any]) -> None:
+    """Write the record to `out` (checked again: the file may have appeared while the model ran) and its
+    fingerprint to the folder's manifest. The record is renamed into place: a hard link to the old record
+    keeps the old content, its inode is never written through."""
+    check_record_out(out)
+    _records(out).write(out.name, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def eval_ppl(
@@ -90,6 +103,9 @@ def eval_ppl(
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
     r = perplexity(model, chunks, batch, stats=stats)
+    if not math.isfinite(r["ppl"]):  # a non-finite result is an error, never a record
+        raise NotFinite(f"the perplexity of {model_path} is not finite (nll {r['nll']}): its weights or their outputs "
+                        f"are not finite numbers; nothing was written")
     return {"written_by": WRITTEN_BY, "model": str(model_path), "method": meta.get("method") if meta else None,
             "dataset": asdict(spec_cfg) | {"resolved": spec.describe()}, "tokenizer": src, **r,
             "wall_s": round(time.perf_counter() - t, 2), "provenance": provenance()}

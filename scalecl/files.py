@@ -30,31 +30,62 @@ os.umask(_UMASK)
 
 
 TMP_PREFIX = ".tmp-"  # every temporary file or folder the suite writes starts so (removed after a kill)
+TMP_MARK = ".scalecl-tmp"  # the file inside every temporary folder the suite makes: its proof of ownership
+_MARK_TEXT = "a temporary folder of scalecl; removed when complete or by the next writer after a kill\n"
+
+
+def make_temporary(parent: Path, prefix: str) -> Path:
+    """A new temporary folder `parent/<prefix><random>` holding the suite's mark (a folder named like a
+    temporary without the mark is a user's and never removed)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    (tmp / TMP_MARK).write_text(_MARK_TEXT)
+    return tmp
+
+
+def unmark(tmp: Path) -> None:
+    """Take the mark out of a complete temporary folder before it is renamed into place."""
+    (tmp / TMP_MARK).unlink(missing_ok=True)
+
+
+def is_marked_temporary(p: Path) -> bool:
+    """Whether `p` is a folder (no link) holding the suite's temporary mark, a regular file with its text."""
+    mark = Path(p) / TMP_MARK
+    if Path(p).is_symlink() or not Path(p).is_dir() or mark.is_symlink() or not mark.is_file():
+        return False
+    try:
+        return mark.stat().st_size == len(_MARK_TEXT) and mark.read_text() == _MARK_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def remove_temporaries(folder: Path, prefix: str = TMP_PREFIX) -> None:
-    """Remove the suite's temporaries directly in `folder` (left there by a process killed mid-write)."""
+    """Remove the suite's temporaries directly in `folder` (left there by a process killed mid-write): only
+    folders named `prefix...` that hold the suite's mark; anything else named so (a user's file or folder) stays."""
     if Path(folder).is_dir():
         for p in Path(folder).iterdir():
-            if p.name.startswith(prefix):
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if p.name.startswith(prefix) and is_marked_temporary(p):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write via a temp file in the same folder and rename: readers never see half a file. A symbolic link
-    at `path` (even one pointing nowhere) is refused, never written through or replaced."""
+    """Write via a marked temporary folder beside `path` and rename: readers never see half a file, and what a
+    killed process leaves is provably the suite's. A symbolic link at `path` (even one pointing nowhere) is
+    refused, never written through or replaced; the rename replaces the name, never the content of another
+    link (hard link) to the old file."""
     path = Path(path)
     if path.is_symlink():
         raise ScaleclError(f"{path} is a symbolic link; scalecl does not write through or replace links")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    tmp_dir = make_temporary(path.parent, f"{TMP_PREFIX}{path.name}-")
+    tmp = tmp_dir / path.name
     try:
-        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are for everyone the umask allows
+        with open(tmp, "xb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # results are for everyone the umask allows
         os.replace(tmp, path)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
         if isinstance(e, OSError) and e.filename is None and e.errno is not None:  # a full disk: name the file
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
@@ -96,8 +127,7 @@ def _replace_dir(tmp: Path, dest: Path) -> None:
 
 
 def _tmp_dir(dest: Path) -> Path:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dest.name}-", dir=dest.parent))
+    return make_temporary(dest.parent, f"{TMP_PREFIX}{dest.name}-")
 
 
 @contextlib.contextmanager
@@ -106,6 +136,7 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     tmp = _tmp_dir(dest)
     try:
         yield tmp
+        unmark(tmp)
         _replace_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -119,18 +150,33 @@ _SAMPLED_ABOVE = 64 << 20  # larger files are fingerprinted from a sample (the h
 _SPAN = 64 << 10
 
 
-def fingerprint(path: Path) -> str:
-    """`size:hash` of a regular file's content (files over 64 MiB: a hash of its head, tail and 62 spans)."""
-    size = os.lstat(path).st_size
+def fingerprint(path: Path, size: int | None = None) -> str:
+    """`size:hash` of a regular file's content (files over 64 MiB: a hash of its head, tail and 62 spans);
+    with `size`, of the file's first `size` bytes (what it held before something was appended)."""
+    size = os.lstat(path).st_size if size is None else size
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         if size <= _SAMPLED_ABOVE:
-            for block in iter(lambda: f.read(1 << 20), b""):
+            left = size
+            while left > 0 and (block := f.read(min(1 << 20, left))):
                 h.update(block)
+                left -= len(block)
         else:
             for i in range(64):
                 f.seek(min(size - _SPAN, i * (size - _SPAN) // 63))
                 h.update(f.read(_SPAN))
+    return f"{size}:{h.hexdigest()}"
+
+
+def fingerprint_bytes(data: bytes) -> str:
+    """The fingerprint a file holding exactly `data` has (scalecl.files.fingerprint)."""
+    size, h = len(data), hashlib.blake2b(digest_size=16)
+    if size <= _SAMPLED_ABOVE:
+        h.update(data)
+    else:
+        for i in range(64):
+            at = min(size - _SPAN, i * (size - _SPAN) // 63)
+            h.update(data[at:at + _SPAN])
     return f"{size}:{h.hexdigest()}"
 
 
@@ -147,12 +193,14 @@ def fingerprints(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
 
 
 def is_owned(path: Path, recorded: Any) -> bool:
-    """Whether `path` is a regular file (no link) whose fingerprint is the one a manifest recorded for it."""
+    """Whether `path` is a regular file (no link) whose fingerprint is the one a manifest recorded for it (or
+    one of those it recorded: the old and the new content while a replacement is being renamed into place)."""
     p = Path(path)
-    if not isinstance(recorded, str) or p.is_symlink() or not p.is_file():
+    accepted = [recorded] if isinstance(recorded, str) else recorded if isinstance(recorded, list) else []
+    if not accepted or p.is_symlink() or not p.is_file():
         return False
     try:
-        return fingerprint(p) == recorded
+        return fingerprint(p) in accepted
     except OSError:
         return False
 
@@ -182,9 +230,10 @@ class OwnedFiles:
     def __init__(self, folder: Path, writer: str) -> None:
         self.folder, self.writer = Path(folder), writer
         self.manifest = self.folder / f".scalecl-{writer.split()[-1]}-files.json"
-        self.files: dict[str, str] = self._read()
+        self.files: dict[str, str | list[str]] = self._read()
+        self._running: dict[str, tuple[Any, int]] = {}  # name -> (hash of its content so far, its size)
 
-    def _read(self) -> dict[str, str]:
+    def _read(self) -> dict[str, str | list[str]]:
         if not self.manifest.exists() and not self.manifest.is_symlink():
             return {}
         try:
@@ -194,19 +243,85 @@ class OwnedFiles:
         if not (isinstance(doc, dict) and doc.get("written_by") == self.writer and isinstance(doc.get("files"), dict)):
             raise ScaleclError(f"{self.manifest} is not the record of files {self.writer} wrote; not writing into "
                                f"{self.folder} (move it away or choose another folder)")
-        return {k: v for k, v in doc["files"].items() if isinstance(v, str)}
+        return {k: v for k, v in doc["files"].items()
+                if isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))}
 
-    def check(self, name: str) -> Path:
+    def owns(self, name: str, grown: bool = False) -> bool:
+        """Whether `name` is a file this writer wrote and nobody changed since; `grown`: or that file with more
+        appended (a log the writer appends to, whose record a killed process did not update)."""
+        p, rec = self.folder / name, self.files.get(name)
+        if is_owned(p, rec):
+            return True
+        if not grown or not isinstance(rec, str) or p.is_symlink() or not p.is_file():
+            return False
+        size = rec.split(":")[0]
+        try:
+            return size.isdigit() and os.lstat(p).st_size >= int(size) and fingerprint(p, int(size)) == rec
+        except OSError:
+            return False
+
+    def check(self, name: str, grown: bool = False) -> Path:
         """The path to write `name` to, or one error when something there is not this writer's own file."""
         p = self.folder / name
-        if (p.exists() or p.is_symlink()) and not is_owned(p, self.files.get(name)):
+        if (p.exists() or p.is_symlink()) and not self.owns(name, grown):
             raise ScaleclError(f"{p} exists and was not written by {self.writer} (or was changed since); "
                                f"not overwriting it: move it away or choose another folder")
         return p
 
-    def write(self, name: str, data: str | bytes) -> Path:
-        p = self.check(name)
+    def write(self, name: str, data: str | bytes, grown: bool = False) -> Path:
+        """Write `name` (checked first, `grown` as in owns); while it is renamed into place the manifest accepts
+        the old and the new content, so a process killed at any moment leaves a file the manifest still proves."""
+        p = self.check(name, grown)
+        new = fingerprint_bytes(data.encode() if isinstance(data, str) else data)
+        old = self.files.get(name) if p.exists() else None
+        olds = [old] if isinstance(old, str) else old if isinstance(old, list) else []
+        if olds:  # replacing: accept both until the rename is done (a free name has nothing to protect)
+            self.files[name] = [*olds, new]
+            self._save()
         write_atomic(p, data)
-        self.files[name] = fingerprint(p)
-        write_json(self.manifest, {"written_by": self.writer, "files": dict(sorted(self.files.items()))})
+        self._running.pop(name, None)
+        self.files[name] = new
+        self._save()
         return p
+
+    def append(self, name: str, text: str) -> Path:
+        """Append to `name`, a file this writer wrote (its record may lag by what a killed process appended), and
+        record its new fingerprint from a running hash (no re-reading of a growing log)."""
+        p, data = self.folder / name, text.encode()
+        if not p.exists() and not p.is_symlink():
+            self._running[name] = (hashlib.blake2b(digest_size=16), 0)
+        elif name not in self._running or self._running[name][1] != os.lstat(p).st_size:  # else: as last appended
+            self.check(name, grown=True)
+            h = hashlib.blake2b(digest_size=16)
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            self._running[name] = (h, os.lstat(p).st_size)
+        with open(p, "ab") as f:
+            f.write(data)
+        h, size = self._running[name]
+        h.update(data)
+        self._running[name] = (h, size + len(data))
+        big = size + len(data) > _SAMPLED_ABOVE  # sampled fingerprints are cheap to take from the file
+        self.files[name] = fingerprint(p) if big else f"{size + len(data)}:{h.copy().hexdigest()}"
+        self._save()
+        return p
+
+    def record(self, name: str) -> Path:
+        """Record the fingerprint of `name`, a file this writer has just written (or appended to)."""
+        p = self.folder / name
+        self.files[name] = fingerprint(p)
+        self._save()
+        return p
+
+    def remove(self, name: str, grown: bool = False) -> None:
+        """Delete `name` if it is this writer's own unchanged file (anything else there stays)."""
+        p = self.folder / name
+        if (p.exists() or p.is_symlink()) and self.owns(name, grown):
+            p.unlink()
+        self._running.pop(name, None)
+        if self.files.pop(name, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        write_json(self.manifest, {"written_by": self.writer, "files": dict(sorted(self.files.items()))})

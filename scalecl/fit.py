@@ -63,11 +63,20 @@ class Fit:
 def _start(run: Run, plan: TrainPlan, rt: Runtime) -> tuple[Path, dict] | None:
     """The checkpoint and state to resume from (None: step 0): rank 0 decides, every process follows."""
     start = run.begin(resume=plan.resume, force=plan.force, say=rt.say) if rt.d.main else None
+    if rt.d.main:  # a folder named like a checkpoint the run will write, and not the run's own: refused now
+        run.check_free(_save_steps(plan, int(start[1]["step"]) if start else 0))
     if rt.d.world > 1:
         box = [None if start is None else str(start[0])]
         dist.broadcast_object_list(box, src=0)
         start = None if box[0] is None else (Path(box[0]), load_state(box[0]))
     return start
+
+
+def _save_steps(plan: TrainPlan, start: int) -> list[int]:
+    """The steps after `start` at which training will save a checkpoint (scalecl.train.train)."""
+    last = plan.steps if plan.stop_at is None else min(plan.steps, max(plan.stop_at, start + 1))
+    every = [s for s in range(start + 1, last + 1) if plan.save_every and s % plan.save_every == 0]
+    return sorted(set(every) | ({last} if plan.stop_at is not None and last >= plan.stop_at else set()))
 
 
 class _Clock:

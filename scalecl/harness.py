@@ -22,6 +22,7 @@ import csv
 import difflib
 import functools
 import io
+import json
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from .errors import ScaleclError
+from .schema import MAX_SIZE, show_bound, show_value
 
 ENGLISH_TASKS = ("arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2", "winogrande")
 KOREAN_TASKS = ("kobest_boolq", "kobest_copa", "kobest_hellaswag")  # the paper's three, not lm-eval's 5-task group
@@ -112,6 +114,19 @@ def _folder_tasks(folder: Path) -> list[str]:
     return names
 
 
+def _check_task_yaml(path: Path) -> Path:
+    """A task YAML file as lm-eval reads it (its includes too, !function tags left unresolved), or one error
+    naming the file: invalid YAML, not UTF-8, not a mapping."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        load_yaml(path, resolve_func=False)
+    except Exception as e:  # yaml's errors, a missing include, lm-eval's ValueError for a non-mapping
+        cause = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ScaleclError(f"task YAML file {path} cannot be read ({type(e).__name__}: {cause})") from None
+    return path.resolve()
+
+
 @functools.lru_cache(maxsize=4)
 def _full_task_manager(include_paths: tuple[str, ...]):
     """Every built-in lm-eval task plus the include folders (building the index takes ~10 s: cached)."""
@@ -168,7 +183,7 @@ def resolve_tasks(tasks: str | Sequence[str], include_paths: Sequence[str | os.P
             include.append(str(path.resolve()))
             names += _folder_tasks(path)
         elif path.is_file() and path.suffix in (".yaml", ".yml"):
-            specs.append(str(path.resolve()))
+            specs.append(str(_check_task_yaml(path)))
         elif _looks_like_path(item):
             raise ScaleclError(f"task folder or YAML file {item} does not exist")
         else:
@@ -558,7 +573,6 @@ def run_harness(
     loaded in (float32, bfloat16 or float16) and `metric_overrides` maps a task to the metric reported for it.
     """
     from .checkpoint import load_model, read_meta
-    from .files import write_atomic, write_json
     from .machine import pick_device, provenance
     from .schema import config_hash
 
@@ -577,40 +591,75 @@ def run_harness(
         raise ScaleclError(f"tokenizer has {len(tok)} tokens but the model's embedding only {vocab}: wrong --tokenizer?")
     s = replace(s, max_length=int(s.max_length or default_max_length(model)), device=pick_device(s.device))
     tied = head_is_tied(model)
-    results = evaluate_model(model, tok, selection, tm, s)
-    rows = score_rows(results, method, metric_overrides=metric_overrides, order=selection.specs)
-
     settings_json = {"tasks": list(selection.specs), "include_paths": list(selection.include_paths),
                      "num_fewshot": s.num_fewshot, "limit": s.limit, "max_length": s.max_length, "dtype": dtype}
     name = f"{path.resolve().name}-{config_hash(settings_json)}"
     out_dir = Path(out) / name
+    owned = results_folder(out, name)  # before the evaluation: a user's file in the way is refused first
+    results = evaluate_model(model, tok, selection, tm, s)
+    rows = score_rows(results, method, metric_overrides=metric_overrides, order=selection.specs)
+
     label = "base model" if method is None else method
     title = f"{path.resolve().name} ({label}), {s.num_fewshot}-shot" + (f", limit {s.limit}" if s.limit else "")
     caption = paper_label(method)
-    write_json(out_dir / "lm_eval_results.json", json_safe(results))
-    write_atomic(out_dir / "scores.csv", rows_to_csv(rows))
-    write_atomic(out_dir / "scores.md", rows_to_markdown(rows, title, caption))
-    write_json(out_dir / "run.json", {
+    record = {
         "model": str(path.resolve()), "method": method, "options": (meta or {}).get("options", {}),
         "tokenizer": tokenizer or "(checkpoint)", "settings": settings_json, "batch_size": s.batch_size,
         "device": str(s.device), "head_tied_to_embedding": tied, "metric_overrides": dict(metric_overrides or {}),
         "paper": caption, "scores": [asdict(r) for r in rows], "provenance": provenance(),
-    })
+    }
+    texts = {"lm_eval_results.json": _json_text(json_safe(results)), "scores.csv": rows_to_csv(rows),
+             "scores.md": rows_to_markdown(rows, title, caption), "run.json": _json_text(record)}
+    results_folder(out, name)  # again: a file may have appeared while lm-eval ran
+    for file, text in texts.items():
+        owned.write(f"{name}/{file}", text)
     return HarnessRun(out_dir, rows, method, title, caption, s.max_length, results)
+
+
+RESULT_FILES = ("lm_eval_results.json", "scores.csv", "scores.md", "run.json")  # in <out>/<model>-<hash>/
+
+
+def results_folder(out: str | os.PathLike, name: str):
+    """The harness results folder `out`, checked to take `<name>/<file>` for every RESULT_FILES: a name is
+    written only when it is free or holds a file eval-harness wrote there and nobody changed since (its manifest,
+    `out/.scalecl-eval-harness-files.json`, records their fingerprints; scalecl.files.OwnedFiles). Anything
+    else is one error before the evaluation, nothing written."""
+    from .files import OwnedFiles, check_writable_dir
+
+    check_writable_dir(Path(out), "--out")
+    owned = OwnedFiles(Path(out), "scalecl eval-harness")
+    sub = Path(out) / name
+    if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
+        raise ScaleclError(f"{sub} is a symbolic link or a file, not a results folder eval-harness wrote; not "
+                           f"writing into it: move it away or choose another --out")
+    for file in RESULT_FILES:
+        owned.check(f"{name}/{file}")
+    return owned
+
+
+def _json_text(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str) + "\n"
 
 
 def _check_settings(s: HarnessSettings, dtype: str) -> HarnessSettings:
     """The user-facing checks of `run_harness`, in order; returns `s` with the batch size normalised."""
     if s.limit is not None and s.limit <= 0:
         raise ScaleclError(f"--limit must be a positive number of examples per task, got {s.limit}")
-    if s.num_fewshot < 0:
-        raise ScaleclError(f"--num-fewshot must be >= 0, got {s.num_fewshot}")
-    if s.max_length is not None and s.max_length <= 0:
-        raise ScaleclError(f"--max-length must be positive, got {s.max_length}")
+    if s.limit is not None and s.limit > MAX_LIMIT:
+        raise ScaleclError(f"--limit must be at most {MAX_LIMIT:,} examples per task, got {show_value(s.limit)}")
+    if s.num_fewshot is not None and not 0 <= s.num_fewshot <= MAX_FEWSHOT:
+        raise ScaleclError(f"--num-fewshot must lie in 0..{MAX_FEWSHOT}, got {show_value(s.num_fewshot)}")
+    if s.max_length is not None and not 0 < s.max_length <= MAX_SIZE:
+        raise ScaleclError(f"--max-length must lie in 1..{show_bound(MAX_SIZE)}, got {show_value(s.max_length)}")
     s = replace(s, batch_size=_check_batch_size(s.batch_size))
     if dtype not in _DTYPES:
         raise ScaleclError(f"unknown dtype {dtype!r}; choose {', '.join(_DTYPES)}")
     return s
+
+
+# bounds of the numbers given to lm-eval, checked before any work: no benchmark task holds 10**9 examples, and
+# published protocols use at most 25 shots (a context of 2,048 tokens holds few more)
+MAX_LIMIT, MAX_FEWSHOT = 10**9, 100
 
 
 def _check_batch_size(batch_size: int | str) -> int | str:

@@ -74,7 +74,8 @@ def perplexity(
     model.train(was_training)
     total, tokens = sums.tolist()
     mean = total / max(tokens, 1)
-    out = {"ppl": math.exp(mean), "nll": mean, "tokens": int(tokens), "sequences": len(chunks),
+    ppl = math.exp(mean) if mean < 709 else math.inf if mean >= 709 else math.nan  # overflow: inf, not an error
+    out = {"ppl": ppl, "nll": mean, "tokens": int(tokens), "sequences": len(chunks),
            "seq_len": max((len(c) for c in chunks), default=0)}
     return out | {k: v / max(tokens, 1) for k, v in extra.items()}
 

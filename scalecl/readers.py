@@ -21,6 +21,7 @@ from .errors import ScaleclError
 SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
                       "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
                       "C64": 8, "F4": 1, "F6_E2M3": 1, "F6_E3M2": 1}
+_SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}  # packed: bits per element
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
 PICKLED_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack", "model.ckpt.index")
 
@@ -123,24 +124,44 @@ def safetensors_header(path: str | os.PathLike, what: str = "weights") -> dict[s
     return header
 
 
+def _is_count(v: Any) -> bool:
+    """A non-negative JSON integer (not a boolean): what safetensors reads as usize."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def _check_tensors(header: dict, data_bytes: int, p: Path, what: str) -> None:
+    """Refuse what the safetensors library refuses, with one line naming the file: a `__metadata__` that is
+    not an object of strings, a tensor without a known dtype, non-negative integer shape and two offsets, bytes
+    that do not match its shape, and offsets that leave gaps, overlap or do not cover the data exactly."""
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ScaleclError(f"{what} {p} is damaged (its __metadata__ is not an object of strings)")
+    spans = []
     for name, t in header.items():
         if name == "__metadata__":
             continue
         if not isinstance(t, dict) or not {"dtype", "shape", "data_offsets"} <= set(t):
             raise ScaleclError(f"{what} {p} is damaged (tensor {name!r} has no dtype, shape and offsets)")
-        if t["dtype"] not in SAFETENSORS_DTYPES:
-            raise ScaleclError(f"{what} {p}: tensor {name!r} has an unknown dtype {t['dtype']!r}")
-        shape, offsets = t["shape"], t["data_offsets"]
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)
-                and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        dtype, shape, offsets = t["dtype"], t["shape"], t["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+            raise ScaleclError(f"{what} {p}: tensor {name!r} has an unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(_is_count(s) for s in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
             raise ScaleclError(f"{what} {p} is damaged (tensor {name!r} has a bad shape or offsets)")
         start, end = offsets
         if end > data_bytes:
             raise ScaleclError(f"{what} {p} is truncated: tensor {name!r} ends at byte {end:,} of {data_bytes:,}")
-        if not 0 <= start <= end or (t["dtype"][:2] not in ("F4", "F6")
-                                     and end - start != math.prod(shape) * SAFETENSORS_DTYPES[t["dtype"]]):
+        bits = math.prod(shape) * _SUB_BYTE_BITS.get(dtype, 8 * SAFETENSORS_DTYPES[dtype])
+        if start > end or bits % 8 or end - start != bits // 8:
             raise ScaleclError(f"{what} {p} is damaged (tensor {name!r}: its bytes do not match its shape)")
+        spans.append((start, end, name))
+    covered = 0
+    for start, end, name in sorted(spans):
+        if start != covered:
+            raise ScaleclError(f"{what} {p} is damaged (tensor {name!r} overlaps another or leaves a gap)")
+        covered = end
+    if covered != data_bytes:
+        raise ScaleclError(f"{what} {p} is damaged ({data_bytes - covered:,} bytes after its last tensor)")
 
 
 def check_weights_folder(folder: str | os.PathLike, what: str = "checkpoint") -> list[Path]:

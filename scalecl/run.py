@@ -16,8 +16,14 @@ guarantees, once for all of them:
   another method or configuration. A checkpoint is written into a hidden temporary sibling and renamed
   into place when complete, so a process killed at any moment leaves either the previous checkpoints or
   the new one, never half of one; temporaries of killed processes are removed when the run starts again.
-- **Data.** Nothing is deleted that the suite did not write; `--force` removes only the run's own
-  checkpoints and result before starting over.
+- **Data.** Nothing is deleted or replaced that the run did not write, and ownership is proven, not named
+  (scalecl.files): the run's files in `out_dir` are recorded with their fingerprints in
+  `out_dir/.scalecl-run-files.json`, every checkpoint lists its files' fingerprints in `scalecl-checkpoint.json`,
+  and every temporary folder holds the suite's mark. A file in the run folder the run would write but cannot
+  prove it wrote (a user's `result.json`, `metrics.jsonl`, ...) is refused with one line before training;
+  other files there (notes) are left alone; a folder named like a checkpoint or a temporary that is not the
+  suite's is never removed, and never replaced (refused before training). `--force` removes only the run's
+  own checkpoints and result before starting over.
 
 Processes: under torchrun every process runs the same code; only the main process (rank 0) writes.
 """
@@ -37,11 +43,37 @@ from torch import nn
 
 from .crash import crash_point
 from .errors import ScaleclError
-from .files import TMP_PREFIX, atomic_dir, remove_temporaries, write_atomic, write_json
+from .files import (
+    TMP_MARK,
+    TMP_PREFIX,
+    OwnedFiles,
+    atomic_dir,
+    fingerprints,
+    remove_temporaries,
+    unowned_entries,
+    write_json,
+)
 from .readers import read_json
 from .state import JSON_NAME, load_state, save_state
 
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
+RUN_WRITER = "scalecl run"  # the run folder's manifest: out_dir/.scalecl-run-files.json
+PARTIALS = ("metrics.jsonl.partial", "train_log.jsonl.partial")
+FINALS = ("metrics.jsonl", "train_log.jsonl", "result.json")
+CKPT_MANIFEST = "scalecl-checkpoint.json"  # in every step folder: the fingerprint of each file in it
+
+
+def owned_checkpoint(p: Path) -> bool:
+    """Whether `p` is a step folder the suite wrote: its manifest records every file in it and all still match."""
+    m = Path(p) / CKPT_MANIFEST
+    if Path(p).is_symlink() or not Path(p).is_dir() or m.is_symlink() or not m.is_file():
+        return False
+    try:
+        doc = json.loads(m.read_text())
+    except (OSError, ValueError):
+        return False
+    written = doc.get("written") if isinstance(doc, dict) else None
+    return isinstance(written, dict) and bool(written) and not unowned_entries(p, written, allow=(CKPT_MANIFEST,))
 
 
 @dataclass
@@ -62,6 +94,7 @@ class Run:
     save_kw: dict[str, Any] = field(default_factory=dict)
     trackers: list[Any] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
+    _files: OwnedFiles | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.final_dir is None:
@@ -70,6 +103,22 @@ class Run:
     @property
     def name(self) -> str:
         return self.identity["name"]
+
+    def _owned(self) -> OwnedFiles:
+        """The run folder's files this run wrote (their fingerprints in out_dir/.scalecl-run-files.json)."""
+        if self._files is None:
+            self._files = OwnedFiles(self.out_dir, RUN_WRITER)
+        return self._files
+
+    def check_out_files(self) -> None:
+        """Before training: each file the run writes in out_dir that is there already must be its own (recorded
+        and unchanged; its step log may have grown by what a killed process appended), else one error."""
+        if self.out_dir is None or not self.main:
+            return
+        if self.out_dir.is_symlink() or (self.out_dir.exists() and not self.out_dir.is_dir()):
+            raise ScaleclError(f"{self.out_dir} is a symbolic link or a file, not the run's folder; move it away")
+        for name in PARTIALS + FINALS:
+            self._owned().check(name, grown=name == PARTIALS[1])
 
     # -- finished runs --------------------------------------------------------------------------------
 
@@ -101,10 +150,24 @@ class Run:
         save_model removes its own, `.<name>.tmp-*`, when it next writes there)."""
         spots = [(self.ckpt_root, TMP_PREFIX), (self.final_dir.parent, f"{TMP_PREFIX}{self.final_dir.name}-")]
         for root, prefix in spots:
-            if root.is_dir():
-                for p in root.iterdir():
-                    if p.name.startswith(prefix) and p.is_dir():
-                        shutil.rmtree(p, ignore_errors=True)
+            remove_temporaries(root, prefix)  # only folders holding the suite's mark
+
+    def own_checkpoints(self) -> list[Path]:
+        """The complete checkpoints this run can prove it wrote (owned_checkpoint), oldest first."""
+        return [p for p in self.checkpoints() if owned_checkpoint(p)]
+
+    def remove_checkpoints(self) -> None:
+        """Remove the run's own checkpoints (anything else named like one stays)."""
+        for p in self.own_checkpoints():
+            shutil.rmtree(p, ignore_errors=True)
+
+    def check_free(self, steps: list[int]) -> None:
+        """Before training: no step folder the run will write (`steps`) may be there unless it is the run's own."""
+        for step in steps:
+            p = self.ckpt_root / f"step-{step:07d}"
+            if (p.exists() or p.is_symlink()) and not owned_checkpoint(p):
+                raise ScaleclError(f"{p} exists and is not a checkpoint this run wrote (no matching {CKPT_MANIFEST}); "
+                                   f"not replacing it: move it away")
 
     def begin(self, *, resume: bool | str, force: bool, say: Callable[[str], None]) -> tuple[Path, dict] | None:
         """Decide where training starts: (checkpoint, state) to resume from, or None for step 0.
@@ -115,12 +178,12 @@ class Run:
         """
         if self.main:
             self.clean_temporaries()
+            self.check_out_files()  # a user's file where the run writes: refused before anything is removed
         found = self.checkpoints()
         if force and self.main:
-            for p in found:
-                shutil.rmtree(p)
+            self.remove_checkpoints()
             if self.out_dir is not None:
-                (self.out_dir / "result.json").unlink(missing_ok=True)
+                self._owned().remove("result.json")
             found = []
         if not found:
             if resume and resume != "auto":
@@ -145,13 +208,16 @@ class Run:
         from .checkpoint import save_model
 
         dest = self.ckpt_root / f"step-{step:07d}"
+        self.check_free([step])
         with atomic_dir(dest) as tmp:
             save_model(model, tmp / "model", self.method, **self.save_kw)
             crash_point("checkpoint-model-written")
             save_state(tmp, state | {"run": self.identity})
             crash_point("checkpoint-state-written")
+            written = fingerprints(tmp, skip=(TMP_MARK,))
+            write_json(tmp / CKPT_MANIFEST, {"written_by": RUN_WRITER, "written": written})
         crash_point("checkpoint-renamed")
-        done = self.checkpoints()
+        done = self.own_checkpoints()
         for old in done[: max(len(done) - self.keep, 0)]:
             shutil.rmtree(old, ignore_errors=True)
         return dest
@@ -181,7 +247,7 @@ class Run:
         if self._partial("metrics") is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             remove_temporaries(self.out_dir)  # half-written files of a killed process
-            write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
+            self._owned().write(PARTIALS[0], "".join(json.dumps(r) + "\n" for r in self.records))
             log = self._partial("train_log")
             keep = []
             if state and log.exists():
@@ -190,13 +256,13 @@ class Run:
                         row = json.loads(line)
                         if isinstance(row, dict) and row.get("step", 0) <= state["step"]:
                             keep.append(line + "\n")
-            write_atomic(log, "".join(keep))
+            self._owned().write(PARTIALS[1], "".join(keep), grown=True)
 
     def record(self, rec: dict[str, Any]) -> None:
         """One evaluation: kept, streamed to metrics.jsonl.partial, sent to the trackers."""
         self.records.append(rec)
         if self._partial("metrics") is not None:
-            write_atomic(self._partial("metrics"), "".join(json.dumps(r) + "\n" for r in self.records))
+            self._owned().write(PARTIALS[0], "".join(json.dumps(r) + "\n" for r in self.records))
             values = {f"eval/{k}": v for k, v in rec.items()
                       if isinstance(v, int | float) and not isinstance(v, bool) and k != "step"}
             for t in self.trackers:
@@ -207,8 +273,7 @@ class Run:
         path = self._partial("train_log")
         if path is None:
             return
-        with open(path, "a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        self._owned().append(PARTIALS[1], "".join(json.dumps(r) + "\n" for r in rows))  # recorded after appending
         for t in self.trackers:
             for r in rows:
                 t.log({f"train/{k}": v for k, v in r.items() if k not in ("step", "seconds")}, step=r["step"])
@@ -232,19 +297,20 @@ class Run:
             crash_point("final-model-written")
         if self.out_dir is None:
             return
-        write_atomic(self.out_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.records))
+        owned = self._owned()
+        owned.write("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.records))
         log = self._partial("train_log")
-        write_atomic(self.out_dir / "train_log.jsonl", log.read_text() if log.exists() else "")
+        owned.write("train_log.jsonl", log.read_text() if log.exists() else "")
         crash_point("metrics-written")
-        write_json(self.out_dir / "result.json", {"run": self.identity} | (result or {}))
+        owned.write("result.json", json.dumps({"run": self.identity} | (result or {}), indent=2, default=str) + "\n")
         self.tidy()
         self.close_trackers()
 
     def tidy(self) -> None:
         """Remove what only an unfinished run needs (partial files, temporaries) once result.json exists."""
         if self.main and self.out_dir is not None and (self.out_dir / "result.json").exists():
-            for stem in ("metrics", "train_log"):
-                self._partial(stem).unlink(missing_ok=True)
+            for name in PARTIALS:  # only the run's own (a user's file so named stays)
+                self._owned().remove(name, grown=name == PARTIALS[1])
             remove_temporaries(self.out_dir)
 
 

@@ -30,6 +30,13 @@ MAX_SEED = 2**32 - 1
 #   2**20 = 1,048,576: over 50x the hidden width of the largest published decoders (16,384 to 18,432), and a
 #   square matrix of that side alone would hold 2**40 elements (4 TiB in float32).
 MAX_SIZE = 2**20
+# - no step count or step interval (a stage's steps and warm-up, evaluation, checkpoint and sync intervals)
+#   exceeds 10**9: about 30,000 times the longest run here (the paper's 80,000 steps of stage 1), and what
+#   a schedule of them builds stays small;
+MAX_STEPS = 10**9
+# - no document count (a corpus slice's skip and take) exceeds 10**12, over 50 times the documents of the
+#   largest public web corpora, so that skip + take still fits a 64-bit integer.
+MAX_DOCS = 10**12
 
 
 class Raw(str):

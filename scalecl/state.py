@@ -28,6 +28,7 @@ import torch
 
 from .errors import ScaleclError
 from .readers import read_json, safetensors_header
+from .schema import show_value
 
 JSON_NAME, TENSORS_NAME = "trainer_state.json", "trainer_state.safetensors"
 _TAGS = ("__tensor__", "__ndarray__", "__tuple__", "__items__", "__float__")
@@ -101,7 +102,8 @@ def save_state(folder: str | os.PathLike, state: Any) -> None:
 
 
 def load_state(folder: str | os.PathLike) -> Any:
-    """Read a state written by save_state; a missing or damaged state is one clear ScaleclError."""
+    """Read a state written by save_state; a missing or damaged state, or a training state whose fields are of
+    the wrong types (check_training_state), is one clear ScaleclError naming the file."""
     folder = Path(folder)
     what = "training state"
     doc = read_json(folder / JSON_NAME, what)  # missing, not JSON, not an object: one line naming the file
@@ -111,7 +113,44 @@ def load_state(folder: str | os.PathLike) -> Any:
         safetensors_header(folder / TENSORS_NAME, what)  # empty or truncated: one line naming the file
     try:
         tensors = st.load_file(str(folder / TENSORS_NAME)) if (folder / TENSORS_NAME).exists() else {}
-        return _decode(doc["state"], tensors)
+        state = _decode(doc["state"], tensors)
     except Exception as e:  # a damaged file past its header (SafetensorError), a tag naming no tensor
         raise ScaleclError(f"training state in {folder} is missing or damaged ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    check_training_state(state, folder / JSON_NAME)
+    return state
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+# what a run's training state holds (scalecl.train's on_save state plus fit's records, timing and run) and the
+# test of each field's type; every field present is checked, and a run's state (one with "run") has them all
+_STATE_FIELDS: dict[str, tuple[str, Any]] = {
+    "step": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "losses": ("a list of numbers", lambda v: isinstance(v, list) and all(_number(x) for x in v)),
+    "records": ("a list of objects", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)),
+    "timing": ("an object with numbers train_s and eval_s",
+               lambda v: isinstance(v, dict) and all(_number(v.get(k)) for k in ("train_s", "eval_s"))),
+    "optimizer": ("an object", lambda v: isinstance(v, dict)),
+    "scheduler": ("an object", lambda v: isinstance(v, dict)),
+    "rng": ("an object", lambda v: isinstance(v, dict)),
+    "data": ("an object or null", lambda v: v is None or isinstance(v, dict)),
+    "run": ("an object", lambda v: isinstance(v, dict)),
+}
+
+
+def check_training_state(state: Any, path: Path) -> None:
+    """A training state is an object whose fields (_STATE_FIELDS) have their types, else one ScaleclError
+    naming the file: a resumed run never meets a step that is text or losses that are an object."""
+    what = f"training state {path}"
+    if not isinstance(state, dict):
+        raise ScaleclError(f"{what}: its state is not an object")
+    if "run" in state:
+        missing = [k for k in _STATE_FIELDS if k not in state]
+        if missing:
+            raise ScaleclError(f"{what} has no {', '.join(map(repr, missing))}")
+    for key, (kind, ok) in _STATE_FIELDS.items():
+        if key in state and not ok(state[key]):
+            raise ScaleclError(f"{what}: {key!r} must be {kind}, got {show_value(state[key])}")

@@ -24,6 +24,7 @@ from typing import Any
 
 from .config import load_preset
 from .errors import ScaleclError
+from .schema import show_text
 from .sweep import Paths, SweepOptions, check, sweep
 
 
@@ -55,21 +56,30 @@ STUDIES: dict[str, Study] = {
 }
 
 
+# a study runs one training run per value: more than this many is a typo (0..100000000000), not a study, and
+# is refused before a range is expanded
+MAX_VALUES = 1_000
+
+
 def study_values(study: str, rc, values: str | None) -> list[str]:
-    """The swept values as --set strings; a range 'a..b' of integers is expanded."""
+    """The swept values as --set strings; a range 'a..b' of integers is expanded (at most MAX_VALUES values)."""
     if study not in STUDIES:
         raise ScaleclError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
     text = values or STUDIES[study].default or f"0..{_layers(rc)}"
     if ".." in text:
         lo, _, hi = text.partition("..")
         try:
-            return [str(v) for v in range(int(lo), int(hi) + 1)]
+            first, last = int(lo), int(hi)
         except ValueError:
-            raise ScaleclError(f"{study} values must be integers or a range a..b, got {text!r}") from None
-    vals = [v.strip() for v in text.split(";") if v.strip()]
+            raise ScaleclError(f"{study} values must be integers or a range a..b, got {show_text(text)}") from None
+        vals = range(first, last + 1) if last - first < MAX_VALUES else None
+    else:
+        vals = [v.strip() for v in text.split(";") if v.strip()]
+    if vals is None or len(vals) > MAX_VALUES:
+        raise ScaleclError(f"{study} values {show_text(text)} are more than the {MAX_VALUES:,} runs a study may have")
     if not vals:
         raise ScaleclError(f"no values to sweep in {text!r}")
-    return vals
+    return [str(v) for v in vals]
 
 
 def study_configs(study: str, preset: str, values: str | None, sets: list[str]) -> tuple[Study, list[str], list]:

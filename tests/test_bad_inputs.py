@@ -50,6 +50,8 @@ def fx(tmp_path_factory) -> Path:
         (root / f"results_{name}" / "bio" / "run").mkdir(parents=True)
         (root / f"results_{name}" / "bio" / "run" / "result.json").write_text(text)
     (root / "results_empty").mkdir()
+    (root / "broken.yaml").write_text("task: [unclosed\n")  # invalid YAML
+    (root / "list.yaml").write_text("- task: x\n")  # YAML, but not a task's mapping
     return root
 
 
@@ -185,6 +187,25 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["eval-harness", "--model", str(fx / "plain"), "--tasks", "kobest", "--dtype", "float8"], "dtype"),
         (["eval-harness", "--model", str(fx / "plain"), "--tasks", "kobest", "--batch-size", "zero"], "batch"),
         (["eval-harness", "--model", str(fx / "plain"), "--tasks", "./no_such_folder"], "does not exist"),
+        (["eval-harness", "--model", str(fx / "plain"), "--tasks", str(fx / "broken.yaml")], "broken.yaml cannot be read"),
+        (["eval-harness", "--model", str(fx / "plain"), "--tasks", str(fx / "list.yaml")], "list.yaml cannot be read"),
+        # huge numbers: bounded before any work
+        (["eval-harness", "--model", str(fx / "plain"), "--tasks", "kobest", "--limit", "9223372036854775808"],
+         "--limit must be at most"),
+        (["eval-harness", "--model", str(fx / "plain"), "--tasks", "kobest", "--num-fewshot", "1000000"],
+         "--num-fewshot must lie in 0..100"),
+        (["eval-harness", "--model", str(fx / "plain"), "--tasks", "kobest", "--max-length", str(2**70)],
+         "--max-length must lie in"),
+        ([*ppl, "--take", "9223372036854775808"], "--take"),
+        ([*ppl, "--skip", str(10**13)], "--skip"),
+        ([*tiny_bio, "--set", "stage3.steps=9223372036854775807"], "stage3.steps must be <= 1000000000"),
+        ([*tiny_bio, "--set", "stage3.steps=1000000000"], "would evaluate about"),
+        ([*tiny_bio, "--set", "eval.every=99999999999"], "eval.every must be <= 1000000000"),
+        ([*tiny_bio, "--set", "checkpoint.every=9223372036854775807"], "checkpoint.every must be <= 1000000000"),
+        ([*tiny_cpt, "--set", "train.steps=1000000000", "--set", "eval.every=1"], "would evaluate about"),
+        ([*tiny_cpt, "--set", "data.take=9223372036854775807"], "data.take must be <= 1000000000000"),
+        (["study", "l_fp", "--preset", "tiny", "--values", "0..100000000000"], "more than the 1,000 runs"),
+        (["study", "vocab", "--preset", "tiny", "--values", "0..1180591620717411303424"], "more than the 1,000 runs"),
         # study
         (["study", "depth", "--preset", "tiny"], "unknown study 'depth'"),
         (["study", "l_fp", "--preset", "tiny", "--values", "0..99"], "l_fp must lie in 0..2"),

@@ -69,7 +69,8 @@ def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
     out = dirs[0]
     for method in ("fft", "scale-route"):
         d = run_dir(out, method)
-        assert sorted(p.name for p in d.iterdir()) == ["metrics.jsonl", "result.json", "train_log.jsonl"]
+        assert sorted(p.name for p in d.iterdir()) == [".scalecl-run-files.json",  # what the run wrote (fingerprints)
+                                                       "metrics.jsonl", "result.json", "train_log.jsonl"]
         lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
         rc = load_preset("bio", "tiny", FAST[1::2])
         assert [r["step"] for r in lines] == rc.eval.steps(12) == [0, 3, 6, 12]

@@ -19,6 +19,7 @@ from scalecl import save_model
 from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.errors import ScaleclError
+from scalecl.files import make_temporary
 from scalecl.methods import get_method
 
 runner = CliRunner()
@@ -157,8 +158,8 @@ def test_stale_siblings_of_a_killed_save_are_cleaned_up(tmp_path):
     the next save removes the first and puts the second back; a live process's siblings are left alone."""
     out, model = _checkpoint(tmp_path)
     pid = _dead_pid()
-    (tmp_path / f".ck.tmp-{pid}-abc").mkdir()
-    (tmp_path / f".ck.tmp-{pid}-abc" / "model.safetensors").write_bytes(b"partial")
+    stale = make_temporary(tmp_path, f".ck.tmp-{pid}-")  # made as save_model makes it: with the suite's mark
+    (stale / "model.safetensors").write_bytes(b"partial")
     live = tmp_path / f".ck.tmp-{os.getppid()}-xyz"  # pytest's parent process is alive
     live.mkdir()
     before = tree(out)

@@ -133,7 +133,8 @@ def test_tiny_preset_end_to_end_with_builtin_corpus_and_eval_ppl(tmp_path, monke
     assert res.exit_code == 0, res.output
     assert descs[2:] == ["cpt: fft"] and "finished run found" in res.output  # base cached, route skipped
     (d,) = (tmp_path / "out").glob("tiny-scale-route-*")
-    assert sorted(p.name for p in d.iterdir()) == ["metrics.jsonl", "result.json", "train_log.jsonl"]
+    assert sorted(p.name for p in d.iterdir()) == [".scalecl-run-files.json",  # what the run wrote (fingerprints)
+                                                   "metrics.jsonl", "result.json", "train_log.jsonl"]
     recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [0, 4]
     for r in recs:

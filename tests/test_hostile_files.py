@@ -32,6 +32,14 @@ def one_error(res, code: int = 2) -> str:
     """The single `error:` line of a failed command (stdout and stderr together), checked."""
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == code and len(lines) == 1 and lines[0].startswith("error:"), (res.exit_code, res.output)
+    assert "Traceback" not in res.output and res.stderr.strip() == lines[0], res.stderr
+    return lines[0]
+
+
+def one_stderr_error(res, code: int = 2) -> str:
+    """The single `error:` line on stderr of a command whose progress lines may precede it on stdout."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == code and len(lines) == 1 and lines[0].startswith("error:"), (res.exit_code, res.output)
     assert "Traceback" not in res.output
     return lines[0]
 
@@ -87,6 +95,33 @@ def test_reader_checks_safetensors_against_the_file(tmp_path):
         assert name in str(e.value)
 
 
+W = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+
+
+@pytest.mark.parametrize("header, data, phrase", [
+    ({"w": W | {"shape": [True, 2]}}, 8, "bad shape or offsets"),  # a boolean is no dimension, even true = 1
+    ({"w": W | {"shape": [2.0]}}, 8, "bad shape or offsets"),
+    ({"w": W | {"data_offsets": [False, 8]}}, 8, "bad shape or offsets"),
+    ({"w": W | {"dtype": ["F32"]}}, 8, "unknown dtype"),
+    ({"w": W, "__metadata__": "oops"}, 8, "__metadata__"),
+    ({"w": W, "__metadata__": {"format": 1}}, 8, "__metadata__"),
+    ({"w": W}, 12, "bytes after its last tensor"),
+    ({"w": W | {"data_offsets": [4, 12]}}, 12, "gap"),
+    ({"w": W, "v": W | {"shape": [1], "data_offsets": [4, 8]}}, 8, "overlaps"),
+    ({"w": W | {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, 2, "do not match its shape"),
+    ({"w": W | {"shape": [2**62, 4]}}, 8, "do not match its shape"),
+])
+def test_reader_refuses_what_safetensors_refuses(tmp_path, header, data, phrase):
+    import safetensors.torch as sft
+
+    f = _safetensors(tmp_path / "w.safetensors", header, b"\x00" * data)
+    with pytest.raises(Exception):  # noqa: B017 - the library's own refusal, whatever its type
+        sft.load_file(str(f))
+    with pytest.raises(ScaleclError, match=phrase) as e:
+        safetensors_header(f)
+    assert str(f) in str(e.value)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # damaged checkpoints and configs: one line each, wherever they are read
 
@@ -107,9 +142,31 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+# scalecl.json fields given a value of the wrong type or an unknown value (read_meta checks every field's type)
+META_DAMAGE = {"meta_dtype": {"dtype": "float7"}, "meta_method_int": {"method": 5}, "meta_options_list": {"options": [1]},
+               "meta_layout_int": {"layout": 3}, "meta_format_text": {"format_version": "2"}}
+# safetensors headers the library refuses (SafetensorError) that its size checks alone let through
+HEADER_DAMAGE = {"weights_shape_bool": lambda h, k: h | {k: h[k] | {"shape": [True, *h[k]["shape"]]}},
+                 "weights_metadata_str": lambda h, k: h | {"__metadata__": "oops"}}
+
+
+def _damage_header(w: Path, change) -> None:
+    """Rewrite a safetensors file's header by `change(header, first tensor's name)`, the data unchanged."""
+    raw = w.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    first = next(k for k in header if k != "__metadata__")
+    new = json.dumps(change(header, first)).encode()
+    w.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n:])
+
+
 @pytest.mark.parametrize("damage, phrase", [
     ("meta_list", "JSON array"), ("meta_garbage", "not a JSON file"), ("meta_dtype", "unknown dtype 'float7'"),
     ("weights_empty", "empty"), ("weights_truncated", "truncated"), ("meta_heads", "num_attention_heads"),
+    ("meta_method_int", "'method' is a JSON number, expected string or null"),
+    ("meta_options_list", "'options' is a JSON array, expected object"),
+    ("meta_layout_int", "'layout' is a JSON number"), ("meta_format_text", "'format_version' is a JSON string"),
+    ("weights_shape_bool", "bad shape or offsets"), ("weights_metadata_str", "__metadata__"),
 ])
 def test_damaged_checkpoint_is_one_line_in_merge_and_eval_ppl(ckpt, tmp_path, damage, phrase):
     d = _copy(ckpt, tmp_path / "damaged")
@@ -119,8 +176,10 @@ def test_damaged_checkpoint_is_one_line_in_merge_and_eval_ppl(ckpt, tmp_path, da
         (d / "scalecl.json").write_text("[]")
     elif damage == "meta_garbage":
         (d / "scalecl.json").write_text("{\"method\": ")
-    elif damage == "meta_dtype":
-        (d / "scalecl.json").write_text(json.dumps(meta | {"dtype": "float7"}))
+    elif damage in META_DAMAGE:
+        (d / "scalecl.json").write_text(json.dumps(meta | META_DAMAGE[damage]))
+    elif damage in HEADER_DAMAGE:
+        _damage_header(w, HEADER_DAMAGE[damage])
     elif damage == "meta_heads":
         (d / "scalecl.json").write_text(json.dumps(meta | {"base_config": meta["base_config"] | {"num_attention_heads": 0}}))
     elif damage == "weights_empty":
@@ -180,6 +239,93 @@ def test_damaged_training_state_is_one_line(tmp_path):
     (tmp_path / JSON_NAME).write_text("[]")
     with pytest.raises(ScaleclError, match=JSON_NAME):
         load_state(tmp_path)
+
+
+# a training state's fields given the wrong types: each is one error naming trainer_state.json
+STATE_DAMAGE = {
+    "step_text": ({"step": "3"}, "'step' must be an integer"), "step_negative": ({"step": -1}, "'step' must be"),
+    "step_bool": ({"step": True}, "'step' must be"), "losses_dict": ({"losses": {"a": 1}}, "'losses' must be"),
+    "losses_text": ({"losses": ["x"]}, "'losses' must be"), "records_dict": ({"records": {}}, "'records' must be"),
+    "records_ints": ({"records": [1]}, "'records' must be"), "timing_list": ({"timing": []}, "'timing' must be"),
+    "rng_null": ({"rng": None}, "'rng' must be"), "no_optimizer": ({"optimizer": ...}, "no 'optimizer'"),
+}
+
+
+def _damage_state(folder: Path, change: dict) -> None:
+    from scalecl.state import JSON_NAME
+
+    doc = json.loads((folder / JSON_NAME).read_text())
+    doc["state"] = {k: v for k, v in (doc["state"] | change).items() if v is not ...}
+    (folder / JSON_NAME).write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("damage", sorted(STATE_DAMAGE))
+def test_wrongly_typed_training_state_is_one_line(tmp_path, damage):
+    import torch
+
+    from scalecl.state import JSON_NAME, load_state, save_state
+
+    state = {"step": 3, "losses": [1.0, 0.5, float("nan")], "records": [{"step": 0}], "optimizer": {"state": {}},
+             "scheduler": {}, "rng": {"torch": torch.ones(2)}, "data": None, "timing": {"train_s": 1, "eval_s": 0.5},
+             "run": {"name": "x"}}
+    save_state(tmp_path, state)
+    assert load_state(tmp_path)["step"] == 3
+    change, phrase = STATE_DAMAGE[damage]
+    _damage_state(tmp_path, change)
+    with pytest.raises(ScaleclError, match=phrase) as e:
+        load_state(tmp_path)
+    assert str(tmp_path / JSON_NAME) in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["step_text", "losses_dict", "records_dict"])
+def test_resume_from_a_wrongly_typed_training_state_is_one_line(stopped, tmp_path, monkeypatch, damage):
+    import shutil
+
+    root, args = stopped
+    shutil.copytree(root, tmp_path / "run", symlinks=True)
+    monkeypatch.chdir(tmp_path / "run")
+    (step,) = Path("runs/cpt").glob("*/step-*")
+    _damage_state(step, STATE_DAMAGE[damage][0])
+    before = tree(Path("runs"))
+    assert "trainer_state.json" in one_stderr_error(runner.invoke(app, [*args, "--resume"]))
+    assert tree(Path("runs")) == before and not list(Path("out").glob("*/result.json"))
+
+
+@pytest.mark.parametrize("garbage", ["garbage{", "{}", "[1]", ""])
+def test_damaged_tokenizer_cache_is_one_line(tmp_path, monkeypatch, garbage):
+    from dataclasses import asdict
+
+    from scalecl.bio import TEXT_FORMAT, bio_config
+    from scalecl.config import load_preset
+    from scalecl.schema import config_hash
+
+    monkeypatch.chdir(tmp_path)
+    entry = Path("cache") / "bio" / f"tokenizer-{config_hash(asdict(bio_config(load_preset('bio', 'tiny', []))), TEXT_FORMAT)}"
+    entry.mkdir(parents=True)
+    (entry / "tokenizer.json").write_text(garbage)
+    before = tree(tmp_path)
+    line = one_error(runner.invoke(app, ["train-bio", "--preset", "tiny", "--method", "fft", "--cache", "cache",
+                                         "--out", "out", "--checkpoints", "ck"]))
+    assert str(entry) in line and "delete" in line
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_perplexity_is_an_error_and_no_record(ppl_model, tmp_path, value):
+    import safetensors.torch as sft
+
+    model, corpus = ppl_model
+    d = _copy(model, tmp_path / "broken")
+    weights = sft.load_file(str(d / "model.safetensors"))
+    for t in weights.values():
+        t.fill_(value)
+    sft.save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    meta = json.loads((d / "scalecl.json").read_text())
+    del meta["written"]  # the weights changed: not a checkpoint the suite could replace, still one it reads
+    (d / "scalecl.json").write_text(json.dumps(meta))
+    out = tmp_path / "ppl.json"
+    line = one_error(runner.invoke(app, _ppl(d, corpus, out)), code=1)
+    assert "not finite" in line and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["broken"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -317,6 +463,131 @@ def test_eval_ppl_out_replaces_only_its_own_records(ppl_model, tmp_path):
         res = runner.invoke(app, _ppl(model, corpus, mine))
         assert res.exit_code == 0, res.output
         assert json.loads(mine.read_text())["written_by"] == "scalecl eval-ppl"
+
+
+def test_eval_ppl_replaces_no_record_edited_by_hand_nor_writes_through_a_hard_link(ppl_model, tmp_path):
+    """The `"written_by"` mark is a name, not proof: a record eval-ppl wrote and the user edited since, or a
+    user's file carrying the mark, is refused; an unchanged record is replaced by rename, so a hard link to it
+    keeps the old content (the inode is never written through)."""
+    model, corpus = ppl_model
+    mine = tmp_path / "mine.json"
+    assert runner.invoke(app, _ppl(model, corpus, mine)).exit_code == 0
+    edited = json.loads(mine.read_text()) | {"note": "my own remark"}  # still marked "written_by": eval-ppl
+    mine.write_text(json.dumps(edited))
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps({"written_by": "scalecl eval-ppl", "ppl": 1.0}))
+    for f in (mine, forged):
+        before = tree(tmp_path)
+        assert str(f) in one_error(runner.invoke(app, _ppl(model, corpus, f)))
+        assert tree(tmp_path) == before
+    ours = tmp_path / "ours.json"
+    assert runner.invoke(app, _ppl(model, corpus, ours)).exit_code == 0
+    link = tmp_path / "link.json"
+    os.link(ours, link)
+    old = link.read_bytes()
+    res = runner.invoke(app, _ppl(model, corpus, ours))
+    assert res.exit_code == 0, res.output
+    assert link.read_bytes() == old and os.stat(link).st_ino != os.stat(ours).st_ino
+
+
+def _fake_lm_eval(monkeypatch) -> None:
+    """eval-harness without lm-eval's evaluation (ownership is about the files it writes)."""
+    from scalecl import harness
+
+    monkeypatch.setattr(harness, "evaluate_model", lambda *a, **k: {"results": {}, "versions": {}})
+    monkeypatch.setattr(harness, "score_rows", lambda *a, **k: [])
+
+
+def test_eval_harness_replaces_only_its_own_results(ppl_model, tmp_path, monkeypatch):
+    model, _ = ppl_model
+    _fake_lm_eval(monkeypatch)
+    out = tmp_path / "H"
+    args = ["eval-harness", "--model", str(model), "--tasks", "arc_challenge", "--device", "cpu", "--out", str(out)]
+    for _ in range(2):  # written, then its own files replaced
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+    (sub,) = [d for d in out.iterdir() if d.is_dir()]
+    assert {p.name for p in sub.iterdir()} == {"lm_eval_results.json", "scores.csv", "scores.md", "run.json"}
+    for name, text in (("scores.csv", "my,own\n1,2\n"), ("run.json", '{"mine": true}\n')):
+        (sub / name).write_text(text)  # the user's file (or one edited by hand) where eval-harness writes
+        before = tree(out)
+        line = one_error(runner.invoke(app, args))
+        assert f"{sub.name}/{name}" in line and "not written by scalecl eval-harness" in line
+        assert tree(out) == before
+        (sub / name).unlink()
+
+
+def test_temporaries_are_removed_only_with_the_suites_mark(tmp_path, ckpt):
+    """`.tmp-*` / `.<name>.tmp-<dead pid>-*` folders are removed only when they hold the mark the suite writes
+    into every temporary folder it makes; a user's folder so named stays."""
+    import subprocess
+    import sys
+
+    from scalecl.checkpoint import load_model, save_model
+
+    user = tmp_path / ".tmp-mine"
+    user.mkdir()
+    (user / "data.txt").write_text("the user's")
+    marked = files.make_temporary(tmp_path, files.TMP_PREFIX)
+    files.remove_temporaries(tmp_path)
+    assert (user / "data.txt").read_text() == "the user's" and not marked.exists()
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    sibling = tmp_path / f".ck.tmp-{int(proc.stdout)}-abc"  # a dead pid: what a killed save would leave
+    sibling.mkdir()
+    (sibling / "model.safetensors").write_bytes(b"the user's bytes")
+    before = tree(sibling)
+    save_model(load_model(ckpt), tmp_path / "ck")
+    assert tree(sibling) == before
+
+
+CPT_RUN = ["train-cpt", "--preset", "tiny", "--method", "fft", "--set", "pretrain.steps=4", "--set", "train.steps=4",
+           "--set", "eval.every=2", "--set", "checkpoint.every=2", "--out", "out", "--cache", "cache",
+           "--checkpoints", "ck"]
+
+
+def _stderr_error(res, code: int = 2) -> str:
+    """The single `error:` line of a failed training command (progress lines may precede it on stdout)."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == code and len(lines) == 1 and lines[0].startswith("error:"), (res.exit_code, res.output)
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def test_a_run_touches_no_user_file_in_its_folders(tmp_path, monkeypatch):
+    """Files a user put in an unfinished run's folder, or beside its checkpoints, are never replaced or removed:
+    a file the run must write (metrics.jsonl) or a step folder it must save (step-0000004) is refused with one
+    line before training; notes, a folder named like a temporary and a step folder the run does not write stay
+    through --resume and --force."""
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, [*CPT_RUN, "--stop-after", "2"]).exit_code == 0
+    (run,) = Path("out").iterdir()
+    ck = Path("ck/cpt") / run.name
+    (run / "notes.txt").write_text("my notes\n")
+    (ck / ".tmp-mine").mkdir()
+    (ck / ".tmp-mine" / "keep.txt").write_text("mine\n")
+    (ck / "step-0000001").mkdir()
+    (ck / "step-0000001" / "trainer_state.json").write_text('{"state": {"step": 1}}')  # not the suite's
+    users = {p: p.read_bytes() for p in (run / "notes.txt", ck / ".tmp-mine" / "keep.txt",
+                                         ck / "step-0000001" / "trainer_state.json")}
+    for planted in (run / "metrics.jsonl", ck / "step-0000004" / "x.txt"):
+        planted.parent.mkdir(exist_ok=True)
+        planted.write_text("the user's\n")
+        before = tree(tmp_path)
+        where = planted.parent if planted.name == "x.txt" else planted
+        assert str(where) in _stderr_error(runner.invoke(app, [*CPT_RUN, "--resume"]))
+        assert tree(tmp_path) == before
+        planted.unlink()
+        if planted.parent.name.startswith("step-"):
+            planted.parent.rmdir()
+    for extra in (["--resume"], ["--force"]):
+        res = runner.invoke(app, [*CPT_RUN, *extra])
+        assert res.exit_code == 0, res.output
+        assert (run / "result.json").exists()
+        assert {p: p.read_bytes() for p in users} == users
+    (run / "result.json").write_text((run / "result.json").read_text() + " ")  # the user edited the result
+    before = tree(tmp_path)
+    assert "result.json" in _stderr_error(runner.invoke(app, [*CPT_RUN, "--force"]))
+    assert tree(tmp_path) == before
 
 
 # ---------------------------------------------------------------------------------------------------------

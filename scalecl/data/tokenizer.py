@@ -92,13 +92,17 @@ def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: object) -> Pr
         raise FileNotFoundError(f"{name!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-    except (OSError, ValueError) as err:
-        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+        encoded = tokenizer("a b", add_special_tokens=False)["input_ids"]
+    except Exception as err:  # damaged files fail anywhere in transformers/tokenizers (KeyError, TypeError, ...)
+        cause = (str(err).splitlines() or [""])[0][:200] or type(err).__name__
+        if Path(name).is_dir():
+            raise ValueError(f"the tokenizer files in {name!r} are damaged or not a tokenizer "
+                             f"({type(err).__name__}: {cause})") from None
         raise FileNotFoundError(
             f"could not load a tokenizer from {name!r}: it is neither a directory with tokenizer files "
             f"nor a hub id available here (offline? not downloaded?). Cause: {cause}"
         ) from err
-    if not tokenizer("a b", add_special_tokens=False)["input_ids"]:
+    if not encoded:
         raise ValueError(f"tokenizer {name!r} encodes text to nothing: its vocabulary files are missing or empty")
     if tokenizer.eos_token is None:
         raise ValueError(f"tokenizer {name!r} has no EOS token; the QA answers need one")
