@@ -814,6 +814,16 @@ def _check_log_values(rows: list[dict], path: Path) -> None:
                 raise ScaleclError(f"{path} (record {i}): {k!r} is {v!r}, not a finite number")
 
 
+def _figure_legend(fig, axes) -> None:
+    """One legend right of the figure with every label of `axes` once (in order of first appearance)."""
+    entries: dict = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(lab, h)
+    fig.legend(list(entries.values()), list(entries), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+               frameon=False)
+
+
 def load_train_log(run_dir: Path) -> pd.DataFrame | None:
     """The per-step training log (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s), or None."""
     return _read_jsonl(Path(run_dir) / "train_log.jsonl")
@@ -1394,13 +1404,7 @@ def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataF
                                                 ("--", ":", "-.")[i % 3], len(refs) > 1))
         _route_study_axes(ax_row, result_of[str(mine[0][0]["dir"])], answers, routed,
                           f"\n{_vocab_text(key, result_of[str(mine[0][0]['dir'])])}" if key is not None else "")
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    _figure_legend(fig, axes.flat)
     fig.text(0.5, -0.02, _route_study_caption(study, study_runs, "".join(notes), len(panel_keys) > 1),
              ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
@@ -1740,13 +1744,7 @@ def draw_frontier(results: Path | Sequence[Path], experiment: str, table: pd.Dat
     for ax, preset in zip(axes[0], presets, strict=True):
         _frontier_panel(ax, table[table["preset"] == preset], experiment)
         ax.set_title(f"preset '{preset}'", fontsize=10)
-    handles, labels = [], []
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    _figure_legend(fig, axes[0])
     better = ("Upper right is better: Task 1 learned while Task 0 is kept. Error bars are cut at 0 and 100%, "
               "the range of an accuracy (the table has the full intervals)." if experiment == "bio" else
               "Lower left is better: new domain learned (low learning PPL) while the old one is kept (low "
@@ -1881,13 +1879,7 @@ def draw_route_mechanism(results: Path | Sequence[Path]) -> Drawn:
     for col in (0, 1):  # shares from 0 to a quarter above the highest mean (a wide band of few replicates: cut)
         means = [float(v) for ax in axes[:, col] for ln in ax.get_lines() for v in ln.get_ydata() if math.isfinite(v)]
         axes[0, col].set_ylim(0, min(100.0, 1.25 * max(means, default=0) or 1.0))
-    handles, names = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in names:
-                handles.append(h)
-                names.append(lab)
-    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    _figure_legend(fig, axes.flat)
     band = "\n" + BAND_NOTE if any(len(ms) >= 2 for _, ms in groups) else ""
     fig.text(0.5, -0.01, MECHANISM_CAPTION + band + "\n" + _bio_caption(groups[0][0].iloc[0]["result"]),
              ha="center", va="top", fontsize=8, wrap=True)

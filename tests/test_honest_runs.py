@@ -147,16 +147,22 @@ def test_a_held_lock_stops_a_run_or_makes_a_cache_wait(tmp_path):
         pass
 
 
-def test_a_second_identical_cpt_run_stops_with_one_line_and_deletes_nothing(tmp_path, local):
-    sets = local_sets(local, "llama", "train.steps=2", "checkpoint.every=1")
-    rc = load_preset("cpt", "tiny", sets)
+def held_cpt_run(tmp_path: Path, local: Path, seconds: float) -> tuple[list[str], str, Path, subprocess.Popen]:
+    """A tiny CPT fft run (its --set values, name and checkpoint folder, holding another process's checkpoint)
+    whose lock a separate process holds for `seconds`."""
     from scalecl.cpt import CptExperiment
 
+    sets = local_sets(local, "llama", "train.steps=2", "checkpoint.every=1")
+    rc = load_preset("cpt", "tiny", sets)
     name = CptExperiment(rc, "tiny", Paths(tmp_path / "out")).run_of(get_method("fft"), Dist()).name
     ckpt = tmp_path / "runs" / "cpt" / name
     (ckpt / "step-0000001").mkdir(parents=True)
     (ckpt / "step-0000001" / "in-progress").write_text("another process's checkpoint")
-    holder = _holder(ckpt, 20.0)
+    return sets, name, ckpt, _holder(ckpt, seconds)
+
+
+def test_a_second_identical_cpt_run_stops_with_one_line_and_deletes_nothing(tmp_path, local):
+    sets, name, ckpt, holder = held_cpt_run(tmp_path, local, 20.0)
     try:
         with pytest.raises(Busy, match=f"run {name} is being written by another process"):
             run(tmp_path, sets, ["fft"])

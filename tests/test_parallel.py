@@ -140,22 +140,9 @@ def test_torchrun_refuses_a_run_another_process_holds_on_every_rank(tmp_path, lo
     """Rank 0 takes the run's lock for every process (sweep.hold): when another process holds it, both ranks
     stop with the same one line and exit 1, quickly (no rank left waiting at a barrier), and the other
     process's checkpoint is untouched."""
-    from test_honest_runs import _holder
+    from test_honest_runs import held_cpt_run
 
-    from scalecl.cpt import CptExperiment
-    from scalecl.methods import get_method
-    from scalecl.processes import Dist
-    from scalecl.sweep import Paths
-
-    sets = local_sets(local, "llama", "train.steps=2", "checkpoint.every=1")
-    from scalecl.config import load_preset
-
-    rc = load_preset("cpt", "tiny", sets)
-    name = CptExperiment(rc, "tiny", Paths(tmp_path / "out")).run_of(get_method("fft"), Dist()).name
-    ckpt = tmp_path / "runs" / "cpt" / name
-    (ckpt / "step-0000001").mkdir(parents=True)
-    (ckpt / "step-0000001" / "in-progress").write_text("another process's checkpoint")
-    holder = _holder(ckpt, 300.0)
+    sets, name, ckpt, holder = held_cpt_run(tmp_path, local, 300.0)
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                "scalecl.cli", "train-cpt", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"),
