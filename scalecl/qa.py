@@ -34,17 +34,31 @@ class QATensors:
 def encode_qa(
     tokenizer, prompts: Sequence[str], answers: Sequence[str], attribute: Sequence[int], attributes: Sequence[str]
 ) -> QATensors:
-    """Tokenise prompts and answers separately (answer + EOS) so the answer boundary is exact."""
-    p_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    a_ids = tokenizer(list(answers), add_special_tokens=False)["input_ids"]
+    """Tokenise prompts and answers separately (answer + EOS) so the answer boundary is exact.
+
+    Batched through the tokenizer's Rust backend where it has one (`encode_plain`), each distinct answer once
+    (answers repeat: shared values), and the rows filled by numpy: the same ids as tokenising every string by
+    itself, in seconds for the paper's 1.2M pairs.
+    """
+    from .data.tokenizer import encode_plain
+
+    p_ids = encode_plain(tokenizer, prompts)
+    distinct = list(dict.fromkeys(answers))
+    by_answer = dict(zip(distinct, encode_plain(tokenizer, distinct), strict=True))
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    seqs = [p + a + [eos] for p, a in zip(p_ids, a_ids, strict=True)]
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad, dtype=torch.long)
-    for i, s in enumerate(seqs):  # tokenisation output is ragged; this fills one row per pair once
-        ids[i, : len(s)] = torch.tensor(s)
+    a_ids = [by_answer[a] for a in answers]
+    p_len = np.fromiter(map(len, p_ids), dtype=np.int64, count=len(p_ids))
+    a_len = np.fromiter(map(len, a_ids), dtype=np.int64, count=len(a_ids)) + 1  # + EOS
+    total = p_len + a_len
+    n, t = len(p_ids), int(total.max()) if len(p_ids) else 1
+    ids = np.full((n, t), pad, dtype=np.int64)
+    flat = np.fromiter((i for p, a in zip(p_ids, a_ids, strict=True) for i in (*p, *a, eos)), dtype=np.int64,
+                       count=int(total.sum()))
+    rows = np.repeat(np.arange(n), total)
+    cols = np.arange(len(flat)) - np.repeat(np.cumsum(total) - total, total)
+    ids[rows, cols] = flat  # (N, T): row i holds prompt + answer + EOS, then padding
     return QATensors(
-        ids, torch.tensor([len(p) for p in p_ids]), torch.tensor([len(s) for s in seqs]),
+        torch.from_numpy(ids), torch.from_numpy(p_len), torch.from_numpy(total),
         torch.as_tensor(np.asarray(attribute), dtype=torch.long), tuple(attributes), pad,
     )
 
@@ -71,10 +85,60 @@ def qa_batches(qa: QATensors, batch_size: int, seed: int) -> Iterator[dict[str, 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
-@torch.no_grad()
+@dataclass
+class _EvalBatch:
+    """Rows of one evaluation forward: `ids` cut to the rows' common length (no padding)."""
+
+    rows: torch.Tensor  # (B,) indices into the QATensors
+    ids: torch.Tensor  # (B, T)
+    prompt_len: torch.Tensor  # (B,)
+    total_len: torch.Tensor  # (B,)
+    target: torch.Tensor  # (B,) the first answer token (beyond a prompt-only `ids`)
+
+
+def eval_batches(qa: QATensors, batch_size: int, whole: bool) -> list[_EvalBatch]:
+    """The evaluation forwards of a QA set, built once per set and batch size and kept on it.
+
+    Rows are grouped by length, so no forward computes padding: by prompt length, inputs cut to the prompt
+    (`whole=False`: the scored position, the prompt's last token, is causal and sees nothing after it), or by
+    prompt + answer + EOS length (`whole=True`: every real token, for per-token metrics and exact match).
+    """
+    key = (batch_size, whole)
+    cache = qa.__dict__.setdefault("_eval_batches", {})
+    if key not in cache:
+        length = qa.total_len if whole else qa.prompt_len
+        out = []
+        for t in torch.unique(length).tolist():
+            rows = torch.nonzero(length == t).flatten()
+            for s in range(0, len(rows), batch_size):
+                r = rows[s : s + batch_size]
+                target = qa.ids[r, qa.prompt_len[r]]
+                out.append(_EvalBatch(r, qa.ids[r, :t].contiguous(), qa.prompt_len[r], qa.total_len[r], target))
+        cache[key] = out
+    return cache[key]
+
+
+def _routed(model: nn.Module) -> bool:
+    """Whether the model's head routes between two paths (SCALE-Route): it needs the hidden state of every
+    position of the forward, so its head cannot be cut to the scored positions."""
+    return getattr(getattr(model, "scale_state", None), "mode", None) == "route"
+
+
+def _per_token_metrics(stats, method) -> bool:
+    """Whether numbers over every real token may be asked for (a stats callable, or a method that overrides
+    `metrics`): then the first forward reads every token, and the rest do only if it returned any."""
+    if stats is not None:
+        return True
+    if method is None:
+        return False
+    from .methods.base import Method
+
+    return type(method).metrics is not Method.metrics
+
+
 def qa_accuracy(
     model: nn.Module, qa: QATensors, batch_size: int = 256, exact: bool = False,
-    stats: Callable[[torch.Tensor], dict[str, float]] | None = None, method=None,
+    stats: Callable[[torch.Tensor], dict[str, float]] | None = None, method=None, fast: bool = True,
 ) -> dict[str, float]:
     """Hard and soft first-token accuracy, pooled and per attribute (and greedy exact match if asked).
 
@@ -88,51 +152,154 @@ def qa_accuracy(
     output is the answer's first token): booleans as a fraction ("answer/<key>"), numbers as mean and
     quantiles ("answer/<key>/mean", "answer/<key>/q05" ... "q95"). For SCALE-Route these are the routing
     decision and the router's cosine where the metric is decided.
+
+    fast (default): rows grouped by length without padding (`eval_batches`), inputs cut to the prompt unless
+    every token is needed (exact match, per-token metrics), and the head applied at the scored position only
+    (`logits_to_keep`; SCALE-Route's routed head runs on every position, since its routing metrics do), under
+    inference_mode. The numbers are those of fast=False, the plain computation (batches in order, padded,
+    logits at every position): counts (accuracy, exact match) equal, float numbers to float32 rounding (an
+    unpadded batch runs SDPA's causal kernel, a padded one the masked kernel; tests/test_eval_fast.py). Quantiles and means do not depend on the row order:
+    per-row values are put back in the QA set's order before they are summarised.
     """
     if method is not None and stats is None:
         stats = lambda mask: method.metrics(model, mask)  # noqa: E731
-    at_answer: dict[str, list[torch.Tensor]] = {}
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    hard, soft, em = [], [], []
-    extra: dict[str, float] = {}
-    weight = 0
-    for s in range(0, len(qa), batch_size):
-        sub = qa.subset(torch.arange(s, min(s + batch_size, len(qa))))
-        ids = sub.ids.to(device)
-        mask = (torch.arange(ids.shape[1], device=device)[None] < sub.total_len.to(device)[:, None]).long()
+    from .parallel import is_fsdp
+
+    # inference_mode, except under FSDP: its gathered parameters are made in the first forward and reused by
+    # training, which may not update a tensor made in inference mode
+    try:
+        with torch.no_grad() if is_fsdp(model) else torch.inference_mode():
+            rows = _rows_fast(model, qa, batch_size, exact, stats, method) if fast else \
+                _rows_plain(model, qa, batch_size, exact, stats, method)
+    finally:
+        model.train(was_training)
+    return _summarise(qa, exact, *rows)
+
+
+def _score_batch(model, ids, mask, pl, total, target, exact, keep_head_at_scored: bool):
+    """One forward: (hard (B,), soft (B,), exact match (B,) or None, the mask of real tokens)."""
+    device = ids.device
+    rows = torch.arange(ids.shape[0], device=device)
+    if keep_head_at_scored:  # transformers' CausalLMs apply the head at these positions only
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=(pl - 1)[:, None]).logits.float()
+    else:
         logits = model(input_ids=ids, attention_mask=mask).logits.float()  # (B, T, V)
-        pl = sub.prompt_len.to(device)
-        rows = torch.arange(ids.shape[0], device=device)
+    if keep_head_at_scored and logits.shape[1] == 1:
+        first = logits[:, 0]  # (B, V)
+    else:  # every position (a model that ignores logits_to_keep gives them all)
         first = logits[rows, pl - 1]  # (B, V): predicts the first answer token
-        target = ids[rows, pl]
+    hard = first.argmax(-1) == target
+    soft = first.softmax(-1)[rows, target]
+    em = None
+    if exact:
+        pred = logits[:, :-1].argmax(-1) == ids[:, 1:]  # (B, T-1): position t predicts token t+1
+        pos = torch.arange(1, ids.shape[1], device=device)[None]
+        in_answer = (pos >= pl[:, None]) & (pos < total[:, None])
+        em = (pred | ~in_answer).all(-1)
+    return hard, soft, em
+
+
+class _Collect:
+    """Per-row results and per-token/per-position metrics, gathered over the batches."""
+
+    def __init__(self, n: int) -> None:
+        self.hard = torch.zeros(n, dtype=torch.bool)
+        self.soft = torch.zeros(n)
+        self.em = torch.zeros(n, dtype=torch.bool)
+        self.extra: dict[str, float] = {}
+        self.weight = 0
+        self.at_answer: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def add(self, who: tuple, idx, ids, mask, pl, scored: tuple) -> bool:
+        """Store one batch (`who`: model, method, stats; `scored`: hard, soft, exact match); returns whether
+        `stats` gave any number (per-token metrics exist)."""
+        model, method, stats = who
+        hard, soft, em = scored
+        self.hard[idx], self.soft[idx] = hard.cpu(), soft.cpu()
+        if em is not None:
+            self.em[idx] = em.cpu()
+        got = False
         if stats is not None:
             n = int(mask.sum())
             for k, v in stats(mask.bool()).items():
-                extra[k] = extra.get(k, 0.0) + v * n
-            weight += n
+                self.extra[k] = self.extra.get(k, 0.0) + v * n
+                got = True
+            self.weight += n
         if method is not None:
+            rows = torch.arange(ids.shape[0], device=ids.device)
             answer = torch.zeros_like(mask, dtype=torch.bool)
             answer[rows, pl - 1] = True
             for k, v in method.position_values(model, answer).items():
-                at_answer.setdefault(k, []).append(v.detach().cpu())
-        hard.append((first.argmax(-1) == target).cpu())
-        soft.append(first.softmax(-1)[rows, target].cpu())
-        if exact:
-            pred = logits[:, :-1].argmax(-1) == ids[:, 1:]  # (B, T-1): position t predicts token t+1
-            pos = torch.arange(1, ids.shape[1], device=device)[None]
-            in_answer = (pos >= pl[:, None]) & (pos < sub.total_len.to(device)[:, None])
-            em.append((pred | ~in_answer).all(-1).cpu())
-    model.train(was_training)
-    hard_t, soft_t = torch.cat(hard).float(), torch.cat(soft)
+                self.at_answer.setdefault(k, []).append((idx, v.detach().cpu()))
+        return got
+
+
+def _rows_plain(model, qa, batch_size, exact, stats, method) -> tuple:
+    """The plain computation: batches in the set's order, right-padded, logits at every position."""
+    device = next(model.parameters()).device
+    c = _Collect(len(qa))
+    for s in range(0, len(qa), batch_size):
+        idx = torch.arange(s, min(s + batch_size, len(qa)))
+        sub = qa.subset(idx)
+        ids = sub.ids.to(device)
+        mask = (torch.arange(ids.shape[1], device=device)[None] < sub.total_len.to(device)[:, None]).long()
+        pl, total = sub.prompt_len.to(device), sub.total_len.to(device)
+        target = ids[torch.arange(len(idx), device=device), pl]
+        hard, soft, em = _score_batch(model, ids, mask, pl, total, target, exact, keep_head_at_scored=False)
+        c.add((model, method, stats), idx, ids, mask, pl, (hard, soft, em))
+    return c, stats is not None
+
+
+def _rows_fast(model, qa, batch_size, exact, stats, method) -> tuple:
+    """The fast computation (see qa_accuracy): grouped by length, prompt-only where it can, head at the scored
+    position where it can."""
+    device = next(model.parameters()).device
+    c = _Collect(len(qa))
+    whole = exact or _per_token_metrics(stats, method)
+    cut_head = not exact and not _routed(model)
+    per_token = stats is not None
+    plan = eval_batches(qa, batch_size, whole)
+    i = 0
+    while i < len(plan):
+        b = plan[i]
+        ids = b.ids.to(device)
+        pl, total = b.prompt_len.to(device), b.total_len.to(device)
+        mask = torch.ones_like(ids)  # (B, T): every token of a length group is real
+        hard, soft, em = _score_batch(model, ids, mask, pl, total, b.target.to(device), exact,
+                                      keep_head_at_scored=cut_head)
+        got = c.add((model, method, stats if per_token else None), b.rows, ids, mask, pl, (hard, soft, em))
+        i += 1
+        if whole and not exact and i == 1 and not got and len(plan) > 1:
+            # the first forward over every token gave no per-token number: the rest need only the prompts
+            done = set(b.rows.tolist())
+            plan = [p for p in eval_batches(qa, batch_size, False)]
+            plan = [_without(p, done) for p in plan]
+            plan = [p for p in plan if len(p.rows)]
+            per_token, whole, i = False, False, 0
+    return c, per_token
+
+
+def _without(b: _EvalBatch, done: set[int]) -> _EvalBatch:
+    keep = torch.tensor([r not in done for r in b.rows.tolist()], dtype=torch.bool)
+    if bool(keep.all()):
+        return b
+    return _EvalBatch(b.rows[keep], b.ids[keep], b.prompt_len[keep], b.total_len[keep], b.target[keep])
+
+
+def _summarise(qa: QATensors, exact: bool, c: _Collect, per_token: bool) -> dict[str, float]:
+    """The recorded numbers from the per-row results (in the set's order) and the per-token sums."""
+    hard_t, soft_t = c.hard.float(), c.soft
     out = {"acc": hard_t.mean().item(), "soft_acc": soft_t.mean().item()}
-    em_t = torch.cat(em).float() if exact else None
+    em_t = c.em.float() if exact else None
     if exact:
         out["exact_match"] = em_t.mean().item()
-    out |= {k: v / max(weight, 1) for k, v in extra.items()}
-    for k, parts in at_answer.items():
-        v = torch.cat(parts)
+    if per_token:
+        out |= {k: v / max(c.weight, 1) for k, v in c.extra.items()}
+    for k, parts in c.at_answer.items():
+        order = torch.cat([idx for idx, _ in parts]).argsort()
+        v = torch.cat([x for _, x in parts])[order]  # back in the set's order
         if v.dtype == torch.bool:
             out[f"answer/{k}"] = v.float().mean().item()
         else:

@@ -11,9 +11,10 @@ decoding reproduces the text exactly and greedy answers can be compared as strin
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -118,6 +119,55 @@ def encode_plain(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> li
         encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: tokenizers >= 0.21
         return [e.ids for e in encode_batch(list(texts), add_special_tokens=False)]
     return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+
+ENCODING_FILES = ("ids.npy", "offsets.npy")  # a cached encoding: every text's ids end to end, and where each starts
+
+
+def cached_encoding(
+    tokenizer: PreTrainedTokenizerBase, texts: Callable[[], Sequence[str]], folder: Path, *, write: bool = True
+) -> list[np.ndarray]:
+    """Token ids of each text (as `encode_plain`), read from `folder` when an earlier run cached them there.
+
+    `folder` is named by a hash of everything the texts and the tokenizer depend on (scalecl.bio keys it like
+    the stage caches). The texts are rendered only on a miss. A miss encodes them and, when `write`, caches
+    them (one process at a time, written to a temporary sibling and renamed). Each text comes back as a 1-D
+    int64 view into one array: the paper preset's 500,000 biographies (~40M tokens) load in a second instead
+    of the two minutes their encoding takes on two cores, and take 8 bytes a token instead of a Python int's 36.
+    A damaged entry is one error naming it.
+    """
+    from scalecl.errors import ScaleclError
+    from scalecl.files import TMP_PREFIX, atomic_dir, remove_temporaries
+    from scalecl.locks import locked
+
+    def load() -> list[np.ndarray]:
+        try:
+            ids = np.load(folder / "ids.npy", allow_pickle=False)
+            offsets = np.load(folder / "offsets.npy", allow_pickle=False)
+            if ids.ndim != 1 or offsets.ndim != 1 or len(offsets) < 1 or offsets[-1] != len(ids) or offsets[0] != 0:
+                raise ValueError("ids and offsets do not match")
+        except (OSError, ValueError) as e:
+            raise ScaleclError(f"cached encoding {folder} is damaged ({str(e).splitlines()[0][:200]}); delete "
+                               f"{folder} and run again to encode anew") from None
+        return np.split(ids.astype(np.int64, copy=False), offsets[1:-1])
+
+    if all((folder / f).exists() for f in ENCODING_FILES):
+        return load()
+    docs = encode_plain(tokenizer, texts())
+    if not write:
+        return [np.asarray(d, dtype=np.int64) for d in docs]
+    with locked(folder, wait=True, what=f"encoding cache {folder}"):
+        if all((folder / f).exists() for f in ENCODING_FILES):  # another process cached it meanwhile
+            return load()
+        lengths = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ids = np.fromiter((i for d in docs for i in d), dtype=np.int64, count=int(offsets[-1]))
+        del docs
+        remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
+        with atomic_dir(folder) as tmp:
+            np.save(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
+            np.save(tmp / "offsets.npy", offsets)
+    return np.split(ids, offsets[1:-1])
 
 
 def first_answer_tokens(
