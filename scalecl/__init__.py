@@ -1,12 +1,44 @@
-"""scalecl: width-upscaled continual learning of LLMs (SCALE, arXiv 2511.03270), baselines and benchmarks."""
+"""scalecl: width-upscaled continual learning of LLMs (SCALE, arXiv 2511.03270), baselines and benchmarks.
 
-from .checkpoint import load_model, save_model
+The public names below load on first use (module __getattr__), so `import scalecl` and the `scalecl` command's
+--help do not import torch and transformers: `from scalecl import upscale` works as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import ScaleclError
-from .methods import get_method, method_names
-from .methods.scale import ScaleConfig, routing_fractions, scale_path, upscale
 from .version import __version__
+
+# public name -> the module that defines it
+_LAZY = {
+    "load_model": ".checkpoint", "save_model": ".checkpoint",
+    "get_method": ".methods", "method_names": ".methods",
+    "ScaleConfig": ".methods.scale", "routing_fractions": ".methods.scale", "scale_path": ".methods.scale",
+    "upscale": ".methods.scale",
+}
 
 __all__ = [
     "ScaleConfig", "ScaleclError", "get_method", "load_model", "method_names", "routing_fractions",
     "save_model", "scale_path", "upscale", "__version__",
 ]
+
+if TYPE_CHECKING:
+    from .checkpoint import load_model, save_model
+    from .methods import get_method, method_names
+    from .methods.scale import ScaleConfig, routing_fractions, scale_path, upscale
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module when the name is first used (PEP 562)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

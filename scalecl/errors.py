@@ -2,9 +2,21 @@
 
 
 class ScaleclError(Exception):
-    """Bad input caught before heavy work (sizes, names, paths): exit code 2."""
+    """Bad input caught before heavy work (sizes, names, paths): exit code 2.
+
+    The message speaks to a library caller (argument names: overwrite=True); `cli`, when given, is the same
+    message for the `scalecl` command, naming its flags (--overwrite) instead.
+    """
 
     exit_code = 2
+
+    def __init__(self, message: str = "", *, cli: str | None = None) -> None:
+        super().__init__(message)
+        self.cli = cli
+
+    def cli_message(self) -> str:
+        """The line the `scalecl` command prints."""
+        return self.cli if self.cli is not None else str(self)
 
 
 class TrainingDiverged(ScaleclError):
@@ -24,3 +36,15 @@ class NotFinite(ScaleclError):
     it (exit code 1)."""
 
     exit_code = 1
+
+
+def cause(e: BaseException, limit: int = 200) -> str:
+    """A library exception's message for one error line: its words on one line, shortened to about `limit`
+    characters at a space, never inside a word; a URL is always kept whole ("..." marks a cut)."""
+    words = str(e).split() or [type(e).__name__]
+    kept: list[str] = []
+    for w in words:
+        if kept and len(" ".join(kept)) + 1 + len(w) > limit and "://" not in w:
+            return " ".join(kept) + " ..."
+        kept.append(w)
+    return " ".join(kept)

@@ -10,9 +10,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 
-console = Console()
+from .consoles import make_console
+
+console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 
 
 @dataclass(frozen=True)

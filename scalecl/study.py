@@ -125,4 +125,18 @@ def run_study(study: str, preset: str, values: str | None, sets: list[str] | lis
             check(exp, [s.method], opts)
         except ScaleclError as e:
             raise ScaleclError(f"{study} value {v!r}: {e}") from None
-    return [r for _, exp in exps for r in sweep(exp, [s.method], opts)]
+    out, labels = [], []
+    for v, exp in exps:
+        got = sweep(exp, [s.method], opts, summary=False)
+        out += got
+        labels += [_row_label(study, s, v, r) for r in got]
+    if out:  # one table for the whole study, a row per value (and seeds), not one per value
+        exps[0][1].summary(out, labels)
+    return out
+
+
+def _row_label(study: str, s: Study, value: str, result: dict[str, Any]) -> str:
+    """A study table's row: the studied value and, when not 0, the run's seeds (s<base>-r<run>)."""
+    seeds = result.get("seeds") if isinstance(result.get("seeds"), dict) else {}
+    tag = f" s{seeds.get('base', 0)}-r{seeds.get('run', 0)}" if any(seeds.values()) else ""
+    return f"{s.method} {study}={value}{tag}"

@@ -10,4 +10,4 @@ dynamic-module loader, which copies every file they name.
 
 # every file a checkpoint needs, in the order they import each other (tests check it is the closure of the
 # relative imports of modeling_scale.py)
-REMOTE_CODE_FILES = ("modeling_scale.py", "scale_surgery.py", "scale_layers.py", "scale_arch.py")
+REMOTE_CODE_FILES = ("modeling_scale.py", "scale_surgery.py", "scale_spec.py", "scale_layers.py", "scale_arch.py")

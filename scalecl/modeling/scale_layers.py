@@ -26,7 +26,7 @@ class PathState:
     router: the score Route compares with tau ("logit", "centered" or "prob"; see `UpHead.router_score`).
     products: how the widened linears form their forward products, "blocks" or "concat" (`products_setting`,
     read once when the model is built; set this attribute to change it on a built model).
-    The defaults of tau and router are declared once, on `scale_surgery.ScaleSpec`, which builds this state.
+    The defaults of tau and router are declared once, on `scale_spec.ScaleSpec`; scale_surgery builds this state.
     """
 
     def __init__(self, mode: str, tau: float, router: str, products: str = "blocks") -> None:

@@ -1,7 +1,7 @@
 """`ScaleConfig`: SCALE's options as a user gives them, checked with one-line errors (paper Sections 3-4).
 
 The options themselves (names, types, defaults, choices, meanings) are declared once, on
-`scalecl.modeling.scale_surgery.ScaleSpec`: the standalone model code that checkpoints ship, which cannot
+`scalecl.modeling.scale_spec.ScaleSpec`: the standalone model code that checkpoints ship, which cannot
 import scalecl. ScaleConfig is that declaration plus the checks a user can fail; the SCALE methods' options
 and the `scalecl upscale` flags take their defaults, choices and help from the same place (`option_help`).
 """
@@ -12,13 +12,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ...errors import ScaleclError
-from ...modeling.scale_surgery import (
+from ...modeling.scale_spec import (
     COLLAB_MODULES,
     EMBED_INITS,
     INITS,
     ROUTERS,
     VARIANTS,
     ScaleSpec,
+    option_help,
     resolve_l_fp,
 )
 from ...schema import MAX_SIZE, show_bound, show_text, show_value
@@ -83,8 +84,3 @@ class ScaleConfig(ScaleSpec):
         if unknown:
             raise ScaleclError(f"unknown ScaleConfig keys: {', '.join(sorted(unknown))}")
         return cls(**d)
-
-
-def option_help(name: str) -> str:
-    """The one-line help of a SCALE option (declared on ScaleSpec), e.g. for a command-line flag."""
-    return next(f.metadata["help"] for f in fields(ScaleSpec) if f.name == name)
