@@ -9,6 +9,7 @@ It sits above the methods and the experiment configs (it reads the bio paper pre
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, NamedTuple
 
 import torch
@@ -99,3 +100,212 @@ def paper_budgets() -> list[BudgetRow]:
             trainable, total = trainable_counts(config, name, **opts)
             rows.append(BudgetRow(setting, name, trainable, total, opts, config.vocab_size))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Memory and time before work (README, "Reproducibility, memory and time"): every train-bio / train-cpt sweep
+# estimates the peak memory and the time of what it will train, prints it as one line and refuses, with one
+# line naming the `--set` keys that shrink it, a run that cannot fit in the memory available.
+
+GIB = 2**30
+FLOAT = 4  # bytes: parameters, gradients, AdamW's two moments, activations and logits are float32
+# a biography QA sequence (prompt + answer + EOS) before the data tell: the committed cpu runs' stage 3 had about
+# 16 tokens per pair (train_log tokens / batch); a BPE tokenizer makes more
+QA_TOKENS = 32
+# assumed share of a 1024^3 float32 matmul's speed that training reaches: the committed cpu runs trained at
+# 41 GFLOP/s of model FLOPs on one thread, where that matmul measured 28-103 GFLOP/s (depending on the load)
+CPU_EFFICIENCY = 0.5
+GPU_MFU = 0.3  # assumed fraction of the GPU's dense peak
+
+
+def train_logit_copies() -> int:
+    """float32 copies of a training forward's logits the process holds at its peak: 4 alive at once (measured:
+    4.1 after one step). With the allocator the `scalecl` command tunes (scalecl.machine.tune_cpu_allocator: freed
+    memory stays in the process) 6, as measured after the second step of a 50,304-row head (2.34 GiB over
+    0.38 GiB copies), where a step's buffers no longer fit the holes the last one left."""
+    from .machine import allocator_tuned
+
+    return 6 if allocator_tuned() else 4
+
+
+class Phase(NamedTuple):
+    """One phase of a run as memory sees it: a model (its parameter counts and widths) and one forward's rows."""
+
+    name: str
+    params: int
+    trainable: int
+    layers: int
+    width: int  # hidden size in force (SCALE: d + hidden_up)
+    ffn: int
+    vocab: int
+    rows: int  # sequences per forward
+    seq: int
+    train: bool  # backward and optimizer step (else a forward without gradients, beside the optimizer state)
+    paths: int = 1  # SCALE-Route computes two paths per token
+    tokens: int = 0  # tokens the phase processes in all (time)
+    keys: tuple[str, ...] = ()  # the --set keys that shrink it
+    glu: bool = False  # a gated MLP (Llama's SwiGLU) keeps three FFN-wide tensors per token, GPT-NeoX's two
+
+    def parts(self) -> dict[str, int]:
+        """Bytes of weights, gradients, AdamW state, activations and logits at the phase's peak."""
+        tokens = self.rows * self.seq
+        # floats a decoder layer keeps per token for the backward (inputs of its norms, projections, attention
+        # and MLP; SDPA keeps no T x T matrix), measured with d=256, ffn=4d, 32 x 256 tokens: GPT-NeoX 20.9 d
+        # (13 d + 2 ffn = 21 d), Llama 31.8 d (16 d + 4 ffn = 32 d). A forward without gradients keeps ~2 layers.
+        act_layers = self.layers if self.train else 2
+        per_token = 16 * self.width + 4 * self.ffn if self.glu else 13 * self.width + 2 * self.ffn
+        act = tokens * act_layers * per_token * FLOAT * self.paths
+        # training: the logits, their log-softmax, its gradient and the logits' gradient are alive at once
+        # (B x T x V each); evaluation: the logits
+        logits = tokens * self.vocab * FLOAT * (train_logit_copies() if self.train else 1)
+        return {"weights": self.params * FLOAT, "grads": self.trainable * FLOAT * self.train,
+                "adamw": self.trainable * 2 * FLOAT, "activations": act, "logits": logits}
+
+    def bytes(self) -> int:
+        return sum(self.parts().values())
+
+    def flops(self) -> float:
+        return (6.0 if self.train else 2.0) * (self.params - self.vocab * self.width) * self.tokens
+
+
+class Estimate(NamedTuple):
+    peak: int  # bytes, the process (or the processes of one machine) at its largest phase
+    baseline: int  # bytes the process holds already (interpreter, torch, the prepared data)
+    phase: Phase
+    available: int | None
+    seconds: float | None
+    rate: str  # where the time comes from
+    world: int = 1
+
+
+def _model_numbers(config: PretrainedConfig, method: str | None, opts: dict[str, Any]) -> tuple[int, int]:
+    """(total, trainable) parameters of `config` with `method` applied (None: every weight trains)."""
+    if method is None:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        n = count_parameters(model)
+        return n, n
+    trainable, total = trainable_counts(config, method, **opts)
+    return total, trainable
+
+
+def _widths(cfg: PretrainedConfig, method: str | None, opts: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(layers, width, ffn, paths) of a model after `method`: SCALE widens, LLaMA Pro deepens, Route forks."""
+    layers, width, ffn = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+    if method and method.startswith("scale-"):
+        width, ffn = width + int(opts.get("hidden_up", 0) or 0), ffn + int(opts.get("ffn_up", 0) or 0)
+    if method == "llama-pro":
+        layers += int(opts.get("n", 0) or 0)
+    return layers, width, ffn, 2 if method == "scale-route" else 1
+
+
+def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, Any], shape: tuple[int, int],
+          tokens: int, keys: tuple[str, ...], train: bool = True) -> Phase:
+    """One phase of a sweep: a model (`cfg` widened by `method` with `opts`), its forward's (rows, sequence
+    length), the tokens it processes in all, and the `--set` keys that shrink it."""
+    rows, seq = shape
+    total, trainable = _model_numbers(cfg, method, opts)
+    layers, width, ffn, paths = _widths(cfg, method, opts)
+    return Phase(name, total, trainable if train or method else 0, layers, width, ffn, cfg.vocab_size, rows, seq,
+                 train, paths, tokens, keys, glu=getattr(cfg, "hidden_act", "") == "silu")
+
+
+def available_memory() -> int | None:
+    """Bytes the OS can give this process without swapping (MemAvailable), or None when unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except (ImportError, OSError):
+        return None
+
+
+def process_memory() -> int:
+    """Bytes this process holds now (its resident set): the interpreter, torch and what is loaded."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except (ImportError, OSError):
+        return 0
+
+
+def cpu_matmul_rate() -> float:
+    """float32 FLOP/s of a 1024^3 matrix product at torch's thread count, measured now (~0.1 s)."""
+    import time
+
+    a = torch.randn(1024, 1024)
+    b = torch.randn(1024, 1024)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * 1024**3 / best
+
+
+def estimate(phases: list[Phase], device: torch.device, world: int = 1, autocast: Any = None,
+             rate: float | None = None) -> Estimate:
+    """Peak memory (the largest phase plus what the process holds now: interpreter, torch, the prepared data)
+    and time of a sweep."""
+    peak_phase = max(phases, key=Phase.bytes)
+    flops = sum(p.flops() for p in phases)
+    if device.type == "cuda":
+        from .perf import peak_tflops
+
+        peak = peak_tflops(device, autocast).get("tflops")
+        seconds = flops / (peak * 1e12 * GPU_MFU) if peak else None
+        how = f"{GPU_MFU:.0%} of the GPU's peak" if peak else "no known peak"
+        free = int(torch.cuda.mem_get_info(device)[0])
+        return Estimate(peak_phase.bytes(), 0, peak_phase, free, seconds, how, world)
+    rate = rate if rate is not None else cpu_matmul_rate()
+    seconds = flops / (rate * CPU_EFFICIENCY * world)
+    how = f"{CPU_EFFICIENCY:.0%} of a measured {rate / 1e9:.0f} GFLOP/s matmul"
+    base = process_memory()
+    return Estimate(world * (base + peak_phase.bytes()), world * base, peak_phase, available_memory(), seconds,
+                    how, world)
+
+
+def _size(n: float) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.0f} MiB"
+
+
+def _duration(s: float) -> str:
+    if s >= 2 * 86400:
+        return f"{s / 86400:,.0f} days"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def describe(e: Estimate) -> str:
+    """The estimate as one line."""
+    parts = ", ".join(f"{k} {_size(v)}" for k, v in e.phase.parts().items() if v)
+    where = "GPU memory" if e.baseline == 0 else "memory" + (f" ({e.world} processes)" if e.world > 1 else "")
+    avail = f" of {_size(e.available)} available" if e.available is not None else ""
+    time_part = (f"; time ~{_duration(e.seconds)} (rough: FLOPs / {e.rate})" if e.seconds is not None
+                 else "; time unknown")
+    base = f"; + {_size(e.baseline)} the process holds with its data" if e.baseline else ""
+    return (f"estimate: peak {where} ~{_size(e.peak)}{avail} in {e.phase.name} ({e.phase.rows} x {e.phase.seq} "
+            f"tokens, {e.phase.vocab:,} head rows: {parts}{base}){time_part}")
+
+
+def check_fits(e: Estimate) -> None:
+    """One ScaleclError when the estimated peak passes the memory available, naming the keys that shrink it."""
+    from .errors import ScaleclError
+
+    if e.available is None or e.peak <= e.available or os.environ.get("SCALECL_MEMORY_CHECK", "1") == "0":
+        return
+    micro = next((k for k in e.phase.keys if k.endswith("micro_batch")), None)
+    note = f" ({micro} below the batch keeps the batch: it accumulates)" if micro else ""
+    raise ScaleclError(f"this run needs about {_size(e.peak)} of {'GPU ' if e.baseline == 0 else ''}memory at its "
+                       f"peak ({e.phase.name}: {e.phase.rows} x {e.phase.seq} tokens, logits "
+                       f"{_size(e.phase.parts()['logits'])}), more than the {_size(e.available)} available; shrink "
+                       f"it with --set {', '.join(e.phase.keys)}{note}, or set SCALECL_MEMORY_CHECK=0 to try anyway")
+
+
+def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: int) -> Estimate:
+    """The estimate of an experiment of the sweep (scalecl.sweep) for the methods it will train: its phases
+    (`exp.budget_phases`, each experiment's own list) on this device."""
+    from .perf import autocast_dtype
+
+    return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device))

@@ -63,15 +63,23 @@ PARALLEL = ("ddp", "fsdp")
 
 @dataclass
 class ComputeConfig:
-    """How a run uses its hardware: GPU speed options and how several processes share the model.
+    """How a run uses its hardware: CPU threads, GPU speed options and how several processes share the model.
 
-    None of these changes what is trained beyond floating-point rounding, so none is part of a run name or a
-    cache key (result.json records them). Every option defaults to the plain behaviour.
+    None of these changes what is trained beyond floating-point rounding. Rounding alone, though, makes runs
+    differ after many steps: the CPU thread count in force and the device are therefore part of every run
+    name and stage cache key (scalecl.schema.numerics_key; one CPU thread keeps the names runs always had).
+    The other options are recorded in result.json only. Every option defaults to the plain behaviour.
     """
 
     # with several processes (torchrun): "ddp" keeps a full replica per process; "fsdp" shards parameters,
     # gradients and optimizer state per decoder layer (PyTorch FSDP2, fully_shard) for models that do not fit
     parallel: str = opt("ddp", choices=PARALLEL)
+    # on a CPU, torch's intra-op threads (torch.set_num_threads), set before a run builds anything; 0 = leave
+    # torch's count (OMP_NUM_THREADS, else one per core). The count splits float sums: runs at 1 and 2 threads
+    # end with different numbers, so the count in force is part of a CPU run's name. 1, as every committed run
+    # used: their numbers are reproduced, and 2 was no faster at the cpu presets on 2 shared cores (README,
+    # "Reproducibility, memory and time")
+    threads: int = opt(1, ge=0, le=MAX_SIZE)
     # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
     # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
     activation_checkpointing: bool = False

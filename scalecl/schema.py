@@ -116,6 +116,27 @@ def seed_key(run: int) -> list[dict[str, int]]:
     return [{"run_seed": run}] if run else []
 
 
+# The numerics every committed run was made with: a CPU, one intra-op thread. Runs on it keep the names they
+# always had; any other device or CPU thread count enters a run's name and every stage cache key.
+LEGACY_NUMERICS = {"device": "cpu", "cpu_threads": 1}
+
+
+def numerics_key(numerics: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the machine contributes to a run's numbers, as an extra part of its hash: nothing for one CPU
+    thread (names made before this key existed stay), else {"numerics": ...}. The thread count splits float
+    sums differently (matrix products, reductions), so runs at 1 and 2 threads differ in the last bits and
+    then, through training, in their results; a GPU computes other sums again."""
+    return [] if numerics == LEGACY_NUMERICS else [{"numerics": numerics}]
+
+
+def numerics_tag(numerics: dict[str, Any]) -> str:
+    """The numerics as a short phrase for messages: 'CPU, 2 threads', 'cuda'."""
+    if numerics.get("device") == "cpu":
+        n = numerics.get("cpu_threads")
+        return f"CPU, {n} thread{'s' if n != 1 else ''}"
+    return str(numerics.get("device"))
+
+
 _LINE_BREAKING = ("Cc", "Zl", "Zp")  # control characters and line/paragraph separators (str.splitlines splits)
 
 

@@ -88,7 +88,9 @@ def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
         result = json.loads((d / "result.json").read_text())
         assert result["method"] == method and result["preset"] == "tiny"
         assert result["config"]["stage1"]["steps"] == 30
-        assert set(result["wall_s"]) == {"data", "stage1", "stage2", "stage3", "stage3_eval"}
+        assert set(result["wall_s"]) == {"data", "stage1", "stage2", "stage3", "stage3_eval", "total", "phases"}
+        phases = result["wall_s"]["phases"]  # a partition of the process's time up to result.json
+        assert sum(phases.values()) == pytest.approx(result["wall_s"]["total"], abs=0.1 * len(phases))
         assert result["run"]["name"] == d.name and result["run"]["method"] == method
         assert result["stages_cached"] == {"stage1": method != "fft", "stage2": method != "fft"}
         assert result["summary"]["task0_start"] == lines[0]["task0/acc"]
