@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from .errors import ScaleclError
+from .hub import before_hub_load, miss_reason
 from .modeling.scale_arch import ARCHS, Arch, head_dim, kv_heads, set_submodule
 from .readers import check_weights_folder, read_json
 
@@ -101,6 +103,13 @@ _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads
           "intermediate_size", "max_position_embeddings", "head_dim")
 
 
+# real-valued fields of the supported configs: name -> whether it must be > 0 (else >= 0); a string or NaN here
+# would fail only at the first forward, or silently change the model
+_REALS = {"rope_theta": True, "rms_norm_eps": True, "layer_norm_eps": True, "initializer_range": False,
+          "attention_dropout": False, "hidden_dropout": False, "rotary_pct": True, "partial_rotary_factor": True,
+          "factor": True}
+
+
 def check_config_sizes(config: PretrainedConfig | dict, where: str) -> None:
     """Every size a config (or its JSON) gives is a positive integer (int32), heads divide the width: else one
     error naming `where` (a config.json with "64" as a size, -1 layers or 0 heads would otherwise fail deep in
@@ -109,6 +118,17 @@ def check_config_sizes(config: PretrainedConfig | dict, where: str) -> None:
     for k, v in got.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31):
             raise ScaleclError(f"{where}: {k} must be a positive integer, got {v!r}")
+    doc = config if isinstance(config, dict) else config.to_dict()
+    nested = [v for k in ("rope_parameters", "rope_scaling") if isinstance(v := doc.get(k), dict)]
+    for source in (doc, *nested):
+        for k, positive in _REALS.items():
+            v = source.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (positive and v <= 0) \
+                    or v < 0:
+                need = "a positive" if positive else "a non-negative"
+                raise ScaleclError(f"{where}: {k} must be {need} finite number, got {v!r}")
     heads, kv = got["num_attention_heads"], got["num_key_value_heads"]
     if heads and got["hidden_size"] and got["head_dim"] is None and got["hidden_size"] % heads:
         raise ScaleclError(f"{where}: hidden_size {got['hidden_size']} is not divisible by num_attention_heads {heads}")
@@ -147,11 +167,13 @@ def load_base_config(name_or_path: str) -> PretrainedConfig:
         except ScaleclError as e:
             raise ScaleclError(f"cannot load a config from {name_or_path}: {e}") from None
     else:
+        before_hub_load(name_or_path)  # no network: one line at once instead of a minute of retries
         try:
             config = AutoConfig.from_pretrained(name_or_path)
         except Exception as e:  # OSError, ValueError, transformers' field validation: a config it cannot build
-            raise ScaleclError(f"cannot load a config from {name_or_path}: not a local checkpoint and not in the "
-                               f"Hugging Face cache ({type(e).__name__})") from None
+            why = miss_reason(name_or_path) or (f"not a local checkpoint and not in the Hugging Face cache "
+                                                f"({type(e).__name__})")
+            raise ScaleclError(f"cannot load a config from {name_or_path}: {why}") from None
     if getattr(config, "scale", None) is not None:
         raise ScaleclError(f"{name_or_path} is a SCALE-upscaled model, not a plain model: give its base model")
     arch_of(config)
@@ -164,16 +186,43 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> Pr
     load_base_config(name_or_path)
     if os.path.isdir(name_or_path):  # safetensors only, each file's header checked: nothing is unpickled
         check_weights_folder(name_or_path, "model folder")
+    return load_plain_strict(name_or_path, dtype)
+
+
+def load_plain_strict(name_or_path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """`from_pretrained` that accepts only a complete match: a weight missing from the files (transformers would
+    initialise it at random) or of another shape than the config says is one error line, and transformers'
+    multi-line load report is kept off stderr."""
+    from transformers.utils import logging as hf_logging
+
+    where = f"cannot load the weights of {name_or_path}"
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, use_safetensors=True).eval()
+        model, info = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, use_safetensors=True,
+                                                           output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as e:  # incl. safetensors' errors on a damaged file
-        raise ScaleclError(f"cannot load the weights of {name_or_path} ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}); is the checkpoint complete (truncated?)") from None
+        text = str(e)
+        if "ignore_mismatched_sizes" in text:
+            raise ScaleclError(f"{where}: some tensors have other shapes than its config.json gives (wrong "
+                               f"config.json, or weights of another model)") from None
+        raise ScaleclError(f"{where} ({type(e).__name__}: {text.splitlines()[0] if text else ''}); is the "
+                           f"checkpoint complete (truncated?)") from None
     except Exception as e:
         if type(e).__name__ == "SafetensorError":
-            raise ScaleclError(f"cannot load the weights of {name_or_path}: {e}; the file looks truncated or damaged"
-                               ) from None
+            raise ScaleclError(f"{where}: {e}; the file looks truncated or damaged") from None
         raise
+    finally:
+        hf_logging.set_verbosity(before)
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys") or []]
+    if missing:
+        raise ScaleclError(f"{where}: {len(missing)} weight(s) its config needs are missing from the files (e.g. "
+                           f"{missing[0]}); transformers would initialise them at random")
+    if mismatched:
+        raise ScaleclError(f"{where}: {len(mismatched)} weight(s) have other shapes than its config.json gives "
+                           f"(e.g. {mismatched[0]})")
+    return model.eval()
 
 
 # ---------------------------------------------------------------------------------------------------------

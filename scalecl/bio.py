@@ -23,38 +23,40 @@ writes caches, checkpoints and results.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from .base_models import model_from_config, shape_config
 from .checkpoint import load_model, read_meta
 from .config import BioRunConfig, StageConfig
+from .consoles import make_console
 from .data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from .data.biography import biographies as render_biographies
-from .data.tokenizer import encode_plain, first_answer_tokens, load_tokenizer, train_bio_tokenizer
-from .errors import ScaleclError
+from .data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
+from .errors import ScaleclError, cause
 from .files import TMP_PREFIX, atomic_dir, remove_temporaries
 from .fit import Runtime, TrainPlan, fit
+from .hub import before_hub_load, miss_reason
 from .locks import locked
-from .machine import provenance
+from .machine import check_numerics, provenance, run_numerics
 from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from .optim import OptimConfig
 from .perf import autocast_dtype
 from .processes import Dist
 from .qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from .run import Run
-from .schema import config_hash, run_stream_seed, seed_key, seed_tag
+from .schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from .sweep import Paths, hold
 
-console = Console()
+console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 # Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
 # caches written by an older format are never reused.
 TEXT_FORMAT = 2
@@ -126,11 +128,13 @@ def pretrain_texts(people: People, cfg: BioConfig, lo: int, hi: int) -> list[str
 
 def open_tokenizer(name: str):
     """A given tokenizer (hub id or folder), with one clear error offline, naming the local alternative."""
+    before_hub_load(name)  # no network: one line at once instead of a minute of retries
     try:
         tokenizer = load_tokenizer(name)
     except (OSError, ValueError) as e:
-        raise ScaleclError(f"cannot load tokenizer {name} ({str(e).splitlines()[0][:200]}); offline, use "
-                           f"--tokenizer local (a word-level tokenizer trained on the generated corpus)") from None
+        why = miss_reason(name) or cause(e)  # the whole message (a URL in it is never cut)
+        raise ScaleclError(f"cannot load tokenizer {name} ({why}); offline, use --tokenizer local (a word-level "
+                           f"tokenizer trained on the generated corpus)") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -179,18 +183,18 @@ def _load_cached_tokenizer(tok_dir: Path):
     try:
         return load_tokenizer(tok_dir)
     except (OSError, ValueError) as e:
-        raise ScaleclError(f"cached tokenizer {tok_dir} is damaged ({str(e).splitlines()[0][:200]}); delete "
+        raise ScaleclError(f"cached tokenizer {tok_dir} is damaged ({cause(e)}); delete "
                            f"{tok_dir} and run again to train it anew") from None
 
 
-def packed_batches(docs: list[list[int]], eos: int, context: int, batch: int, seed: int) -> Iterator[dict]:
+def packed_batches(docs: Sequence[Sequence[int]], eos: int, context: int, batch: int, seed: int) -> Iterator[dict]:
     """Biographies + EOS, reshuffled every epoch, concatenated and cut into `context`-token chunks.
 
     The token right after an EOS begins another person's biography, which nothing before it predicts: its
     label is -100, as in the reference code (its labels mask every position that follows an EOS/pad).
     """
     rng = np.random.default_rng(seed)
-    arrays = [np.asarray(d + [eos], dtype=np.int64) for d in docs]
+    arrays = [np.append(np.asarray(d, dtype=np.int64), eos) for d in docs]  # lists or arrays (cached encodings)
     if sum(len(a) for a in arrays) // context < batch:  # no batch would ever be cut: refuse, never spin
         raise ScaleclError(f"a batch of {batch} x {context} tokens is larger than the whole corpus")
     while True:
@@ -256,10 +260,13 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
 # cached stages
 
 
-def stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist, tokenizer) -> Run:
+def stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist, tokenizer,
+              numerics: dict | None = None) -> Run:
     """A cached stage: its final model is the cache folder itself; checkpoints beside it until it is done."""
     name = f"{stage}-{key}"
     identity = {"experiment": f"bio-{stage}", "name": name, "method": None, "options": {}, "config_hash": key}
+    if numerics is not None:
+        identity["numerics"] = numerics
     return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep, main=d.main,
                save_kw={"tokenizer": tokenizer})
 
@@ -272,6 +279,9 @@ def cached_stage(run: Run, plan: TrainPlan, *, build: Callable[[], torch.nn.Modu
         rt.d.barrier()  # every process sees the same cache
         meta = read_meta(run.final_dir)
         if meta is not None:
+            if "numerics" in run.identity:  # an entry trained elsewhere under a key without its numerics
+                check_numerics(meta.get("stage"), run.identity["numerics"],
+                               f"cached {run.name} ({run.final_dir})", f"delete {run.final_dir} to train it again")
             return {**meta.get("stage", {}), "cached": True}
         return _train_stage(run, plan, build=build, batches=batches, info=info, rt=rt)
 
@@ -281,7 +291,7 @@ def _train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime
     t = time.perf_counter()
     res = fit(run, plan, build=build, batches=batches, rt=rt)
     stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model),
-             "accumulation": plan.accum, "speed": res.speed,
+             "accumulation": plan.accum, "speed": res.speed, "numerics": run.identity.get("numerics"),
              "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
@@ -290,6 +300,44 @@ def _train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime
         run.remove_checkpoints()  # the cache folder now holds the stage: its own checkpoints are spent
     d.barrier()
     return {**stage, "cached": False}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the memory and time estimate (scalecl.budget)
+
+
+def bio_phases(rc: Any, methods: list[str], world: int, vocab: int = 0, qa_len: int = 0) -> list:
+    """The phases of a biography sweep: stages 1-2, then each method's stage 3 and its evaluations. `vocab`
+    (head rows) and `qa_len` (the longest QA sequence) come from the prepared data; without them, from the
+    preset (model.vocab; a rough count of the local tokenizer's words; QA_TOKENS)."""
+    from .budget import QA_TOKENS, phase
+
+    data = bio_config(rc)
+    if not vocab:
+        vocab = rc.model.vocab or (data.n_first + data.n_middle + data.n_last + 2 * data.n_cities
+                                   + 3 * data.n_universities + 2 * data.n_majors + 2 * data.n_companies + 400)
+    cfg = copy.deepcopy(base_model_config(rc))
+    cfg.vocab_size = vocab
+    qa = min(qa_len or QA_TOKENS, rc.model.context)
+    mb = "compute.micro_batch"
+    s1, s2, s3 = (micro_batch(rc, getattr(rc, s), world)[0] for s in ("stage1", "stage2", "stage3"))
+    ctx = rc.model.context
+    phases = [
+        phase("stage 1", cfg, None, {}, (s1, ctx), rc.stage1.steps * rc.stage1.batch * ctx // world,
+              ("stage1.batch", mb, "model.context")),
+        phase("stage 2", cfg, None, {}, (s2, qa), rc.stage2.steps * rc.stage2.batch * qa // world,
+              ("stage2.batch", mb)),
+    ]
+    for name in methods:
+        opts = rc.method_options(name)
+        evals = rc.eval.count(rc.stage3.steps) * 2 * rc.eval.slice_people * 6 + data.n_people * 6
+        phases += [
+            phase(f"stage 3 ({name})", cfg, name, opts, (s3, qa),
+                  rc.stage3.steps * rc.stage3.batch * qa // world, ("stage3.batch", mb)),
+            phase(f"evaluation ({name})", cfg, name, opts, (min(rc.eval.batch, data.n_people * 6), qa),
+                  evals * qa, ("eval.batch",), train=False),
+        ]
+    return phases
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -308,8 +356,16 @@ class BioExperiment:
         self.device = torch.device("cpu")
         self.started: dict[str, Any] = {}
         self.stage_info: dict[str, Any] = {}
+        self.numerics = run_numerics(rc.compute, self.device)  # the sweep sets the device's (sweep.check)
 
     # -- before anything is written ----------------------------------------------------------------------
+
+    def budget_phases(self, methods: list[str], world: int) -> list:
+        """What the sweep will run, for scalecl.budget's estimate; from the prepared data when it is ready (the
+        head's rows, the longest QA sequence), else from the preset."""
+        data = self.data
+        qa = max((q.ids.shape[1] for q in data.qa.values()), default=0) if data is not None else 0
+        return bio_phases(self.rc, methods, world, self.base_cfg.vocab_size if data is not None else 0, qa)
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         rc = self.rc
@@ -343,10 +399,10 @@ class BioExperiment:
                  if k not in ("checkpoint", "methods", "lr_scale", "compute", "run_seed")}
         micro = micro_key(rc, d.world, "stage1", "stage2", "stage3")
         h = config_hash(named, method.name, method.options(), self.stage3_lr(method), *([micro] if micro else []),
-                        *seed_key(rc.run_seed))
+                        *seed_key(rc.run_seed), *numerics_key(self.numerics))
         name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
         identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
-                    "config_hash": h}
+                    "config_hash": h, "numerics": self.numerics}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / "bio" / name, keep=rc.checkpoint.keep,
                    main=d.main, method=method)
 
@@ -388,10 +444,13 @@ class BioExperiment:
         rc, data, d = self.rc, self.data, rt.d
         m1, m2 = micro_key(rc, d.world, "stage1"), micro_key(rc, d.world, "stage2")
         k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
-                         *([m1] if m1 else []))
+                         *([m1] if m1 else []), *numerics_key(self.numerics))  # k2 inherits it through k1
         k2 = config_hash(k1, rc.stage2, *([m2] if m2 else []))
         lo, hi = ranges(data.cfg).pretrain
-        docs = encode_plain(data.tokenizer, pretrain_texts(data.people, data.cfg, lo, hi))
+        docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
+            data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi),
+            self.cache / f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}",
+            write=d.main)
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         if corpus // rc.model.context < rc.stage1.batch:
             raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "
@@ -401,14 +460,14 @@ class BioExperiment:
                                             data.tokenizer.eos_token_id)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
         keep = rc.checkpoint.keep
-        s1_run = stage_run(self.cache, "stage1", k1, keep, d, data.tokenizer)
+        s1_run = stage_run(self.cache, "stage1", k1, keep, d, data.tokenizer, self.numerics)
         s1 = cached_stage(
             s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", d, resume="auto"),
             build=lambda: model_from_config(self.base_cfg, seed=rc.seed),
             batches=self._shards(s1_batches, rc.stage1, d),
             info=lambda m: {"params": sum(p.numel() for p in m.parameters()), "corpus_tokens": corpus,
                             "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)}, rt=rt)
-        s2_run = stage_run(self.cache, "stage2", k2, keep, d, data.tokenizer)
+        s2_run = stage_run(self.cache, "stage2", k2, keep, d, data.tokenizer, self.numerics)
         heldout, train0 = data.qa["task0_heldout"], data.qa["task0_train"]
         s2 = cached_stage(
             s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", d, resume="auto"),
@@ -487,15 +546,26 @@ class BioExperiment:
             "checkpoint": str(run.final_dir),
         }
 
-    def summary(self, results: list[dict[str, Any]]) -> None:
+    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
+        """The end-of-run table: a row per run (labelled by `labels`, default its method), the FFT run of the
+        same cached stages when one exists (this sweep's or a finished one in --out) and the chance floor."""
+        from .summary import chance_floor, fft_reference
+
         table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices "
                             "during training, full ranges at the end)")
-        table.add_column("method", no_wrap=True)
+        table.add_column("run" if labels else "method", no_wrap=True)
         for col in ("T0 start", "T0 min", "T0 end", "T1 start", "T1 end", "T0 full", "T1 full"):
             table.add_column(col, justify="right")
-        for r in results:
+        rows = list(zip(labels or [r["method"] for r in results], results, strict=True))
+        fft = fft_reference(results, self.paths.out)
+        if fft is not None and not any(r is fft for r in results):
+            rows.append((f"fft (same base: {fft['run']['name']})", fft))
+        for label, r in rows:
             s = r["summary"]
-            table.add_row(r["method"], *(f"{s[k]:.3f}" for k in ("task0_start", "task0_min", "task0_end",
-                                                                   "task1_start", "task1_end")),
+            table.add_row(label, *(f"{s[k]:.3f}" for k in ("task0_start", "task0_min", "task0_end",
+                                                           "task1_start", "task1_end")),
                           f"{r['final']['task0_heldout']['acc']:.3f}", f"{r['final']['task1']['acc']:.3f}")
+        floor = [chance_floor(results, part) for part in ("task0_heldout", "task1")]
+        if None not in floor:  # always answering each attribute's most common first token
+            table.add_row("chance (most common answer)", *[""] * 5, *(f"{f:.3f}" for f in floor), style="dim")
         console.print(table)

@@ -10,7 +10,7 @@ scale (scale-preserve/adapt/route): a transformers folder with remote code.
   model.safetensors  weights
   config.json        the widened config (widened sizes, its family's model_type) plus `auto_map` and `scale`
                      (spec, base sizes)
-  modeling_scale.py, scale_surgery.py, scale_layers.py, scale_arch.py
+  modeling_scale.py, scale_surgery.py, scale_spec.py, scale_layers.py, scale_arch.py
                      scalecl's own SCALE model code (scalecl/modeling), copied verbatim: it needs only torch and
                      transformers, so `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)` works
                      without scalecl; without trust_remote_code transformers raises (size mismatch)
@@ -52,17 +52,21 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from .errors import ScaleclError
-from .files import fingerprints, is_marked_temporary, make_temporary, unmark, unowned_entries
+from .files import (
+    check_path_length,
+    check_writable_dir,
+    fingerprints,
+    is_marked_temporary,
+    make_temporary,
+    unmark,
+    unowned_entries,
+)
 from .methods import Method, get_method
-from .readers import check_weights_folder, field, read_json, safetensors_header
+from .readers import check_weights_folder, field, model_weights_header, read_json
 
 FORMAT_VERSION = 2
 META_FILE = "scalecl.json"
 LORA_BASE_DIR = "base"
-# what a checkpoint written before fingerprints (no `written` in scalecl.json) may hold to be replaced: a list of
-# names in scalecl.json is not proof (anyone can edit it), so only the files every checkpoint has
-_LEGACY_FILES = ("model.safetensors", "config.json", META_FILE, "generation_config.json", "modeling_scale.py",
-                 "scale_surgery.py", "scale_layers.py", "scale_arch.py")
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 _PLAIN_METHODS = (None, "fft", "freeze", "llama-pro")
 
@@ -80,6 +84,7 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
     siblings of earlier crashed saves are cleaned up here.
     """
     out = Path(out_dir).expanduser()
+    check_path_length(out, "output folder")  # first: stat() itself fails on too long a name
     where = Path(os.path.abspath(out))
     real, cwd = where.resolve(), Path.cwd().resolve()
     if real == cwd or real in cwd.parents:
@@ -102,12 +107,18 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
             raise ScaleclError(f"output folder {out_dir} is not empty and holds no scalecl checkpoint{why}; nothing "
                                f"was written (give a new or empty folder)")
         if not overwrite:
-            raise ScaleclError(f"output folder {out_dir} holds a scalecl checkpoint; pass --overwrite "
-                               f"(overwrite=True) to replace it")
+            held = f"output folder {out_dir} holds a scalecl checkpoint"
+            raise ScaleclError(f"{held}; pass overwrite=True to replace it", cli=f"{held}; pass --overwrite to replace it")
         foreign = _foreign_entries(out, meta)
+        if foreign and not isinstance(meta.get("written"), dict):
+            raise ScaleclError(f"output folder {out_dir} holds a checkpoint of an older scalecl that records no "
+                               f"file fingerprints, so its files cannot be proven the suite's; remove the folder "
+                               f"yourself or choose another")
         if foreign:
             raise ScaleclError(f"output folder {out_dir} holds files scalecl did not write ({', '.join(foreign[:3])}); "
                                f"move them away to replace the checkpoint")
+    # last (a refused folder of the user's is not even touched by the trial): read-only, no permission, /sys
+    check_writable_dir(out, "output folder")
     return where
 
 
@@ -116,8 +127,9 @@ def _foreign_entries(folder: Path, meta: dict[str, Any]) -> list[str]:
     written = meta.get("written")
     if isinstance(written, dict):
         return unowned_entries(folder, written, allow=(META_FILE,))
-    return sorted(p.name for p in folder.iterdir()
-                  if p.name not in _LEGACY_FILES or p.is_symlink() or not p.is_file())
+    # an older checkpoint records no fingerprints: a name alone proves nothing (a user's own weights beside an
+    # old scalecl.json carry the same names), so none of its files counts as the suite's
+    return sorted(p.name for p in folder.iterdir() if p.name != META_FILE) or [META_FILE]
 
 
 def _sibling_re(out: Path) -> re.Pattern:
@@ -413,8 +425,18 @@ def _check_meta(meta: dict[str, Any], p: Path) -> None:
     """The fields load_model uses, of the right values (read_meta checked their types), or one error naming
     the scalecl.json."""
     f, what = p / META_FILE, "checkpoint record"
-    if meta.get("layout", "plain") not in ("plain", "scale", "lora"):
+    version = meta.get("format_version", 1)
+    if not 1 <= version <= FORMAT_VERSION:
+        raise ScaleclError(f"{what} {f}: format version {version} is not one this scalecl reads (1..{FORMAT_VERSION}); "
+                           f"was it written by a newer scalecl?")
+    layout = meta.get("layout", "plain")
+    if layout not in ("plain", "scale", "lora"):
         raise ScaleclError(f"{what} {f}: unknown layout {meta['layout']!r}")
+    method = meta.get("method")
+    expected = "scale" if str(method).startswith("scale-") else "lora" if method == "lora" else "plain"
+    if layout != expected:
+        raise ScaleclError(f"{what} {f}: layout {layout!r} does not match its method {method!r} (which writes "
+                           f"{expected!r}); the record was edited or damaged")
     if meta.get("dtype", "float32") not in _DTYPES:
         raise ScaleclError(f"{what} {f}: unknown dtype {meta['dtype']!r} (one of {', '.join(_DTYPES)})")
     field(meta, "base_config", dict, f, what)
@@ -453,9 +475,9 @@ def check_model_files(path: str | os.PathLike) -> dict[str, Any] | None:
     _check_meta(meta, p)
     _base_config(meta, p)
     if meta.get("layout") == "lora":
-        safetensors_header(p / "adapter_model.safetensors", f"adapter weights of {p}")
+        model_weights_header(p / "adapter_model.safetensors", f"adapter weights of {p}")
     else:
-        safetensors_header(p / "model.safetensors", f"weights of checkpoint {p}")
+        model_weights_header(p / "model.safetensors", f"weights of checkpoint {p}")
     return meta
 
 
@@ -500,9 +522,11 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
 
 def _load_plain(p: Path, dtype: torch.dtype | None) -> PreTrainedModel:
     """A plain transformers folder (its weights already checked), or one error naming it."""
+    from .base_models import load_plain_strict
+
     try:
-        return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32, use_safetensors=True).eval()
-    except (OSError, ValueError, TypeError, KeyError) as e:
+        return load_plain_strict(str(p), dtype or torch.float32)
+    except (TypeError, KeyError) as e:
         raise ScaleclError(f"cannot load the model in {p} ({type(e).__name__}: "
                            f"{(str(e).splitlines() or [''])[0][:160]})") from None
 
@@ -561,6 +585,10 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrit
         from .methods.lora import merge_lora
 
         model = merge_lora(model)
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:  # an export is a model others will load as sound: refuse rather than copy NaN or inf onward
+        raise ScaleclError(f"checkpoint {path} holds non-finite weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
+                           f"nothing was written")
     tokenizer = _checkpoint_tokenizer(p)
     source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
     return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,

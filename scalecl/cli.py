@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from .consoles import make_console
 from .errors import ScaleclError
-from .methods.scale.config import ScaleConfig, option_help
+from .modeling.scale_spec import ScaleSpec, option_help  # no torch: --help must stay fast
 from .schema import MAX_DOCS, Raw
 
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()  # off a terminal: lines and paths are not wrapped at 80 columns
+err_console = make_console(stderr=True)
 
 
 def print_error(message: str) -> None:
@@ -33,6 +33,16 @@ def print_error(message: str) -> None:
 class _OneLineErrors(TyperGroup):
     """Click's own usage errors (a bad option value, a missing option, an unknown command) as one `error:` line
     and exit code 2, like the suite's own errors, instead of a boxed usage message."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in (self, *self.commands.values()):
+            help_option = command.get_help_option(typer.Context(command))  # built once and kept by click
+            for param in (*command.params, *([help_option] if help_option is not None else [])):
+                if getattr(param, "is_flag", False) and param.metavar is None:
+                    # typer's rich help gives a flag the type column of a value (`--force <bool>`): a flag
+                    # takes none, so it shows no type (plain click help already leaves it out)
+                    param.metavar = ""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -72,6 +82,19 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _global_options(
+    offline: bool = typer.Option(
+        False, "--offline", help="Never contact the Hugging Face hub (the same as HF_HUB_OFFLINE=1): hub ids load "
+        "from the local cache or fail with one line. Without it an unreachable hub is noticed in at most 3 s "
+        "and the command goes offline by itself.", show_default=False),
+) -> None:
+    if offline:
+        from .hub import go_offline
+
+        go_offline()  # before any command imports huggingface_hub, transformers or datasets
+
+
 # OS errors that are the user's machine, not a bug: a read-only or full disk, no permission, a path that
 # cannot be one. Anywhere under a command they are one `error:` line naming the path and exit code 1.
 USER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
@@ -101,7 +124,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except ScaleclError as e:
-            print_error(str(e))
+            print_error(e.cli_message())  # the flags' names, where the library's message names its arguments
             raise typer.Exit(e.exit_code) from None
         except Exception as e:
             line = os_error_line(e)
@@ -128,15 +151,15 @@ def upscale(
         "or a path to a transformers config JSON.",
     ),
     # SCALE's options: defaults and help declared once, on modeling's ScaleSpec (ScaleConfig inherits them)
-    variant: str = typer.Option(ScaleConfig.variant, "--variant", help=option_help("variant")),
-    hidden_up: int = typer.Option(ScaleConfig.hidden_up, "--hidden-up", help=option_help("hidden_up")),
-    ffn_up: int = typer.Option(ScaleConfig.ffn_up, "--ffn-up", help=option_help("ffn_up")),
-    l_fp: int | None = typer.Option(ScaleConfig.l_fp, "--l-fp", help=option_help("l_fp")),
-    collab: str = typer.Option(",".join(ScaleConfig.collab), "--collab", help=option_help("collab")),
-    init: str = typer.Option(",".join(ScaleConfig.init), "--init", help=option_help("init")),
-    tau: float = typer.Option(ScaleConfig.tau, "--tau", help=option_help("tau")),
-    router: str = typer.Option(ScaleConfig.router, "--router", help=option_help("router")),
-    embed_init: str = typer.Option(ScaleConfig.embed_init, "--embed-init", help=option_help("embed_init")),
+    variant: str = typer.Option(ScaleSpec.variant, "--variant", help=option_help("variant")),
+    hidden_up: int = typer.Option(ScaleSpec.hidden_up, "--hidden-up", help=option_help("hidden_up")),
+    ffn_up: int = typer.Option(ScaleSpec.ffn_up, "--ffn-up", help=option_help("ffn_up")),
+    l_fp: int | None = typer.Option(ScaleSpec.l_fp, "--l-fp", help=option_help("l_fp")),
+    collab: str = typer.Option(",".join(ScaleSpec.collab), "--collab", help=option_help("collab")),
+    init: str = typer.Option(",".join(ScaleSpec.init), "--init", help=option_help("init")),
+    tau: float = typer.Option(ScaleSpec.tau, "--tau", help=option_help("tau")),
+    router: str = typer.Option(ScaleSpec.router, "--router", help=option_help("router")),
+    embed_init: str = typer.Option(ScaleSpec.embed_init, "--embed-init", help=option_help("embed_init")),
     seed: int = typer.Option(0, "--seed", help="Seed for random-init bases and rnd initialisation."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing scalecl checkpoint at --out "
                                    "(never a folder holding anything else)."),
@@ -146,6 +169,7 @@ def upscale(
     The same as `scalecl prepare --method scale-<variant>`, with SCALE's options as flags.
     """
     from .checkpoint import check_checkpoint_dest
+    from .methods.scale.config import ScaleConfig
 
     check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
@@ -275,7 +299,8 @@ def train_bio(
         "cpu", "--preset",
         help="tiny (CI smoke, ~1 min), cpu (default: shows the phenomenon on a 2-core CPU in minutes), gpu "
         "(the paper's protocol on Pythia-160M sized for one H100: stages 1-2 and three methods in <= 25 min), "
-        "paper (Pythia-160M architecture, the paper's people, steps and learning rates; GPU).",
+        "paper (Pythia-160M architecture, the paper's people, steps and learning rates; GPU), paper-smoke (the "
+        "paper's shapes on a CPU in ~5 min: 120 people, a few steps; checks shapes and memory).",
     ),
     sets: list[str] = typer.Option(
         [], "--set", help="Override a preset value, e.g. --set stage1.steps=2000 --set methods.scale.hidden_up=64 "
@@ -314,6 +339,8 @@ def train_bio(
     from .sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
+    if tokenizer is not None and not tokenizer.strip():
+        raise ScaleclError("--tokenizer is empty: give 'local', a hub id or a folder (or leave it out)")
     extra = [f"tokenizer={tokenizer}"] if tokenizer else []
     exps = [BioExperiment(load_preset("bio", preset, rep + extra), preset, Paths(out, cache, checkpoints))
             for rep in replicate_sets(sets, seeds, run_seeds)]
@@ -331,12 +358,16 @@ def plot(
         "seeds are replicates: tables give their mean and 95% Student-t interval (paired_*.csv: per-base "
         "differences between methods), curves a band; of two runs with the same seeds the newer is used. Every "
         "figure and table lists the runs it used (<name>.inputs.txt)."),
-    out: Path = typer.Option(Path("runs/figures"), "--out", help="Folder for figures (PNG + PDF) and tables "
-                             "(CSV/MD/TeX). The committed figures: --results results --out paper_figures."),
+    out_text: str = typer.Option("runs/figures", "--out", help="Folder for figures (PNG + PDF) and tables "
+                                 "(CSV/MD/TeX). The committed figures: --results results --out paper_figures."),
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from .files import check_writable_dir
     from .report import plot_all
+
+    if not out_text.strip():
+        raise ScaleclError("--out is empty: give a folder for the figures and tables")
+    out = Path(out_text)
 
     roots = results or [p for p in (Path("runs"), Path("results")) if p.is_dir()]
     if not roots:
@@ -472,7 +503,7 @@ def eval_ppl(
     take: int = typer.Option(0, "--take", min=0, max=MAX_DOCS,
                              help="Documents in the slice (0 = all after --skip; at most 10**12)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per packed chunk (default: the model's positions, at most 2048)."),
-    batch: int = typer.Option(8, "--batch", min=1, help="Chunks per forward."),
+    batch: int = typer.Option(8, "--batch", min=1, max=65536, help="Chunks per forward (1..65536)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer (default: the one saved with the model)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON record instead of the summary line."),
@@ -547,6 +578,9 @@ def main() -> None:
     # transformers' per-load "Loading weights" bars would fill logs and stderr (where only an error line
     # belongs); read when transformers is imported, so set before. HF_HUB_DISABLE_PROGRESS_BARS=0 keeps them.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # datasets logs a damaged file at ERROR level ("Failed to load JSON ...") before raising; the suite turns
+    # the exception into its one error line, so only CRITICAL records of datasets reach stderr
+    os.environ.setdefault("DATASETS_VERBOSITY", "critical")
     app()
 
 

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from .base_models import load_base_config, load_base_model, model_from_config, tiny_config
 from .checkpoint import load_model, read_meta
 from .config import CorpusConfig, CptRunConfig
+from .consoles import make_console
 from .corpora import BUILTIN, bilingual_config, builtin_root, check_builtin_spec, corpus_spec, max_positions
 from .data.bilingual import write_corpus
 from .data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
@@ -42,17 +42,17 @@ from .data.tokenizer import load_tokenizer
 from .errors import ScaleclError
 from .fit import Runtime, TrainPlan, fit
 from .locks import locked
-from .machine import provenance
+from .machine import check_numerics, provenance, run_numerics
 from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from .optim import OptimConfig
 from .perf import autocast_dtype
 from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from .processes import Dist
 from .run import Run
-from .schema import config_hash, run_stream_seed, seed_key, seed_tag
+from .schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from .sweep import Paths
 
-console = Console()
+console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -83,13 +83,17 @@ def open_tokenizer(rc: CptRunConfig, root: Path | None):
         raise ScaleclError(f"cannot load the tokenizer {src}: {str(e).splitlines()[0]}") from None
 
 
-def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, rt: Runtime) -> tuple[Path, dict]:
+def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, rt: Runtime,
+                  numerics: dict | None = None) -> tuple[Path, dict]:
     """The builtin base: a small decoder pre-trained on the stand-in's base corpus (English training split plus
     a little Korean of other people, see scalecl.data.bilingual), cached. Rank 0 trains it alone (resuming its
     own checkpoints after a kill); the other processes wait."""
-    key = config_hash(asdict(rc.builtin), tok_src, rc.model, rc.pretrain, rc.seed)
+    key = config_hash(asdict(rc.builtin), tok_src, rc.model, rc.pretrain, rc.seed,
+                      *numerics_key(numerics or run_numerics(rc.compute, rt.device)))
     path = cache / "cpt" / f"base-{key}"
     identity = {"experiment": "cpt-base", "name": f"base-{key}", "method": None, "options": {}, "config_hash": key}
+    if numerics is not None:
+        identity["numerics"] = numerics
     run = Run(identity, None, cache / "cpt" / "checkpoints" / f"base-{key}", final_dir=path, keep=rc.checkpoint.keep,
               save_kw={"tokenizer": tokenizer})
     info = None
@@ -100,6 +104,8 @@ def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: 
     rt.d.barrier()
     if info is None:
         info = {**(read_meta(path) or {}).get("stage", {}), "cached": True}
+        if numerics is not None:  # an entry trained elsewhere under a key without its numerics
+            check_numerics(info, numerics, f"cached base {path}", f"delete {path} to train it again")
     return path, info
 
 
@@ -117,7 +123,7 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
               batches=RankBatches(chunks, rc.pretrain.batch), rt=Runtime(Dist(), rt.device, rt.progress, rt.say))
     info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1],
             "epochs_completed": chunks.epoch, "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
-            "params": sum(p.numel() for p in res.model.parameters()),
+            "params": sum(p.numel() for p in res.model.parameters()), "numerics": run.identity.get("numerics"),
             "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
     run.finish(None, res.model.cpu(), extra={"stage": info},
                base_model="builtin (pre-trained on the stand-in's base corpus)")
@@ -146,6 +152,32 @@ class EvalSets:
         return sum(len(c) - 1 for c in (self.old_chunks if split == "old" else self.new_chunks))
 
 
+def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
+    """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
+    and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
+    from .base_models import load_base_config
+    from .budget import phase
+
+    builtin = rc.base == "builtin"
+    cfg = builtin_model_config(rc, rc.builtin.vocab) if builtin else load_base_config(rc.base)
+    t, seq = rc.train, rc.train.seq_len
+    micro = t.micro_batch or t.batch // world
+    phases = []
+    if builtin:
+        ctx = rc.model.context
+        phases.append(phase("base pre-training", cfg, None, {}, (rc.pretrain.batch, ctx),
+                            rc.pretrain.steps * rc.pretrain.batch * ctx, ("pretrain.batch", "model.context")))
+    for name in methods:
+        opts = rc.method_options(name)
+        phases += [
+            phase(f"training ({name})", cfg, name, opts, (micro, seq), t.steps * t.batch * seq // world,
+                  ("train.micro_batch", "train.seq_len")),
+            phase(f"evaluation ({name})", cfg, name, opts, (rc.eval.batch, seq),
+                  (t.steps // (rc.eval.every or t.steps) + 2) * eval_tokens, ("eval.batch",), train=False),
+        ]
+    return phases
+
+
 class CptExperiment:
     """Continual pre-training as an experiment of the sweep: every method from the same base."""
 
@@ -155,8 +187,14 @@ class CptExperiment:
         self.rc, self.preset, self.paths = rc, preset_name, paths
         self.bilingual = None
         self.device = torch.device("cpu")
+        self.numerics = run_numerics(rc.compute, self.device)  # the sweep sets the device's (sweep.check)
 
     # -- before anything is written ----------------------------------------------------------------------
+
+    def budget_phases(self, methods: list[str], world: int) -> list:
+        """What the sweep will run, for scalecl.budget's estimate (held-out tokens once the data are ready)."""
+        evals = getattr(self, "evals", None)
+        return cpt_phases(self.rc, methods, world, evals.tokens("old") + evals.tokens("new") if evals else 0)
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         rc = self.rc
@@ -188,10 +226,11 @@ class CptExperiment:
         methods' options or rates)."""
         rc = self.rc
         named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr", "compute", "run_seed")}
-        h = config_hash(named, method.name, method.options(), rc.lr[method.name], *seed_key(rc.run_seed))
+        h = config_hash(named, method.name, method.options(), rc.lr[method.name], *seed_key(rc.run_seed),
+                        *numerics_key(self.numerics))
         name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
         identity = {"experiment": "cpt", "name": name, "method": method.name, "options": method.options(),
-                    "config_hash": h}
+                    "config_hash": h, "numerics": self.numerics}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / "cpt" / name, keep=rc.checkpoint.keep,
                    main=d.main, method=method)
 
@@ -230,7 +269,8 @@ class CptExperiment:
         """The base (pre-trained and cached when builtin) and its hidden states on the representation batch."""
         rc = self.rc
         if rc.base == BUILTIN:
-            path, self.base_info = pretrain_base(rc, self.tokenizer, self.tok_src, self.root, self.paths.cache, rt)
+            path, self.base_info = pretrain_base(rc, self.tokenizer, self.tok_src, self.root, self.paths.cache, rt,
+                                                 self.numerics)
             self.base_source = str(path)
         else:
             self.base_info, self.base_source = {}, rc.base
@@ -323,19 +363,30 @@ class CptExperiment:
             "checkpoint": str(run.final_dir),
         }
 
-    def summary(self, results: list[dict[str, Any]]) -> None:
-        _print_summary(results)
+    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
+        _print_summary(results, labels, self.paths.out)
 
 
-def _print_summary(results: list[dict]) -> None:
+def _print_summary(results: list[dict], labels: list[str] | None = None, out: Path | None = None) -> None:
+    """A row per run (labelled by `labels`, default its method), the FFT run of the same base when one exists
+    (this sweep's or a finished one in `out`), and chance: a uniform guess's perplexity, the vocabulary size."""
+    from .summary import fft_reference
+
     table = Table(title="continual pre-training: forgetting (old-domain PPL) vs learning (new-domain PPL)")
-    table.add_column("method", no_wrap=True)
+    table.add_column("run" if labels else "method", no_wrap=True)
     for col in ("old PPL start", "old PPL end", "new PPL start", "new PPL end", "rep cos end", "trainable"):
         table.add_column(col, justify="right")
-    for r in results:
+    rows = list(zip(labels or [r["method"] for r in results], results, strict=True))
+    fft = fft_reference(results, out) if out is not None else None
+    if fft is not None and not any(r is fft for r in results):
+        rows.append((f"fft (same base: {fft['run']['name']})", fft))
+    for label, r in rows:
         s = r.get("summary", {})
         if "old_ppl_start" not in s:
             continue
-        table.add_row(r["method"], f"{s['old_ppl_start']:.3f}", f"{s['old_ppl_end']:.3f}", f"{s['new_ppl_start']:.2f}",
+        table.add_row(label, f"{s['old_ppl_start']:.3f}", f"{s['old_ppl_end']:.3f}", f"{s['new_ppl_start']:.2f}",
                       f"{s['new_ppl_end']:.3f}", f"{s['rep_cos_end']:.4f}", f"{r['trainable_params']:,}")
+    vocab = {r.get("config", {}).get("builtin", {}).get("vocab") for r in results}
+    if len(vocab) == 1 and isinstance(v := vocab.pop(), int) and results[0].get("config", {}).get("base") == "builtin":
+        table.add_row("chance (uniform over the vocabulary)", *[f"{v:,}"] * 4, "", "", style="dim")
     console.print(table)

@@ -17,7 +17,7 @@ from .data.bilingual import write_corpus
 from .data.corpus import check_corpus, eval_chunks
 from .data.tokenizer import load_tokenizer
 from .errors import NotFinite, ScaleclError
-from .files import OwnedFiles, check_writable_dir
+from .files import OwnedFiles, check_path_length, check_writable_dir
 from .machine import pick_device, provenance
 from .methods import get_method
 from .perplexity import perplexity
@@ -37,6 +37,7 @@ def check_record_out(out: Path) -> None:
     record eval-ppl wrote there and nobody changed since (its fingerprint in the folder's manifest; the
     `"written_by"` mark alone proves nothing), never a user's file, and a symbolic link (even one pointing
     nowhere) never."""
+    check_path_length(out, "--out")  # first: stat() itself fails on too long a name
     if out.is_symlink():
         raise ScaleclError(f"--out {out} is a symbolic link; give a plain file name (links are never written through)")
     if out.is_dir():

@@ -14,6 +14,7 @@ symbolic link is never written through or replaced.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -96,23 +97,63 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def check_writable_dir(path: Path, what: str = "--out") -> None:
-    """Fail early (one line, nothing written) when `path` cannot be a folder we write into."""
+    """Fail early (one line, nothing written) when `path` cannot be a folder we write into: a file or a path
+    under one, a dangling link, a name longer than the file system allows, or a folder (the nearest existing
+    one) in which creating an entry fails: read-only, no permission, a pseudo file system such as /sys. The
+    last is tried for real (an empty marked folder made and removed), since permission bits and os.access do
+    not tell what a root user without CAP_DAC_OVERRIDE, or a read-only mount, allows."""
     p = Path(path).expanduser()
+    if str(path) == "":
+        raise ScaleclError(f"{what} is empty: give a folder")
+    check_path_length(p, what)  # first: stat() itself fails on too long a name
+    where = Path(os.path.abspath(p))
     if p.is_symlink() and not p.exists():
         raise ScaleclError(f"{what} {path} is a symbolic link to nothing ({os.readlink(p)}); give a folder")
     if p.exists() and not p.is_dir():
         raise ScaleclError(f"{what} {path} is a file, not a folder")
     if p.is_dir():
-        if not os.access(p, os.W_OK | os.X_OK):  # also a read-only file system, whoever runs it
-            raise ScaleclError(f"{what} {path} is not writable (read-only folder or file system)")
+        _try_write(where, what, path)
         return
-    for parent in p.absolute().parents:
+    for parent in where.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ScaleclError(f"{what} {path} lies under {parent}, which is a file")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise ScaleclError(f"{what} {path}: {parent} is not writable")
+            _try_write(parent, what, path)
             break
+
+
+def check_path_length(path: Path, what: str = "--out") -> None:
+    """Refuse a path whose whole length or any one name exceeds what the file system allows (ENAMETOOLONG),
+    leaving room for the suite's own names below it and its temporaries' prefix and suffix."""
+    shown, where = path, Path(os.path.abspath(Path(path).expanduser()))
+    anchor = next((q for q in (where, *where.parents) if os.path.lexists(q)), Path("/"))
+    try:
+        name_max, path_max = os.pathconf(anchor, "PC_NAME_MAX"), os.pathconf(anchor, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    # room for the suite's own names below it (temporaries, run and step folders)
+    if len(os.fsencode(where)) + 128 > path_max:
+        raise ScaleclError(f"{what} {str(shown)[:80]}...: the path is {len(os.fsencode(where))} bytes long; the file "
+                           f"system allows {path_max} with the suite's own names below it (give a shorter path)")
+    for i, part in enumerate(where.parts):
+        room = 24 if i == len(where.parts) - 1 else 0  # the last name gets a temporary's prefix and suffix
+        if len(os.fsencode(part)) + room > name_max:
+            raise ScaleclError(f"{what} {str(shown)[:80]}...: the name {part[:40]}... is {len(os.fsencode(part))} "
+                               f"bytes; the file system allows {name_max - room} here")
+
+
+def _try_write(folder: Path, what: str, shown: Any) -> None:
+    """Create and remove one empty marked folder in `folder`; an OS error is the user's, as one line."""
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}probe-", dir=folder))
+    except OSError as e:
+        name = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else "error"
+        raise ScaleclError(f"{what} {shown} is not writable: creating an entry in {folder} failed "
+                           f"({e.strerror or e}, {name})") from None
+    try:
+        tmp.rmdir()
+    except OSError:
+        pass
 
 
 def _replace_dir(tmp: Path, dest: Path) -> None:
@@ -227,11 +268,22 @@ class OwnedFiles:
     is free or the file is one this writer wrote before and nobody changed since (its manifest, a hidden JSON
     file in the folder, records each file's fingerprint). Anything else is one ScaleclError, nothing replaced."""
 
-    def __init__(self, folder: Path, writer: str) -> None:
+    def __init__(self, folder: Path, writer: str, deferred: bool = False) -> None:
         self.folder, self.writer = Path(folder), writer
         self.manifest = self.folder / f".scalecl-{writer.split()[-1]}-files.json"
         self.files: dict[str, str | list[str]] = self._read()
         self._running: dict[str, tuple[Any, int]] = {}  # name -> (hash of its content so far, its size)
+        # deferred: write() only checks and holds the content; flush() checks every held name again, then
+        # writes them all, so a refused name leaves nothing written (all or nothing for a batch of outputs)
+        self.deferred = deferred
+        self._held: dict[str, str | bytes] = {}
+
+    def flush(self) -> list[Path]:
+        """Write every held file (deferred mode), after checking all of them; returns their paths."""
+        held, self._held, self.deferred = self._held, {}, False
+        for name in held:
+            self.check(name)
+        return [self.write(name, data) for name, data in held.items()]
 
     def _read(self) -> dict[str, str | list[str]]:
         if not self.manifest.exists() and not self.manifest.is_symlink():
@@ -272,6 +324,9 @@ class OwnedFiles:
         """Write `name` (checked first, `grown` as in owns); while it is renamed into place the manifest accepts
         the old and the new content, so a process killed at any moment leaves a file the manifest still proves."""
         p = self.check(name, grown)
+        if self.deferred:
+            self._held[name] = data
+            return p
         new = fingerprint_bytes(data.encode() if isinstance(data, str) else data)
         old = self.files.get(name) if p.exists() else None
         olds = [old] if isinstance(old, str) else old if isinstance(old, list) else []

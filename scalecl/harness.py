@@ -368,6 +368,13 @@ def evaluate_model(
                     model=lm, tasks=list(selection.specs), task_manager=task_manager, num_fewshot=s.num_fewshot,
                     limit=s.limit, bootstrap_iters=s.bootstrap_iters, log_samples=s.log_samples,
                 )
+            except ValueError as e:
+                if "larger than population" not in str(e):
+                    raise
+                # lm-eval draws the shots with random.sample from the task's few-shot split (or its test split
+                # less the example itself): a pool smaller than --num-fewshot fails while building requests
+                raise ScaleclError(f"--num-fewshot {s.num_fewshot} is more examples than a task's few-shot pool "
+                                   f"holds; give fewer shots (or a task with a larger fewshot split)") from None
             except (OSError, ConnectionError) as e:
                 raise ScaleclError(
                     f"lm-eval could not load a task's data ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
@@ -583,6 +590,7 @@ def run_harness(
     meta = read_meta(path)
     method = meta.get("method") if meta else None
     selection, tm = resolve_tasks(tasks, include_paths)
+    check_metric_overrides(metric_overrides or {}, selection)
     tok = load_eval_tokenizer(path, tokenizer, meta)
 
     model = load_model(path, dtype=_DTYPES[dtype])
@@ -649,6 +657,9 @@ def _check_settings(s: HarnessSettings, dtype: str) -> HarnessSettings:
         raise ScaleclError(f"--limit must be at most {MAX_LIMIT:,} examples per task, got {show_value(s.limit)}")
     if s.num_fewshot is not None and not 0 <= s.num_fewshot <= MAX_FEWSHOT:
         raise ScaleclError(f"--num-fewshot must lie in 0..{MAX_FEWSHOT}, got {show_value(s.num_fewshot)}")
+    if not 0 <= s.bootstrap_iters <= MAX_BOOTSTRAP:
+        raise ScaleclError(f"--bootstrap-iters must lie in 0..{MAX_BOOTSTRAP:,} (0: no standard errors), got "
+                           f"{show_value(s.bootstrap_iters)}")
     if s.max_length is not None and not 0 < s.max_length <= MAX_SIZE:
         raise ScaleclError(f"--max-length must lie in 1..{show_bound(MAX_SIZE)}, got {show_value(s.max_length)}")
     s = replace(s, batch_size=_check_batch_size(s.batch_size))
@@ -660,6 +671,30 @@ def _check_settings(s: HarnessSettings, dtype: str) -> HarnessSettings:
 # bounds of the numbers given to lm-eval, checked before any work: no benchmark task holds 10**9 examples, and
 # published protocols use at most 25 shots (a context of 2,048 tokens holds few more)
 MAX_LIMIT, MAX_FEWSHOT = 10**9, 100
+MAX_BOOTSTRAP = 10**7  # lm-eval's default is 100,000; more is hours of resampling for no better stderr
+
+
+def check_metric_overrides(overrides: Mapping[str, str], selection: TaskSelection) -> None:
+    """Refuse a --metric naming a task that is not among the evaluated top-level tasks (it would be ignored).
+    The names are the selection's task and group names and the `task`/`group` of each task YAML file given."""
+    if not overrides:
+        return
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    names: set[str] = set()
+    for spec in selection.specs:
+        if Path(spec).is_file():
+            doc = load_yaml(Path(spec), resolve_func=False)
+            found = [doc.get(k) for k in ("task", "group") if isinstance(doc.get(k), str)]
+            if not found:
+                return  # a YAML whose name we cannot read: let lm-eval decide
+            names.update(found)
+        else:
+            names.add(spec)
+    unknown = [t for t in overrides if t not in names]
+    if unknown:
+        raise ScaleclError(f"--metric names {', '.join(map(repr, unknown))}, not among the evaluated tasks "
+                           f"({', '.join(sorted(names)[:8])}{', ...' if len(names) > 8 else ''})")
 
 
 def _check_batch_size(batch_size: int | str) -> int | str:

@@ -9,13 +9,15 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads on first use: the `scalecl` command's --help and tune_cpu_allocator need none
+    import torch
 
 
 def provenance() -> dict[str, Any]:
     """Versions, machine and commit: enough to tell where a number came from."""
+    import torch
     import transformers
 
     from .version import __version__
@@ -62,6 +64,11 @@ def tune_cpu_allocator() -> bool:
     return _ALLOCATOR["tuned"]
 
 
+def allocator_tuned() -> bool:
+    """Whether tune_cpu_allocator is in force in this process (freed memory stays in it: scalecl.budget)."""
+    return _ALLOCATOR["tuned"]
+
+
 # CPU thread defaults that the `scalecl` command put in the environment before torch loaded (the entry
 # module scalecl_launch sets them: OpenMP reads them only then); recorded in provenance()["machine"].
 _CPU_DEFAULTS: dict[str, str] = {}
@@ -82,9 +89,14 @@ def cpu_thread_settings() -> dict[str, Any]:
 
 def pick_device(name: str | None = None) -> torch.device:
     """The device to run on (default: cuda if available); a device this machine lacks is one clear error."""
-    if not name:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    import torch
+
     from .errors import ScaleclError
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not name.strip():
+        raise ScaleclError("--device is empty: use cpu, cuda or cuda:N (or leave it out for cuda when available)")
 
     try:
         dev = torch.device(name)
@@ -95,6 +107,72 @@ def pick_device(name: str | None = None) -> torch.device:
             raise ScaleclError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__})")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ScaleclError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type not in ("cpu", "mps"):
+    elif dev.type == "cpu":
+        if dev.index not in (None, 0):  # torch accepts cpu:N and runs on the one CPU device anyway
+            raise ScaleclError(f"--device {name}: there is one CPU device; use cpu")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ScaleclError(f"--device {name}: MPS is not available on this machine")
+    else:
         raise ScaleclError(f"unsupported device {name!r}: use cpu, cuda or cuda:N")
     return dev
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the machine contributes to a run's numbers (README, "Reproducibility"): the device type and, on a
+# CPU, torch's intra-op thread count. Part of every run name and stage cache key (scalecl.schema.numerics_key).
+
+
+def run_numerics(compute: Any, device: torch.device, apply: bool = False) -> dict[str, Any]:
+    """{"device": "cpu", "cpu_threads": n} or {"device": "cuda"}: what decides a run's float sums here.
+
+    On a CPU, compute.threads > 0 is the thread count (set in this process when `apply`) and 0 torch's count
+    in force (OMP_NUM_THREADS, else one per core). On a GPU the model's sums run there: the CPU count is
+    neither set nor part of it.
+    """
+    import torch
+
+    if device.type != "cpu":
+        return {"device": device.type}
+    threads = getattr(compute, "threads", 0)
+    if apply and threads and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return {"device": "cpu", "cpu_threads": threads or torch.get_num_threads()}
+
+
+def recorded_numerics(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The numerics a finished run or cached stage was made with, from its record: its own "numerics" (runs
+    of this version), else its provenance (the device and torch's thread count, recorded by every run); None
+    when the record cannot tell (a stage recorded on a machine with a GPU, which may have trained on either)."""
+    if not isinstance(record, dict):
+        return None
+    for own in (record.get("numerics"), (record.get("run") or {}).get("numerics")):
+        if isinstance(own, dict):
+            return own
+    prov = record.get("provenance") if isinstance(record.get("provenance"), dict) else {}
+    machine = prov.get("machine") if isinstance(prov.get("machine"), dict) else {}
+    device = prov.get("device")
+    if device is None and machine.get("gpu") is None and "threads" in machine:
+        device = "cpu"  # a stage's record: no device field, and no GPU on the machine
+    if not isinstance(device, str):
+        return None
+    kind = device.split(":")[0]
+    if kind != "cpu":
+        return {"device": kind}
+    threads = machine.get("threads")
+    return {"device": "cpu", "cpu_threads": threads} if isinstance(threads, int) else None
+
+
+def check_numerics(record: dict[str, Any] | None, ours: dict[str, Any], what: str, remedy: str) -> None:
+    """One ScaleclError when `what` (a finished run, a cached stage, a checkpoint) was made with other numerics
+    than this run's: its numbers are not the ones this run would compute. Records that cannot tell pass."""
+    from .errors import ScaleclError
+    from .schema import numerics_tag
+
+    theirs = recorded_numerics(record)
+    if theirs is None or theirs == ours:
+        return
+    fix = (f"--set compute.threads={theirs['cpu_threads']} uses it" if theirs.get("device") == "cpu" == ours["device"]
+           else f"--device {theirs['device']} uses it")
+    raise ScaleclError(f"{what} was made with {numerics_tag(theirs)}, this run computes with {numerics_tag(ours)} "
+                       f"(other float sums, other numbers); {fix}, or {remedy}")

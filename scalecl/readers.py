@@ -124,6 +124,20 @@ def safetensors_header(path: str | os.PathLike, what: str = "weights") -> dict[s
     return header
 
 
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # what a model's weights may be: the suite trains in these
+
+
+def model_weights_header(path: str | os.PathLike, what: str = "weights") -> dict[str, Any]:
+    """safetensors_header for a model's weights: every tensor also of a floating dtype (an integer or 8-bit
+    tensor where a weight belongs would be cast silently on load: a quantized or foreign file)."""
+    header = safetensors_header(path, what)
+    for name, t in header.items():
+        if name != "__metadata__" and t["dtype"] not in FLOAT_DTYPES:
+            raise ScaleclError(f"{what} {path}: tensor {name!r} is {t['dtype']}, not a floating-point weight "
+                               f"({', '.join(FLOAT_DTYPES)}); quantized or integer weights are not supported")
+    return header
+
+
 def _is_count(v: Any) -> bool:
     """A non-negative JSON integer (not a boolean): what safetensors reads as usize."""
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
@@ -184,5 +198,5 @@ def check_weights_folder(folder: str | os.PathLike, what: str = "checkpoint") ->
                                f"unpickling can run code); convert it to model.safetensors")
         raise ScaleclError(f"{what} {d} holds no model.safetensors")
     for f in files:
-        safetensors_header(f, f"weights of {what}")
+        model_weights_header(f, f"weights of {what}")
     return files

@@ -259,8 +259,14 @@ def _metrics_with(run_dir: Path, *columns: str) -> pd.DataFrame | None:
     return m
 
 
+_BATCH: list[OwnedFiles] = []  # plot_all's one deferred writer: every output is checked before any is written
+
+
 def _owned(out: Path) -> OwnedFiles:
-    """The figures folder: plot replaces only files it wrote there itself (scalecl.files.OwnedFiles)."""
+    """The figures folder: plot replaces only files it wrote there itself (scalecl.files.OwnedFiles). Inside
+    plot_all, its deferred writer: nothing is written until every figure and table has been checked."""
+    if _BATCH and _BATCH[0].folder == Path(out):
+        return _BATCH[0]
     return OwnedFiles(out, "scalecl plot")
 
 
@@ -573,7 +579,7 @@ def draw_fig4(results: Path) -> Drawn:
             row = g.iloc[0]
             label = names[row["method"]]
             if row["method"] == "scale-adapt":
-                label += f", l_fp={row['result']['method_options'].get('l_fp')}"
+                label += ", " + l_fp_text(row["result"]["method_options"].get("l_fp"), row["result"])
             label = _n_label(label + (f" [{row['setting']}]" if row["setting"] else ""), len(ms))
             for ax, key in zip(axes, ("rep_cos", "old/ppl"), strict=True):
                 _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=COLORS[row["method"]], label=label)
@@ -596,7 +602,7 @@ def _study_label(study: str, opts: dict) -> str:
     if study == "init":
         return ",".join(i.upper() if i != "zero" else "0" for i in opts.get("init", ()))
     if study == "l_fp":
-        return f"l_fp={opts.get('l_fp')}"
+        return l_fp_text(opts.get("l_fp"))
     return "+".join(opts.get("collab", ()))
 
 
@@ -726,7 +732,7 @@ def draw_fig7(results: Path) -> Drawn:
     ax.set_ylabel("forgetting PPL (old domain)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    yield "fig7_collab_modules", _study_caption(fig, results, "collab", df, f", l_fp={df['l_fp'].iloc[0]}")
+    yield "fig7_collab_modules", _study_caption(fig, results, "collab", df, ", " + l_fp_text(df["l_fp"].iloc[0]))
 
 
 def cpt_table(results: Path) -> pd.DataFrame:
@@ -1302,6 +1308,21 @@ def _fmt_option(v) -> str:
     return "+".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
 
 
+def l_fp_text(l_fp, result: dict | None = None) -> str:
+    """`l_fp=N` as a caption or legend shows it. None is SCALE's default, resolved when the model is widened
+    (ScaleSpec): L for Preserve, L-1 otherwise (only the top layer's W12 trains); said so, with the number
+    when the run records its layer count, never `l_fp=None`."""
+    if l_fp is not None and not (isinstance(l_fp, float) and math.isnan(l_fp)):
+        return f"l_fp={int(l_fp) if isinstance(l_fp, float) else l_fp}"
+    result = result or {}
+    layers = (result.get("config") or {}).get("model", {}).get("layers")
+    if result.get("method") == "scale-preserve":
+        rule, n = "L, every layer preserved", layers
+    else:
+        rule, n = "L-1, only the top layer's W12 trains", layers - 1 if isinstance(layers, int) else None
+    return f"l_fp=auto ({rule}{f': {n}' if isinstance(n, int) else ''})"
+
+
 def _vocab_key(r: dict) -> int | str:
     """The rows of a run's embedding and head: 'tokenizer' when they are the tokenizer's size (also a run that
     records neither, the default), else the model's rows."""
@@ -1473,7 +1494,8 @@ def _route_study_caption(study: str, study_runs: pd.DataFrame, fft_note: str, sp
     fixed = {k: v for k, v in (r0.get("method_options") or {}).items() if k != study}
     if study != "tau" and len({_tau(r) for r in routes["result"]}) > 1:
         fixed.pop("tau", None)  # not one value across the runs: the table has each
-    options = "; options " + ", ".join(f"{k}={_fmt_option(v)}" for k, v in fixed.items()) if fixed else ""
+    options = "; options " + ", ".join(l_fp_text(v, r0) if k == "l_fp" else f"{k}={_fmt_option(v)}"
+                                        for k, v in fixed.items()) if fixed else ""
     others = sorted({LABELS.get(m, m) for m in study_runs["method"] if m != "scale-route"})
     refs = f" Dashed coloured lines: {', '.join(others)} runs trained like the study's runs." if others else ""
     rows = (" A row of panels per vocabulary size (its titles), each with the FFT reference trained on those "
@@ -1922,13 +1944,16 @@ def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
     """Every figure and table the results folders have data for (the one entry point of `scalecl plot`); the
     runs left out for a missing or malformed file are in SKIPPED afterwards."""
     SKIPPED.clear()
-    written: list[Path] = []
-    written += fig8(results, out)
-    written += _summary_tables(results, out)
-    harness = table2(results)
-    if len(harness):
-        written += write_table(harness, out, "table2_harness")
-    for fig in (fig9, fig4, fig5, fig6, fig7, fig_route_studies, fig_train_loss, fig_lr_schedule, fig_routing,
-                fig_router_score, fig_frontier, fig_route_mechanism):
-        written += fig(results, out)
-    return written
+    _BATCH[:] = [OwnedFiles(out, "scalecl plot", deferred=True)]
+    try:
+        fig8(results, out)
+        _summary_tables(results, out)
+        harness = table2(results)
+        if len(harness):
+            write_table(harness, out, "table2_harness")
+        for fig in (fig9, fig4, fig5, fig6, fig7, fig_route_studies, fig_train_loss, fig_lr_schedule, fig_routing,
+                    fig_router_score, fig_frontier, fig_route_mechanism):
+            fig(results, out)
+        return _BATCH[0].flush()  # every name was checked as it was drawn, and is again before the first write
+    finally:
+        _BATCH.clear()

@@ -34,6 +34,8 @@ import contextlib
 import json
 import re
 import shutil
+import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +55,7 @@ from .files import (
     unowned_entries,
     write_json,
 )
+from .machine import check_numerics
 from .readers import read_json
 from .state import JSON_NAME, load_state, save_state
 
@@ -76,6 +79,60 @@ def owned_checkpoint(p: Path) -> bool:
     return isinstance(written, dict) and bool(written) and not unowned_entries(p, written, allow=(CKPT_MANIFEST,))
 
 
+def process_age() -> float:
+    """Seconds since this process started (its start time as the kernel records it, to 10 ms); 0 where psutil
+    (a dependency of accelerate) cannot tell, so that `total` then counts from the first sweep."""
+    try:
+        import psutil
+
+        return max(time.time() - psutil.Process().create_time(), 0.0)
+    except (ImportError, OSError):
+        return 0.0
+
+
+@dataclass
+class WallClock:
+    """A partition of this process's real time into named phases, so that a run's `wall_s` adds up to the
+    time from the process's start to its result.json (`total`).
+
+    The sweep (scalecl.sweep) starts one: `startup` is the process's age when the first sweep of the process
+    began (interpreter, imports, argument parsing), `earlier` what earlier sweeps of the process took
+    (replicates, study values). It laps the shared phases (check, prepare, stages); `for_run` starts a run's
+    own clock from them, counting what other runs of the sweep took meanwhile as `earlier_runs`; Run.finish
+    laps `write` and records the total.
+    """
+
+    phases: dict[str, float] = field(default_factory=dict)
+    start: float = 0.0  # the process's start, on time.perf_counter's scale
+    mark: float = 0.0
+    _startup: typing.ClassVar[list[float]] = []  # the age of the process at its first sweep
+
+    @classmethod
+    def begin(cls) -> WallClock:
+        now, age = time.perf_counter(), process_age()
+        if not cls._startup:
+            cls._startup.append(age)
+        startup = min(cls._startup[0], age)
+        return cls({"startup": startup, "earlier": age - startup}, now - age, now)
+
+    def lap(self, key: str) -> None:
+        """The time since the last lap counts to `key`."""
+        now = time.perf_counter()
+        self.phases[key] = self.phases.get(key, 0.0) + now - self.mark
+        self.mark = now
+
+    def for_run(self) -> WallClock:
+        """A run's clock: the shared phases so far, and the time since them as `earlier_runs`."""
+        run = WallClock(dict(self.phases), self.start, self.mark)
+        run.lap("earlier_runs")
+        return run
+
+    def record(self) -> dict[str, Any]:
+        """{"total": seconds since the process started, "phases": the partition of it, rounded}."""
+        total = time.perf_counter() - self.start
+        return {"total": round(total, 1), "phases": {k: round(v, 1) for k, v in self.phases.items()}}
+
+
 @dataclass
 class Run:
     """One training run's files: results in `out_dir`, checkpoints in `ckpt_root`, the final model in
@@ -84,7 +141,7 @@ class Run:
     `method` is the method the run trains (None: a plain model, e.g. a cached stage); `save_kw` what every
     saved model carries besides its weights (tokenizer, base model; scalecl.checkpoint.save_model)."""
 
-    identity: dict[str, Any]  # experiment, name, method, options, config_hash
+    identity: dict[str, Any]  # experiment, name, method, options, config_hash, numerics (scalecl.machine)
     out_dir: Path | None
     ckpt_root: Path
     final_dir: Path | None = None
@@ -94,6 +151,7 @@ class Run:
     save_kw: dict[str, Any] = field(default_factory=dict)
     trackers: list[Any] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
+    wall: WallClock | None = None  # the run's phases (set by the sweep); finish() adds `write` and `total`
     _files: OwnedFiles | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +178,18 @@ class Run:
         for name in PARTIALS + FINALS:
             self._owned().check(name, grown=name == PARTIALS[1])
 
+    def check_destinations(self) -> None:
+        """Before any data or stage is built: every place this run will write holds nothing of the user's (its
+        run folder's files, and its final checkpoint folder, which the end of training replaces), so a refusal
+        costs seconds and leaves the caches untouched."""
+        if not self.main:
+            return
+        self.check_out_files()
+        if self.final_dir is not None and (self.final_dir.exists() or self.final_dir.is_symlink()):
+            from .checkpoint import check_checkpoint_dest
+
+            check_checkpoint_dest(self.final_dir, overwrite=True)
+
     # -- finished runs --------------------------------------------------------------------------------
 
     def result(self) -> dict[str, Any] | None:
@@ -127,12 +197,19 @@ class Run:
         if self.out_dir is None:
             return None
         f = self.out_dir / "result.json"
-        if not f.exists():
+        if not f.exists() and not f.is_symlink():
             return None
+        self._owned().check("result.json")  # only a result this layer wrote, unchanged, marks a finished run
         try:
             result = read_json(f, "finished run's result")
         except ScaleclError as e:
             raise ScaleclError(f"{e}; remove it or use --force to rerun") from None
+        if not isinstance(result.get("run"), dict):
+            raise ScaleclError(f"{f} records no run identity (`run`), so it is not a finished run's result; remove it "
+                               f"or use --force to rerun")
+        if "numerics" in self.identity:  # a run of another thread count or device is not this run
+            check_numerics(result, self.identity["numerics"], f"the finished run {self.out_dir}",
+                           "--force makes it again with this run's")
         self.tidy()  # a process killed right after writing result.json may have left partial files
         return result
 
@@ -200,6 +277,9 @@ class Run:
             if _jsonable(theirs.get(key)) != _jsonable(self.identity.get(key)):
                 raise ScaleclError(f"checkpoint {path} belongs to another run ({key} {theirs.get(key)!r}, this run "
                                    f"has {self.identity.get(key)!r}); refusing to resume from it")
+        if "numerics" in self.identity:  # the same name made elsewhere: continuing it would mix two runs' sums
+            check_numerics(theirs, self.identity["numerics"], f"checkpoint {path}",
+                           "--force starts the run over with this run's")
         say(f"{self.name}: resuming from {path} (step {state['step']})")
         return path, state
 
@@ -302,7 +382,11 @@ class Run:
         log = self._partial("train_log")
         owned.write("train_log.jsonl", log.read_text() if log.exists() else "")
         crash_point("metrics-written")
-        owned.write("result.json", json.dumps({"run": self.identity} | (result or {}), indent=2, default=str) + "\n")
+        result = {} if result is None else result  # the caller's dict: it gets the same wall_s as the file
+        if self.wall is not None:  # every second of the process up to this file, in phases (WallClock)
+            self.wall.lap("write")
+            result["wall_s"] = dict(result.get("wall_s") or {}) | self.wall.record()
+        owned.write("result.json", json.dumps({"run": self.identity} | result, indent=2, default=str) + "\n")
         self.tidy()
         self.close_trackers()
 

@@ -23,10 +23,10 @@ from .errors import Busy, ScaleclError
 from .files import check_writable_dir
 from .fit import Fit, Runtime, TrainPlan, fit
 from .locks import locked
-from .machine import pick_device
+from .machine import pick_device, run_numerics
 from .methods import Method, get_method, method_names
 from .processes import Dist, distributed, say
-from .run import Run
+from .run import Run, WallClock
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,11 @@ class SweepOptions:
     device: str | None = None
 
     def __post_init__(self) -> None:
+        from .schema import MAX_STEPS
         from .trackers import check_report_to
 
-        if self.stop_after is not None and self.stop_after < 1:
-            raise ScaleclError(f"--stop-after must be a positive step, got {self.stop_after}")
+        if self.stop_after is not None and not 1 <= self.stop_after <= MAX_STEPS:
+            raise ScaleclError(f"--stop-after must be a step in 1..{MAX_STEPS:,}, got {self.stop_after}")
         object.__setattr__(self, "report_to", check_report_to(self.report_to))  # "a,b" or names; installed
 
 
@@ -107,6 +108,7 @@ class Experiment(Protocol):
 
     rc: Any
     paths: Paths
+    numerics: dict[str, Any]  # the device and CPU threads its runs compute with (scalecl.machine.run_numerics)
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         """Every check of the experiment's own that writes nothing (sizes, data, each method's options)."""
@@ -138,8 +140,8 @@ class Experiment(Protocol):
     def result(self, method: Method, run: Run, res: Fit, rt: Runtime) -> dict[str, Any]:
         """The result.json of a finished run (every process calls it; final evaluations run in lock-step)."""
 
-    def summary(self, results: list[dict[str, Any]]) -> None:
-        """Print the end-of-sweep table."""
+    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
+        """Print the end-of-sweep table (a row per result, labelled by `labels`, default its method)."""
 
 
 def order_methods(methods: list[str]) -> list[str]:
@@ -166,6 +168,7 @@ def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | Non
     order = order_methods(methods)
     dev = _device(opts.device, d)
     check_compute(exp.rc.compute, dev, d.world)
+    exp.numerics = run_numerics(exp.rc.compute, dev, apply=True)  # compute.threads in force from here on
     for path, what in ((exp.paths.out, "--out"), (exp.paths.cache, "--cache"),
                        (exp.paths.checkpoints, "--checkpoints")):
         check_writable_dir(path, what)
@@ -174,10 +177,13 @@ def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | Non
     return dev, prepared
 
 
-def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None) -> list[dict[str, Any]]:
+def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None, summary: bool = True
+          ) -> list[dict[str, Any]]:
     """Train every asked-for method that has no finished run; returns one result per method (on the main
-    process; [] on the others). When every run has finished, nothing is built: no data, no stage."""
+    process; [] on the others). When every run has finished, nothing is built: no data, no stage. summary=False
+    leaves out the end-of-sweep table (a study prints one for all its values)."""
     opts = opts or SweepOptions()
+    clock = WallClock.begin()  # every run's wall_s: the process's real time up to its result, in phases
     with distributed() as d:
         dev, prepared = check(exp, methods, opts, d)
         runs = {name: exp.run_of(m, d) for name, m in prepared.items()}
@@ -186,14 +192,43 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None)
             if done[name] is not None and not opts.force:
                 say(f"{name}: finished run found at {run.out_dir} (use --force to rerun)")
         if opts.force or any(r is None for r in done.values()):
-            results = _train_all(exp, prepared, runs, done, opts, dev, d)
+            refused = None  # a user's file where a run will write: refused before any stage, on every process
+            try:
+                for name, run in runs.items():
+                    if opts.force or done[name] is None:
+                        run.check_destinations()
+            except ScaleclError as e:
+                refused = str(e)
+            refused = d.share(refused)
+            if refused is not None:
+                raise ScaleclError(refused)
+            clock.lap("check")
+            results = _train_all(exp, prepared, runs, done, opts, dev, d, clock)
         else:
             results = list(done.values())
         if not d.main:
             return []
-        if results:
+        if results and summary:
             exp.summary(results)
         return results
+
+
+def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist) -> None:
+    """Print the estimated peak memory and time of what the sweep will train (scalecl.budget), once its data
+    is ready; a run that cannot fit is one error on every process before any training."""
+    from .budget import check_fits, describe, sweep_estimate
+
+    refused = None
+    if d.main:
+        e = sweep_estimate(exp, methods, dev, d.world)
+        say(describe(e))
+        try:
+            check_fits(e)
+        except ScaleclError as err:
+            refused = str(err)
+    refused = d.share(refused)
+    if refused is not None:
+        raise ScaleclError(refused)
 
 
 def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOptions) -> list[dict[str, Any]]:
@@ -206,19 +241,26 @@ def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOpti
 
 
 def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
-               opts: SweepOptions, dev: torch.device, d: Dist) -> list[dict[str, Any]]:
+               opts: SweepOptions, dev: torch.device, d: Dist,
+               clock: WallClock | None = None) -> list[dict[str, Any]]:
     from .perf import configure_device
     from .train import progress_bar
 
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     configure_device(dev, exp.rc.compute.tf32)
+    clock = clock or WallClock.begin()
     exp.prepare(Runtime(d, dev, None, say))
+    clock.lap("prepare")
+    _check_budget(exp, [n for n in prepared if opts.force or done[n] is None], dev, d)  # before any training
+    clock.lap("check")
     results = []
     with progress_bar() if d.main else contextlib.nullcontext() as progress:
         rt = Runtime(d, dev, progress, say)
         exp.stages(rt)
+        clock.lap("stages")
         for name, method in prepared.items():
+            runs[name].wall = clock.for_run()
             r = done[name] if done[name] is not None and not opts.force else train_one(exp, method, runs[name],
                                                                                      rt, opts)
             if r is not None:
@@ -260,9 +302,13 @@ def _train_locked(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: 
                    report_to=opts.report_to)
     res = fit(run, plan, build=lambda: exp.build(method), batches=exp.batches(method, rt),
               evaluate=lambda model, step, loss: exp.evaluate(model, method, step, loss), rt=rt)
+    if run.wall is not None:
+        run.wall.lap("run")  # building the model, training, evaluations and checkpoints (fit)
     if not res.complete:
         return None
     result = exp.result(method, run, res, rt)
+    if run.wall is not None:
+        run.wall.lap("final_eval")  # what the experiment does after training (biography: the full ranges)
     if rt.d.main:
         if res.resumed_from:
             result["resumed_from_step"] = res.resumed_from

@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
-    ["errors", "version", "presets"],
-    ["schema", "modeling", "crash", "processes", "summary", "qa", "files", "readers", "locks", "data.biography",
-     "stats"],
-    ["optim", "state", "base_models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data"],
+    ["errors", "version", "presets", "consoles", "hub"],
+    ["schema", "modeling", "crash", "processes", "files", "readers", "locks", "data.biography", "stats"],
+    ["optim", "state", "base_models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data",
+     "summary"],
     ["perf", "machine", "methods"],
     ["parallel", "checkpoint"],
-    ["config", "train", "run", "harness", "perplexity"],
+    ["config", "train", "run", "harness", "perplexity", "qa"],
     ["fit", "corpora", "budget", "report"],
     ["sweep", "eval_ppl"],
     ["bio", "cpt"],

@@ -164,7 +164,7 @@ def test_stale_siblings_of_a_killed_save_are_cleaned_up(tmp_path):
     live.mkdir()
     before = tree(out)
     os.rename(out, tmp_path / f".ck.old-{pid}-def")  # killed between the two renames of a replace
-    with pytest.raises(ScaleclError, match="pass --overwrite"):  # the old checkpoint is back, so it is protected
+    with pytest.raises(ScaleclError, match="pass overwrite=True"):  # the old checkpoint is back, so it is protected
         save_model(model, out)
     assert tree(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ck", live.name])

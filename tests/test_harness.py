@@ -289,6 +289,8 @@ def test_shorthands_are_the_papers_tasks():
     (["--batch-size", "many"], "--batch-size"),
     (["--tasks", "./no/such/folder"], "does not exist"),
     (["--tasks", "kobest_boolz"], "unknown task 'kobest_boolz'"),  # builds lm-eval's full task index (~15 s)
+    (["--bootstrap-iters", "-1"], "--bootstrap-iters must lie in 0.."),
+    (["--metric", "hellaswag=acc"], "--metric names 'hellaswag', not among the evaluated tasks"),
 ])
 def test_bad_input_is_one_line_and_nonzero(env, args, msg):
     base = ["eval-harness", "--model", str(env["ckpts"]["base"]), "--tasks", "local_mc", "--include-path",
@@ -298,6 +300,17 @@ def test_bad_input_is_one_line_and_nonzero(env, args, msg):
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and msg in lines[0], res.output
     assert not (env["root"] / "bad").exists()
+
+
+def test_more_shots_than_the_pool_holds_is_one_error_line(env):
+    """lm-eval's random.sample fails while building requests: one `error:` line (after lm-eval's own progress
+    lines), exit code 2, no results folder."""
+    base = ["eval-harness", "--model", str(env["ckpts"]["base"]), "--tasks", "local_mc", "--include-path",
+            str(env["tasks"]), "--out", str(env["root"] / "bad_shots"), "--limit", "2", "--bootstrap-iters", "0"]
+    res = runner.invoke(app, base + ["--num-fewshot", "90"])
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and "few-shot pool" in errors[0], res.output
+    assert "Traceback" not in res.output and not (env["root"] / "bad_shots").exists()
 
 
 def test_checkpoint_without_tokenizer_needs_one(env, tmp_path):

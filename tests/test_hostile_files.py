@@ -354,21 +354,26 @@ def test_overwrite_never_deletes_a_file_scalecl_json_lists(tmp_path):
     assert tree(out) == before
 
 
-def test_overwrite_of_an_older_checkpoint_keeps_the_users_vocab(tmp_path):
+def test_overwrite_of_an_older_checkpoint_without_fingerprints_is_refused(tmp_path):
+    """A format-1 scalecl.json records no fingerprints, so no file beside it is provably the suite's: the user's
+    own weights and config under the usual names stay, as does a folder holding only the suite's own names."""
     out = tmp_path / "old"
     assert runner.invoke(app, [*PREPARE, "--out", str(out)]).exit_code == 0
     meta = json.loads((out / "scalecl.json").read_text())
     for key in ("files", "written"):
         del meta[key]
     (out / "scalecl.json").write_text(json.dumps(meta | {"format_version": 1}))
+    (out / "model.safetensors").write_bytes(b"THE USER'S OWN WEIGHTS" * 10)
+    (out / "config.json").write_text('{"note": "the user\'s own config"}')
     (out / "vocab.txt").write_text("the user's vocabulary\n")
     before = tree(out)
-    assert "vocab.txt" in one_error(runner.invoke(app, [*PREPARE, "--out", str(out), "--overwrite"]))
+    line = one_error(runner.invoke(app, [*PREPARE, "--out", str(out), "--overwrite"]))
+    assert "older scalecl" in line and "fingerprints" in line
     assert tree(out) == before
-    (out / "vocab.txt").unlink()  # without it, an older checkpoint of the suite's own files is replaced
-    res = runner.invoke(app, [*PREPARE, "--out", str(out), "--overwrite"])
-    assert res.exit_code == 0, res.output
-    assert "written" in json.loads((out / "scalecl.json").read_text())
+    (out / "vocab.txt").unlink()
+    before = tree(out)
+    assert "older scalecl" in one_error(runner.invoke(app, [*PREPARE, "--out", str(out), "--overwrite"]))
+    assert tree(out) == before
 
 
 def fake_bio_run(root: Path, name: str = "cpu-fft-abc", method: str = "fft") -> Path:
@@ -395,7 +400,7 @@ def test_plot_never_overwrites_a_users_file_and_replaces_its_own(tmp_path):
     before = tree(out)
     line = one_error(runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(out)]))
     assert "table_bio.csv" in line and "not written by scalecl plot" in line
-    assert {k: v for k, v in tree(out).items() if k == "table_bio.csv"} == {"table_bio.csv": before["table_bio.csv"]}
+    assert tree(out) == before  # all or nothing: not even the figure drawn before the table was refused
     (out / "table_bio.csv").unlink()
     for _ in range(2):  # its own files: written, then replaced
         res = runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(out)])
@@ -639,9 +644,14 @@ def test_full_disk_during_a_run_records_nothing_as_finished(tmp_path, monkeypatc
 def test_read_only_out_fails_before_any_work(tmp_path, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()
-    real = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == ro and mode & os.W_OK
-                        else real(p, mode, **kw))
+    real = files.tempfile.mkdtemp
+
+    def mkdtemp(*a, dir=None, **kw):  # noqa: A002  creating an entry in `ro` fails, as in a read-only folder
+        if dir is not None and Path(dir) == ro:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(files.tempfile, "mkdtemp", mkdtemp)
     res_dir = tmp_path / "results"
     fake_bio_run(res_dir)
     assert "not writable" in one_error(runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(ro)]))

@@ -104,13 +104,22 @@ def iter_texts(spec: CorpusSpec) -> Iterator[str]:
     except StopIteration:
         return
     except Exception as e:  # a corrupt file surfaces only when read
-        raise ScaleclError(f"cannot read dataset {spec.describe()}: {type(e).__name__}: {e}") from None
+        raise ScaleclError(f"cannot read dataset {spec.describe()}: {type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:300]}") from None
     if spec.text_column not in first:
         raise ScaleclError(f"dataset {spec.path} has no text column {spec.text_column!r} "
                            f"(columns: {', '.join(map(str, first))})")
     col = spec.text_column
     stop = spec.skip + spec.take if spec.take else None
-    for row in itertools.islice(itertools.chain([first], rows), spec.skip, stop):
+    it = itertools.islice(itertools.chain([first], rows), spec.skip, stop)
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except Exception as e:  # a file damaged after its first rows
+            raise ScaleclError(f"cannot read dataset {spec.describe()}: {type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:300]}") from None
         text = row[col]
         yield text if isinstance(text, str) else ("" if text is None else str(text))
 

@@ -48,6 +48,8 @@ class LoRA(Method):
         if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float)
                                        or not math.isfinite(self.alpha)):
             raise ScaleclError(f"lora alpha must be a finite number or none, got {show_value(self.alpha)}")
+        if self.alpha is not None and self.alpha <= 0:  # alpha/r scales the update: 0 trains nothing, < 0 flips it
+            raise ScaleclError(f"lora alpha must be positive (the update is scaled by alpha/rank), got {self.alpha:g}")
 
     def check(self, config: PretrainedConfig) -> None:
         arch_of(config)
