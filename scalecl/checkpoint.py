@@ -543,6 +543,9 @@ def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel
         base = load_model(source, dtype=dtype)
     else:
         try:
+            from .hub import before_hub_load
+
+            before_hub_load(source)  # no network: one line at once instead of a minute of retries
             base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as e:
             raise ScaleclError(f"cannot load the base {source} of LoRA checkpoint {p} ({type(e).__name__})") from None

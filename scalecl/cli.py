@@ -359,7 +359,9 @@ def plot(
         "differences between methods), curves a band; of two runs with the same seeds the newer is used. Every "
         "figure and table lists the runs it used (<name>.inputs.txt)."),
     out_text: str = typer.Option("runs/figures", "--out", help="Folder for figures (PNG + PDF) and tables "
-                                 "(CSV/MD/TeX). The committed figures: --results results --out paper_figures."),
+                                 "(CSV/MD/TeX). The committed figures: --results results --out paper_figures. Only plot's own "
+                                 "earlier outputs are replaced, and those these results no longer give are removed; "
+                                 "any other file there is never touched."),
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from .files import check_writable_dir
@@ -384,6 +386,11 @@ def plot(
         raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}{skipped}")
     for p in written:
         console.print(f"wrote {p}", highlight=False)
+    from .report import STALE
+
+    for name in STALE:  # a figure of an earlier plot that these results no longer give
+        console.print(f"removed {out / name} (an earlier plot's output, not drawn from these results)",
+                      highlight=False)
     for why in SKIPPED.values():  # one line per file a run was left out for (README: such runs are skipped)
         err_console.print(f"skipped: {escape(' '.join(why.split()))}", highlight=False, soft_wrap=True)
 

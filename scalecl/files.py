@@ -378,5 +378,13 @@ class OwnedFiles:
         if self.files.pop(name, None) is not None:
             self._save()
 
+    def prune(self, keep: set[str]) -> list[str]:
+        """Remove this writer's own unchanged files that are not in `keep` (outputs of an earlier call that this
+        one did not make again); a file changed since, or not this writer's, stays. Returns the names removed."""
+        gone = [name for name in sorted(self.files) if name not in keep and self.owns(name)]
+        for name in gone:
+            self.remove(name)
+        return gone
+
     def _save(self) -> None:
         write_json(self.manifest, {"written_by": self.writer, "files": dict(sorted(self.files.items()))})

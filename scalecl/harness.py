@@ -252,10 +252,14 @@ def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = N
             f"no tokenizer found in {model_path} and none recorded in its scalecl.json: pass --tokenizer "
             f"(a hub id such as meta-llama/Llama-3.2-1B, or a folder with tokenizer files)"
         )
+    from .errors import cause
+    from .hub import before_hub_load, miss_reason
+
+    before_hub_load(source)  # no network: one line at once instead of a minute of retries
     try:
         return load_tokenizer(source)
     except (OSError, ValueError) as e:
-        raise ScaleclError(f"cannot load tokenizer {source}: {str(e).splitlines()[0]}") from None
+        raise ScaleclError(f"cannot load tokenizer {source}: {miss_reason(source) or cause(e)}") from None
 
 
 @contextmanager

@@ -39,6 +39,11 @@ def go_offline() -> None:
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None:
         constants.HF_HUB_OFFLINE = True
+    dconfig = sys.modules.get("datasets.config")  # datasets copies both flags when it is imported
+    if dconfig is not None:
+        for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            if hasattr(dconfig, flag):
+                setattr(dconfig, flag, True)
 
 
 @functools.cache

@@ -259,6 +259,7 @@ def _metrics_with(run_dir: Path, *columns: str) -> pd.DataFrame | None:
     return m
 
 
+STALE: list[str] = []  # the last plot_all's removed outputs: its own files of an earlier call not drawn again
 _BATCH: list[OwnedFiles] = []  # plot_all's one deferred writer: every output is checked before any is written
 
 
@@ -1944,6 +1945,7 @@ def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
     """Every figure and table the results folders have data for (the one entry point of `scalecl plot`); the
     runs left out for a missing or malformed file are in SKIPPED afterwards."""
     SKIPPED.clear()
+    STALE.clear()
     _BATCH[:] = [OwnedFiles(out, "scalecl plot", deferred=True)]
     try:
         fig8(results, out)
@@ -1954,6 +1956,9 @@ def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
         for fig in (fig9, fig4, fig5, fig6, fig7, fig_route_studies, fig_train_loss, fig_lr_schedule, fig_routing,
                     fig_router_score, fig_frontier, fig_route_mechanism):
             fig(results, out)
-        return _BATCH[0].flush()  # every name was checked as it was drawn, and is again before the first write
+        written = _BATCH[0].flush()  # every name was checked as it was drawn, and is again before the first write
+        # its own earlier outputs not drawn again (none when nothing was drawn: the command then fails)
+        STALE[:] = _BATCH[0].prune({p.name for p in written}) if written else []
+        return written
     finally:
         _BATCH.clear()

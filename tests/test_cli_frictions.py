@@ -77,6 +77,24 @@ def test_offline_and_unreachable_hub_fail_in_one_quick_line(tmp_path):
         assert took < 30, took  # torch's import included; the retries alone took 35-53 s
 
 
+def test_hub_misses_of_datasets_and_tokenizers_are_one_quick_line(tmp_path, local):
+    """The same check before an eval-ppl dataset and an eval-harness tokenizer named by hub id."""
+    model = local / "llama"  # a saved tiny model with its tokenizer
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env |= {"HF_ENDPOINT": "http://127.0.0.1:9"}
+    for args, start in ((["eval-ppl", "--model", str(model), "--dataset", "nobody/no-data"],
+                         "error: cannot open dataset nobody/no-data"),
+                        (["eval-harness", "--model", str(model), "--tasks", "arc_easy", "--tokenizer", "nobody/no-tok",
+                          "--out", str(tmp_path / "h")], "error: cannot load tokenizer nobody/no-tok")):
+        t0 = time.monotonic()
+        res = subprocess.run([sys.executable, "-m", "scalecl_launch", *args], capture_output=True, text=True,
+                             cwd=ROOT, timeout=300, env=env)
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(start), res.stderr
+        assert "the hub (http://127.0.0.1:9) cannot be reached" in lines[0], lines[0]
+        assert "Retrying" not in res.stderr and time.monotonic() - t0 < 60
+
+
 def test_error_causes_keep_urls_whole():
     from scalecl.errors import cause
 

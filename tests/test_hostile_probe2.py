@@ -374,3 +374,26 @@ def test_a_users_file_where_a_run_will_write_is_refused_before_any_data_or_stage
     with pytest.raises(ScaleclError, match="not written by scalecl run"):
         run(tmp_path, sets, ["fft"])
     assert not (tmp_path / "cache").exists()
+
+
+def test_plot_removes_its_own_stale_outputs_and_nothing_else(tmp_path):
+    """Re-plotting other results into the same folder: plot's own earlier outputs that these results no longer
+    give are removed (named in a `removed` line); a user's file, and one of plot's files the user changed, stay."""
+    from test_hostile_files import fake_bio_run
+
+    res_a, res_b, out = tmp_path / "a", tmp_path / "b", tmp_path / "figs"
+    fake_bio_run(res_a, "cpu-fft-abc")
+    fake_bio_run(res_b, "cpu-fft-abc")
+    (res_b / "bio" / "cpu-fft-abc" / "result.json").write_text(
+        (res_b / "bio" / "cpu-fft-abc" / "result.json").read_text().replace('"preset": "cpu"', '"preset": "tiny"'))
+    assert runner.invoke(app, ["plot", "--results", str(res_a), "--out", str(out)]).exit_code == 0
+    assert (out / "fig8_bio_cpu.png").exists()
+    (out / "notes.txt").write_text("mine")
+    res = runner.invoke(app, ["plot", "--results", str(res_b), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "fig8_bio_tiny.png").exists() and not (out / "fig8_bio_cpu.png").exists()
+    assert "removed" in res.output and "fig8_bio_cpu.png" in res.output
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "fig8_bio_tiny.inputs.txt").write_text("edited by hand")
+    assert runner.invoke(app, ["plot", "--results", str(res_a), "--out", str(out)]).exit_code == 0
+    assert (out / "fig8_bio_tiny.inputs.txt").read_text() == "edited by hand"  # changed: not plot's any more

@@ -82,6 +82,9 @@ def _load(spec: CorpusSpec):
                     raise ScaleclError(f"dataset file {spec.path} has only the split 'train' (got {spec.split!r})")
                 return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=True)
             return datasets.load_dataset(str(p), name=name, split=spec.split, streaming=True)
+        from ..hub import before_hub_load
+
+        before_hub_load(path)  # no network: one line at once instead of a minute of retries
         return datasets.load_dataset(path, name=name, split=spec.split, streaming=True)
     except ScaleclError:
         raise
@@ -92,7 +95,9 @@ def _load(spec: CorpusSpec):
     except (ValueError, KeyError) as e:  # bad split or config name
         raise ScaleclError(f"dataset {spec.describe()}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     except (OSError, ConnectionError, datasets.exceptions.DatasetNotFoundError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        from ..hub import miss_reason
+
+        first = miss_reason(spec.path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise ScaleclError(f"cannot open dataset {spec.path}: {first}") from None
 
 
