@@ -365,7 +365,9 @@ class BioExperiment:
         head's rows, the longest QA sequence), else from the preset."""
         data = self.data
         qa = max((q.ids.shape[1] for q in data.qa.values()), default=0) if data is not None else 0
-        return bio_phases(self.rc, methods, world, self.base_cfg.vocab_size if data is not None else 0, qa)
+        phases = bio_phases(self.rc, methods, world, self.base_cfg.vocab_size if data is not None else 0, qa)
+        cached = self.cached_stages(world)  # a cached stage will not run: its memory and time do not count
+        return [p for p in phases if p.name not in cached] or phases
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         rc = self.rc
@@ -439,13 +441,28 @@ class BioExperiment:
     def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:
         return RowShards(batches, micro_batch(self.rc, sc, d.world)[0], d.world, d.rank)
 
+    def _stage_keys(self, world: int) -> tuple[str, str]:
+        """The cache keys of stages 1 and 2 (the data must be prepared)."""
+        rc, data = self.rc, self.data
+        m1, m2 = micro_key(rc, world, "stage1"), micro_key(rc, world, "stage2")
+        k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
+                         *([m1] if m1 else []), *numerics_key(self.numerics))  # k2 inherits it through k1
+        return k1, config_hash(k1, rc.stage2, *([m2] if m2 else []))
+
+    def cached_stages(self, world: int) -> set[str]:
+        """The stages ("stage 1", "stage 2") whose finished model is already in the cache (data prepared)."""
+        if self.data is None:
+            return set()
+        done = set()
+        for label, stage, key in zip(("stage 1", "stage 2"), ("stage1", "stage2"), self._stage_keys(world), strict=True):
+            if (self.cache / f"{stage}-{key}" / "scalecl.json").is_file():
+                done.add(label)
+        return done
+
     def stages(self, rt: Runtime) -> None:
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
         rc, data, d = self.rc, self.data, rt.d
-        m1, m2 = micro_key(rc, d.world, "stage1"), micro_key(rc, d.world, "stage2")
-        k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
-                         *([m1] if m1 else []), *numerics_key(self.numerics))  # k2 inherits it through k1
-        k2 = config_hash(k1, rc.stage2, *([m2] if m2 else []))
+        k1, k2 = self._stage_keys(d.world)
         lo, hi = ranges(data.cfg).pretrain
         docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
             data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi),

@@ -197,3 +197,19 @@ def test_the_paper_preset_is_refused_on_a_24_gb_machine_and_paper_smoke_fits():
     s = estimate(smoke, torch.device("cpu"), rate=1e11)
     assert s.peak < 8 * 2**30 and s.phase.vocab == 50_304
     assert load_preset("bio", "paper-smoke").model.hidden == load_preset("bio", "paper").model.hidden == 768
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_cached_stages_are_left_out_of_the_estimate(tmp_path, monkeypatch):
+    """Stages 1-2 already in the cache will not run: the estimate (memory and time) counts only what will."""
+    import scalecl.budget as budget
+
+    seen: list[list[str]] = []
+    real = budget.estimate
+    monkeypatch.setattr(budget, "estimate", lambda phases, *a, **k: (seen.append([p.name for p in phases]),
+                                                                     real(phases, *a, **k))[1])
+    assert _bio(tmp_path, "--method", "fft").exit_code == 0
+    assert seen[-1][:2] == ["stage 1", "stage 2"]  # nothing cached yet
+    res = _bio(tmp_path, "--method", "lora")
+    assert res.exit_code == 0, res.output
+    assert seen[-1] == ["stage 3 (lora)", "evaluation (lora)"]
