@@ -134,3 +134,16 @@ def records(out: Path, method: str) -> list[dict]:
     """The metrics.jsonl records of a method's tiny run under `out`."""
     (d,) = [p for p in out.iterdir() if p.name.startswith(f"tiny-{method}-")]
     return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A tiny plain checkpoint written by `scalecl prepare` (test_hostile_files, test_hostile_probe2)."""
+    from typer.testing import CliRunner
+
+    from scalecl.cli import app
+
+    out = tmp_path_factory.mktemp("ck") / "fft"
+    res = CliRunner().invoke(app, ["prepare", "--method", "fft", "--random-config", "llama", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out

@@ -126,15 +126,6 @@ def test_reader_refuses_what_safetensors_refuses(tmp_path, header, data, phrase)
 # damaged checkpoints and configs: one line each, wherever they are read
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    """A tiny plain checkpoint written by `scalecl prepare`."""
-    out = tmp_path_factory.mktemp("ck") / "fft"
-    res = runner.invoke(app, [*PREPARE, "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    return out
-
-
 def _copy(src: Path, dst: Path) -> Path:
     dst.mkdir(parents=True)
     for p in src.iterdir():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_hostile_files import _copy, tree
 from typer.testing import CliRunner
 
 from scalecl.cli import app
@@ -24,31 +25,11 @@ runner = CliRunner()
 PREPARE = ["prepare", "--method", "fft", "--random-config", "llama"]
 
 
-def tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
-
-
 def one_error(res, code: int = 2) -> str:
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == code and len(lines) == 1 and lines[0].startswith("error:"), (res.exit_code, res.output)
     assert "Traceback" not in res.output
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> Path:
-    """A plain FFT checkpoint of a tiny random Llama, written by the suite."""
-    out = tmp_path_factory.mktemp("plain") / "fft"
-    res = runner.invoke(app, [*PREPARE, "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    return out
-
-
-def _copy(src: Path, dst: Path) -> Path:
-    import shutil
-
-    shutil.copytree(src, dst)
-    return dst
 
 
 def _edit_weights(folder: Path, change) -> None:
@@ -112,8 +93,8 @@ def test_empty_plot_out_is_refused(tmp_path):
     ({"layout": "scale"}, "does not match its method"),
     ({"layout": "lora"}, "does not match its method"),
 ])
-def test_a_self_contradicting_checkpoint_record_is_refused(plain, tmp_path, change, phrase):
-    d = _copy(plain, tmp_path / "x")
+def test_a_self_contradicting_checkpoint_record_is_refused(ckpt, tmp_path, change, phrase):
+    d = _copy(ckpt, tmp_path / "x")
     meta = json.loads((d / "scalecl.json").read_text())
     (d / "scalecl.json").write_text(json.dumps(meta | change))
     for cmd in (["merge", "--model", str(d), "--out", str(tmp_path / "m")],
@@ -122,22 +103,22 @@ def test_a_self_contradicting_checkpoint_record_is_refused(plain, tmp_path, chan
     assert not (tmp_path / "m").exists()
 
 
-def test_integer_weights_are_refused_not_cast(plain, tmp_path):
-    d = _copy(plain, tmp_path / "x")
+def test_integer_weights_are_refused_not_cast(ckpt, tmp_path):
+    d = _copy(ckpt, tmp_path / "x")
     _edit_weights(d, lambda t: {k: v.to(torch.int32) for k, v in t.items()})
     line = one_error(runner.invoke(app, ["merge", "--model", str(d), "--out", str(tmp_path / "m")]))
     assert "I32" in line and "not a floating-point weight" in line
 
 
-def test_merge_refuses_non_finite_weights_and_writes_nothing(plain, tmp_path):
-    d = _copy(plain, tmp_path / "x")
+def test_merge_refuses_non_finite_weights_and_writes_nothing(ckpt, tmp_path):
+    d = _copy(ckpt, tmp_path / "x")
     _edit_weights(d, lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()})
     assert "non-finite weights" in one_error(runner.invoke(app, ["merge", "--model", str(d), "--out", str(tmp_path / "m")]))
     assert not (tmp_path / "m").exists()
 
 
-def _plain_folder(plain: Path, dst: Path) -> Path:
-    d = _copy(plain, dst)
+def _plain_folder(ckpt: Path, dst: Path) -> Path:
+    d = _copy(ckpt, dst)
     (d / "scalecl.json").unlink()
     return d
 
@@ -146,9 +127,9 @@ def _plain_folder(plain: Path, dst: Path) -> Path:
     ("missing", "missing from the files"),
     ("shape", "other shapes than its config.json"),
 ])
-def test_a_base_missing_weights_or_of_other_shapes_is_one_line(plain, tmp_path, damage, phrase):
+def test_a_base_missing_weights_or_of_other_shapes_is_one_line(ckpt, tmp_path, damage, phrase):
     """transformers would initialise a missing weight at random (and print a multi-line report): refused."""
-    d = _plain_folder(plain, tmp_path / "x")
+    d = _plain_folder(ckpt, tmp_path / "x")
     if damage == "missing":
         _edit_weights(d, lambda t: {k: v for k, v in t.items() if "layers.0.mlp" not in k})
     else:
@@ -163,8 +144,8 @@ def test_a_base_missing_weights_or_of_other_shapes_is_one_line(plain, tmp_path, 
 
 
 @pytest.mark.parametrize("field, value", [("rope_theta", "abc"), ("rms_norm_eps", -1.0), ("rope_theta", 0)])
-def test_real_valued_config_fields_are_checked(plain, tmp_path, field, value):
-    d = _plain_folder(plain, tmp_path / "x")
+def test_real_valued_config_fields_are_checked(ckpt, tmp_path, field, value):
+    d = _plain_folder(ckpt, tmp_path / "x")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(cfg | {field: value}))
     line = one_error(runner.invoke(app, ["prepare", "--method", "lora", "--model", str(d), "--out", str(tmp_path / "p")]))

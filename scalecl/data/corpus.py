@@ -101,30 +101,32 @@ def _load(spec: CorpusSpec):
         raise ScaleclError(f"cannot open dataset {spec.path}: {first}") from None
 
 
+def _read_rows(spec: CorpusSpec) -> Iterator[dict]:
+    """The dataset's rows; a damaged file (its error surfaces only when a row is read) is one ScaleclError."""
+    rows = iter(_load(spec))
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except Exception as e:
+            raise ScaleclError(f"cannot read dataset {spec.describe()}: {type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:300]}") from None
+        yield row
+
+
 def iter_texts(spec: CorpusSpec) -> Iterator[str]:
     """The documents of the spec's slice, in stream order (`skip` / `take` applied)."""
-    rows = iter(_load(spec))
-    try:
-        first = next(rows)
-    except StopIteration:
+    rows = _read_rows(spec)
+    first = next(rows, None)
+    if first is None:
         return
-    except Exception as e:  # a corrupt file surfaces only when read
-        raise ScaleclError(f"cannot read dataset {spec.describe()}: {type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:300]}") from None
     if spec.text_column not in first:
         raise ScaleclError(f"dataset {spec.path} has no text column {spec.text_column!r} "
                            f"(columns: {', '.join(map(str, first))})")
     col = spec.text_column
     stop = spec.skip + spec.take if spec.take else None
-    it = itertools.islice(itertools.chain([first], rows), spec.skip, stop)
-    while True:
-        try:
-            row = next(it)
-        except StopIteration:
-            return
-        except Exception as e:  # a file damaged after its first rows
-            raise ScaleclError(f"cannot read dataset {spec.describe()}: {type(e).__name__}: "
-                               f"{' '.join(str(e).split())[:300]}") from None
+    for row in itertools.islice(itertools.chain([first], rows), spec.skip, stop):
         text = row[col]
         yield text if isinstance(text, str) else ("" if text is None else str(text))
 
