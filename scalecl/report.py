@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -117,8 +118,8 @@ def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None
     """
     rows, seen = [], set()
     for root in _roots(results):
-        for f in sorted(root.rglob("result.json")):
-            if _study_of(f) != study or f.resolve() in seen:  # nested folders given twice: each run once
+        for f in _result_files(root, study):
+            if f.resolve() in seen:  # nested folders given twice, or a run referenced twice: each run once
                 continue
             seen.add(f.resolve())
             r = _result_or_none(f)
@@ -146,6 +147,48 @@ def load_runs(results: Path | Sequence[Path], experiment: str, study: str | None
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
+def find_files(root: Path, name: str) -> list[Path]:
+    """Every file called `name` under root, sorted. Unlike Path.rglob, a folder that vanishes during the walk
+    (a run writing its temporaries while `plot` reads) is passed over, not an error."""
+    root = Path(root)
+    if root.is_file():
+        return [root] if root.name == name else []
+    return sorted(Path(d) / name for d, _, files in os.walk(root) if name in files)
+
+
+def _result_files(root: Path, study: str | None) -> list[Path]:
+    """The result.json files of a study's runs (study=None: of the main runs) under root. A study's value whose
+    run lives among the main runs has a `reference.json` in its folder (scalecl.study) instead of a copy: its
+    target's result.json is returned (a folder holding its own result.json keeps that one)."""
+    found = [f for f in find_files(root, "result.json") if _study_of(f) == study]
+    if study is None:
+        return found
+    for ref in find_files(root, "reference.json"):
+        if _study_of(ref) != study or (ref.parent / "result.json").exists():
+            continue
+        target = _reference_target(ref)
+        if target is not None:
+            found.append(target)
+    return found
+
+
+def _reference_target(ref: Path) -> Path | None:
+    """The result.json a study's reference.json points at, or None with the reason recorded in SKIPPED."""
+    try:
+        doc = read_json(ref, "unreadable reference")
+        rel = doc.get("reference") if isinstance(doc, dict) else None
+        if not isinstance(rel, str) or not rel:
+            raise ScaleclError(f"unreadable reference {ref}: no 'reference' path")
+    except ScaleclError as e:
+        _skip(ref, str(e))
+        return None
+    target = Path(os.path.normpath(ref.parent / rel / "result.json"))
+    if not target.is_file():
+        _skip(ref, f"{ref} refers to {ref.parent / rel}, which holds no result.json (moved or removed?)")
+        return None
+    return target
+
+
 def seeds_of(r: dict) -> tuple[int, int] | None:
     """(base seed, run seed) of a result: its `seeds`, else config.seed / config.run_seed; older results
     without them: run seed 0 (and base seed 0 without config.seed). None when one is not an integer."""
@@ -156,10 +199,16 @@ def seeds_of(r: dict) -> tuple[int, int] | None:
 
 
 def _config_rest(r: dict, pair: bool = False) -> dict:
-    """The config without its seeds (pair=True: also without the per-method tables)."""
+    """The config without its seeds (pair=True: also without the per-method tables) and without the CPU thread
+    count (compute.threads): the thread count changes floating-point sums, not the experiment, and runs made
+    before the option existed record none, so a setting's replicates group across it (result.json's
+    `run.numerics` still tells them apart)."""
     cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
-    return {k: v for k, v in cfg.items()
+    rest = {k: v for k, v in cfg.items()
             if k not in SEED_KEYS and not (pair and k in METHOD_KEYS and isinstance(v, dict))}
+    if isinstance(rest.get("compute"), dict):
+        rest["compute"] = {k: v for k, v in rest["compute"].items() if k != "threads"}
+    return rest
 
 
 def _config_id(r: dict, pair: bool = False) -> str:
@@ -638,6 +687,76 @@ def study_table(results: Path, study: str) -> pd.DataFrame:
 STUDY_TABLES = {"init": "table_fig5_init", "l_fp": "table_fig6_l_fp", "collab": "table_fig7_collab"}
 
 
+def _study_setting(study: str, r: dict) -> str:
+    """What tells a study's settings apart (the swept value, plus the embedding variant of a CPT study); runs
+    with equal settings differ only in their seeds and are replicates."""
+    if r.get("experiment") == "bio":
+        return _setting(study, r)
+    return f"{_study_label(study, r.get('method_options') or {})}; {_embedding_variant(r)}"
+
+
+def study_means(results: Path | Sequence[Path], experiment: str, study: str) -> pd.DataFrame:
+    """One row per setting of a study (replicates pooled): n, seeds, then the end points' mean and 95% t interval
+    over the replicates (aggregate_table's columns)."""
+    runs = load_runs(results, experiment, study=study)
+    if runs.empty:
+        return pd.DataFrame()
+    settings = [_study_setting(study, r) for r in runs["result"]]
+    keys = [_study_sort_key(study, r) for r in runs["result"]]
+    runs = runs.assign(setting=settings, group=[f"{m} {x}" for m, x in zip(runs["method"], settings, strict=True)])
+    runs = runs.iloc[sorted(range(len(runs)), key=lambda i: keys[i])]
+    metrics = BIO_METRICS if experiment == "bio" else CPT_METRICS
+    return aggregate_table(runs, metrics, lambda r: {"lr": r["lr"]})
+
+
+def write_study_means(results: Path | Sequence[Path], out: Path, experiment: str, study: str, stem: str
+                      ) -> list[Path]:
+    """<stem>_means (md/csv/tex): the study's settings with their replicates pooled; nothing when no setting has
+    more than one run (the per-run table says it all)."""
+    df = study_means(results, experiment, study)
+    if df.empty or not (df["n"] > 1).any():
+        return []
+    metrics = BIO_METRICS if experiment == "bio" else CPT_METRICS
+    return write_table(df, out, f"{stem}_means", shown=shown_aggregate(df, metrics), caption=AGG_CAPTION,
+                       inputs=inputs_text(load_runs(results, experiment, study=study),
+                                          f"{stem}_means: one row per setting, its replicates pooled"))
+
+
+def pool_replicates(rows: list[tuple[pd.Series, pd.DataFrame]], setting_of) -> list[tuple[pd.Series, pd.DataFrame]]:
+    """A study's (table row, metrics) pairs with the replicates of one setting (`setting_of(row)`) drawn as one
+    line: the first row, its setting marked with n, and per step the mean of every metric over the runs
+    evaluated there, with `<metric>:lo` / `<metric>:hi` its 95% t interval (NaN where fewer than 2 runs)."""
+    groups: dict[str, list[tuple[pd.Series, pd.DataFrame]]] = {}
+    for row, m in rows:
+        groups.setdefault(setting_of(row), []).append((row, m))
+    out = []
+    for members in groups.values():
+        row, m = members[0]
+        if len(members) > 1:
+            row = row.copy()
+            row["setting"] = f"{row['setting']} (mean of {len(members)})"
+            m = _pooled_metrics([x for _, x in members])
+        out.append((row, m))
+    return out
+
+
+def _pooled_metrics(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per step, each numeric metric's mean over the frames (mean_curve) and its interval as `:lo` / `:hi`."""
+    out = _mean_frame(frames)
+    for c in [c for c in out.columns if c != "step"]:
+        curve = mean_curve(frames, c)
+        if curve is not None:
+            out = out.merge(curve[["step", "lo", "hi"]].rename(columns={"lo": f"{c}:lo", "hi": f"{c}:hi"}),
+                            on="step", how="left")
+    return out
+
+
+def _band(ax, m: pd.DataFrame, x: str, col: str, color, scale: float = 1.0) -> None:
+    """The interval a pooled metrics frame carries for `col` (pool_replicates), shaded; nothing for one run."""
+    if f"{col}:lo" in m and m[f"{col}:lo"].notna().any():
+        ax.fill_between(m[x], scale * m[f"{col}:lo"], scale * m[f"{col}:hi"], color=color, alpha=BAND_ALPHA, lw=0)
+
+
 def _study_caption(fig: Figure, results: Path, study: str, df: pd.DataFrame, note: str = "") -> Figure:
     """Caption a study's figure (method + run settings) and lay it out."""
     runs = load_runs(results, "cpt", study=study)
@@ -655,7 +774,7 @@ def _save_study(figures: Drawn, results: Path, out: Path, study: str) -> list[Pa
         return []
     inputs = inputs_text(load_runs(results, "cpt", study=study), f"{STUDY_TABLES[study]}: one row per run")
     return paths + write_table(study_table(results, study).drop(columns="dir"), out, STUDY_TABLES[study],
-                               inputs=inputs)
+                               inputs=inputs) + write_study_means(results, out, "cpt", study, STUDY_TABLES[study])
 
 
 def fig5(results: Path, out: Path) -> list[Path]:
@@ -672,12 +791,12 @@ def draw_fig5(results: Path) -> Drawn:
     variants = list(dict.fromkeys(df["variant"]))
     fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
     for (ax_old, ax_new), variant in zip(axes, variants, strict=True):
-        for _, row in df[df["variant"] == variant].iterrows():
-            m = _metrics_with(row["dir"], "old/ppl", "new/ppl")
-            if m is None:  # named in SKIPPED
-                continue
-            ax_old.plot(m["step"], m["old/ppl"], marker=".", ms=3, label=row["setting"])
-            ax_new.plot(m["step"], m["new/ppl"], marker=".", ms=3, label=row["setting"])
+        rows = [(row, _metrics_with(row["dir"], "old/ppl", "new/ppl")) for _, row in
+                df[df["variant"] == variant].iterrows()]
+        for row, m in pool_replicates([(r, m) for r, m in rows if m is not None], lambda r: r["setting"]):
+            for ax, col in ((ax_old, "old/ppl"), (ax_new, "new/ppl")):
+                (ln,) = ax.plot(m["step"], m[col], marker=".", ms=3, label=row["setting"])
+                _band(ax, m, "step", col, ln.get_color())
         suffix = f"\n{variant}" if len(variants) > 1 else ""
         ax_old.set_title("(a) forgetting PPL (old domain)" + suffix)
         ax_new.set_title("(b) learning PPL (new domain)" + suffix)
@@ -700,10 +819,17 @@ def draw_fig6(results: Path) -> Drawn:
     if df.empty:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    axes[0].plot(df["l_fp"], df["old_ppl_end"], marker="o", color="tab:red")
-    axes[0].set_title("(a) forgetting PPL at the end")
-    axes[1].plot(df["l_fp"], df["new_ppl_end"], marker="o", color="tab:blue")
-    axes[1].set_title("(b) learning PPL at the end")
+    for ax, col, color, title in ((axes[0], "old_ppl_end", "tab:red", "(a) forgetting PPL at the end"),
+                                  (axes[1], "new_ppl_end", "tab:blue", "(b) learning PPL at the end")):
+        ivs = {k: t_interval(g[col]) for k, g in df.groupby("l_fp", sort=True)}  # replicates pooled per l_fp
+        x, mean = list(ivs), [iv.mean for iv in ivs.values()]
+        most = max(iv.n for iv in ivs.values())
+        ax.plot(x, mean, marker="o", color=color)
+        if most > 1:  # replicates: their 95% t interval (none drawn for a single run)
+            ax.errorbar(x, mean, yerr=[[iv.mean - iv.lo if iv.n > 1 else 0 for iv in ivs.values()],
+                                       [iv.hi - iv.mean if iv.n > 1 else 0 for iv in ivs.values()]],
+                        fmt="none", ecolor=color, capsize=3)
+        ax.set_title(title + (f"\n(mean of up to {most} runs, 95% t interval)" if most > 1 else ""))
     for ax in axes:
         ax.set_xlabel("l_fp (function-preserving lower layers)")
         ax.set_xticks(df["l_fp"].tolist())
@@ -723,10 +849,8 @@ def draw_fig7(results: Path) -> Drawn:
     if df.empty:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for _, row in df.iterrows():
-        m = _metrics_with(row["dir"], "old/ppl")
-        if m is None:  # named in SKIPPED
-            continue
+    rows = [(row, _metrics_with(row["dir"], "old/ppl")) for _, row in df.iterrows()]
+    for row, m in pool_replicates([(r, m) for r, m in rows if m is not None], lambda r: r["setting"]):
         if "up_norm" in m:
             ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4, label=f"W12 trains in {row['setting']}")
     ax.set_xlabel("average norm of upscaled weights (W12, W21, W22)")
@@ -751,7 +875,7 @@ def table2(results: Path) -> pd.DataFrame:
     from .harness import PAPER_ROWS
 
     rows = []
-    for f in sorted(f for root in _roots(results) for f in root.rglob("run.json")):
+    for f in sorted(f for root in _roots(results) for f in find_files(root, "run.json")):
         try:
             run = read_json(f, "harness result")
         except ScaleclError as e:
@@ -844,9 +968,12 @@ def study_names(results: Path | Sequence[Path], experiment: str) -> list[str]:
     """The studies (folders under a `studies/`) that hold finished runs of an experiment, sorted."""
     names = set()
     for root in _roots(results):
-        for f in root.rglob("result.json"):
+        for f in [*find_files(root, "result.json"), *find_files(root, "reference.json")]:
             s = _study_of(f)
-            if s is not None and (_result_or_none(f) or {}).get("experiment") == experiment:
+            if s is None:
+                continue
+            target = f if f.name == "result.json" else _reference_target(f)
+            if target is not None and (_result_or_none(target) or {}).get("experiment") == experiment:
                 names.add(s)
     return sorted(names)
 
@@ -1386,7 +1513,8 @@ def fig_route_study(results: Path | Sequence[Path], out: Path, study: str) -> li
         return []
     stem = BIO_STUDIES.get(study, f"fig8_route_{study}")
     inputs = inputs_text(load_runs(results, "bio", study=study), f"table_{stem}: one row per run")
-    return paths + write_table(df.drop(columns="dir"), out, f"table_{stem}", inputs=inputs)
+    return paths + write_table(df.drop(columns="dir"), out, f"table_{stem}", inputs=inputs) + \
+        write_study_means(results, out, "bio", study, f"table_{stem}")
 
 
 def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataFrame | None = None) -> Drawn:
@@ -1397,7 +1525,8 @@ def draw_route_study(results: Path | Sequence[Path], study: str, table: pd.DataF
     if df.empty:
         return
     runs = [(row, _metrics_or_none(Path(row["dir"]))) for _, row in df.iterrows()]
-    runs = [(row, m) for row, m in runs if m is not None]
+    runs = pool_replicates([(row, m) for row, m in runs if m is not None],
+                           lambda row: f"{row['method']} {row['setting']}")
     if not runs:
         return
     # panel (c): routing at the answer position; runs older than those records show routing over all tokens
@@ -1441,6 +1570,7 @@ def _route_study_run(ax_row, row: pd.Series, m: pd.DataFrame, color, route) -> N
         if _has(m, f"{task}/acc"):
             ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
                     ls="-" if row["method"] == "scale-route" else "--", label=row["setting"])
+            _band(ax, m, "step", f"{task}/acc", color, 100)
     if route is not None:
         for task, ls in (("task0", "-"), ("task1", "--")):
             y = route(m, task)

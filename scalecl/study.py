@@ -14,18 +14,30 @@ Biography, SCALE-Route (issue #12: what decides Route on this task), each on the
 Every value's config is resolved and checked (keys, types, ranges, the method's sizes) before the first
 run starts, so a bad value fails in seconds, not after the values before it trained. Runs are written under
 `<out>/<study>/` and drawn by `scalecl plot`.
+
+One copy of each run: a value whose run (same name: same config, seeds and method options) has finished
+among the experiment's main runs, `<out>/../<experiment>/<name>` (e.g. the default Route run of
+`results/bio` for `tau=0.9` in `results/studies/tau`), is not trained again. The study writes
+`<out>/<study>/<name>/reference.json` pointing at it, and `scalecl plot` reads the run through it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .config import load_preset
 from .errors import ScaleclError
+from .processes import say
 from .schema import show_text
 from .sweep import Paths, SweepOptions, check, sweep
+
+REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
+REFERENCE_WRITER = "scalecl study"
 
 
 @dataclass(frozen=True)
@@ -120,14 +132,16 @@ def run_study(study: str, preset: str, values: str | None, sets: list[str] | lis
     for rep in replicas:
         s, some = experiments(study, preset, values, rep, paths)
         exps += some
+    methods = {}
     for v, exp in exps:
         try:
-            check(exp, [s.method], opts)
+            methods[id(exp)] = check(exp, [s.method], opts)[1][s.method]
         except ScaleclError as e:
             raise ScaleclError(f"{study} value {v!r}: {e}") from None
     out, labels = [], []
     for v, exp in exps:
-        got = sweep(exp, [s.method], opts, summary=False)
+        shared = None if opts.force else reference_shared(s, exp, methods[id(exp)])
+        got = [shared] if shared is not None else sweep(exp, [s.method], opts, summary=False)
         out += got
         labels += [_row_label(study, s, v, r) for r in got]
     if out:  # one table for the whole study, a row per value (and seeds), not one per value
@@ -140,3 +154,57 @@ def _row_label(study: str, s: Study, value: str, result: dict[str, Any]) -> str:
     seeds = result.get("seeds") if isinstance(result.get("seeds"), dict) else {}
     tag = f" s{seeds.get('base', 0)}-r{seeds.get('run', 0)}" if any(seeds.values()) else ""
     return f"{s.method} {study}={value}{tag}"
+
+
+def shared_run_dir(s: Study, exp: Any, name: str) -> Path:
+    """Where the experiment's main run of this name lives: <out>/../<experiment>/<name> (exp writes under
+    <out>/<study>/)."""
+    return exp.paths.out.parent.parent / s.experiment / name
+
+
+def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
+    """The result.json in `target` when it is this run's (same experiment, name, method and config hash -- the
+    hash covers the config, seeds and method options -- and the same numerics), else None. Read only: the
+    study never writes there, so a committed run without the writer's manifest counts too."""
+    from .machine import check_numerics
+    from .readers import read_json
+
+    f = target / "result.json"
+    if not f.is_file() or f.is_symlink():
+        return None
+    try:
+        result = read_json(f, "finished run's result")
+        theirs = result.get("run") if isinstance(result.get("run"), dict) else {}
+        if any(theirs.get(k) != run.identity.get(k) for k in ("experiment", "name", "method", "config_hash")):
+            return None
+        if "numerics" in run.identity:
+            check_numerics(result, run.identity["numerics"], str(target), "")
+    except ScaleclError:
+        return None
+    return result
+
+
+def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
+    """The result of a finished main run with this value's name, referenced from the study's folder instead of
+    trained again; None when the study's own folder has the run, or no such main run has finished (then the
+    value trains as an ordinary run). A main run this layer cannot prove finished is never referenced."""
+    from .files import OwnedFiles
+    from .processes import Dist
+
+    run = exp.run_of(method, Dist())
+    if run.result() is not None:  # the study holds its own copy (an older study, or --force): the sweep reads it
+        return None
+    target = shared_run_dir(s, exp, run.name)
+    result = None if target.resolve() == run.out_dir.resolve() else finished_elsewhere(run, target)
+    if result is None:
+        return None
+    doc = {"reference": Path(os.path.relpath(target, run.out_dir)).as_posix(), "run": run.name,
+           "experiment": s.experiment}
+    text, ref = json.dumps(doc, indent=2) + "\n", run.out_dir / REFERENCE
+    if int(os.environ.get("RANK", "0")) == 0:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        files = OwnedFiles(run.out_dir, REFERENCE_WRITER)
+        if not (ref.is_file() and files.owns(REFERENCE) and ref.read_text() == text):  # written once
+            files.write(REFERENCE, text)
+    say(f"{s.method}: finished run found at {target}; {run.out_dir / REFERENCE} refers to it (no copy)")
+    return result

@@ -346,3 +346,18 @@ def test_committed_results_still_plot(tmp_path):
     assert set(frontier["method"]) == set(bio["method"]) and (out / "frontier_bio.png").exists()
     assert (out / "frontier_cpt.csv").exists() and (out / "frontier_cpt.png").exists()
     assert (out / "paired_cpt.csv").exists() and (out / "fig8_bio_cpu.inputs.txt").exists()
+
+
+def test_replicate_groups_ignore_the_thread_count_only():
+    """compute.threads (absent in runs made before it existed, 1 today) changes float sums, not the setting:
+    runs differing in it and in their seeds are replicates; any other compute or config change is not."""
+    from scalecl.report import _config_id
+
+    def result(seed, compute, lr=1e-4):
+        return {"experiment": "bio", "preset": "cpu", "method": "fft", "method_options": {},
+                "config": {"seed": seed, "stage3": {"lr": lr}, "compute": compute}}
+
+    old, new = result(1, {"threads": None, "tf32": True}), result(2, {"threads": 1, "tf32": True})
+    assert _config_id(old) == _config_id(new) and _config_id(old, pair=True) == _config_id(new, pair=True)
+    assert _config_id(result(1, {"threads": 1, "tf32": False})) != _config_id(new)
+    assert _config_id(result(1, {"threads": 1, "tf32": True}, lr=3e-4)) != _config_id(new)

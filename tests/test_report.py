@@ -101,6 +101,7 @@ def fake_cpt_run(root, method, opts=None, old=(10.0, 12.0, 11.0), new=(50.0, 20.
         "final": lines[-1],
     }
     (d / "result.json").write_text(json.dumps(result))
+    return d
 
 
 def build_cpt_results(res):
@@ -602,3 +603,44 @@ def test_plot_skips_a_run_whose_log_holds_what_no_run_writes(tmp_path, log, bad)
     skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
     assert len(skipped) == 1 and f"{log} (record 2)" in skipped[0], res.stderr
     assert (tmp_path / "figs" / "table_bio.csv").exists()
+
+
+def _set_seeds(d, base, run=0):
+    r = json.loads((d / "result.json").read_text())
+    r["seeds"] = {"base": base, "run": run}
+    (d / "result.json").write_text(json.dumps(r))
+
+
+SEEDS_TEXT = "0/0, 1/0, 2/0"  # base/run seed per replicate
+
+
+def test_study_replicates_are_pooled_in_figures_and_tables(tmp_path, drawn):
+    """Runs of one study setting that differ only in their seeds are one line (their per-step mean, the 95% t
+    band shaded) and one row of a `_means` table (n, mean, interval); per-run tables keep every run."""
+    from scalecl.report import write_study_means
+
+    res = tmp_path / "results"
+    tau = res / "studies" / "tau"
+    for seed, end in ((0, 0.2), (1, 0.4), (2, 0.3)):
+        _set_seeds(fake_route_bio_run(tau, opts={"tau": -1}, tag=f"m1-s{seed}", end0=end), seed)
+    _set_seeds(fake_route_bio_run(tau, opts={"tau": 0.9}, tag="t09", end0=0.5), 0)
+    fig = drawn(draw_route_study(res, "tau"))["fig8_route_tau"]
+    acc0 = fig.axes[0]
+    assert labels(acc0)[:2] == ["tau=-1 (mean of 3)", "tau=0.9"]
+    assert ys(line(acc0, "tau=-1 (mean of 3)"))[-1] == pytest.approx(30.0)  # mean of 20, 40, 30 (percent)
+    assert len(acc0.collections) >= 1  # the band of the pooled setting
+    written = write_study_means(res, tmp_path / "figs", "bio", "tau", "table_fig8_route_tau")
+    table = pd.read_csv(next(p for p in written if p.suffix == ".csv"))
+    row = table[table["setting"] == "tau=-1"].iloc[0]
+    assert row["n"] == 3 and row["seeds"] == SEEDS_TEXT, row["seeds"]
+    assert row["task0_end"] == pytest.approx(0.3) and row["task0_end_ci_lo"] < 0.3 < row["task0_end_ci_hi"]
+    assert table[table["setting"] == "tau=0.9"].iloc[0]["n"] == 1
+
+    l_fp = res / "studies" / "l_fp"
+    for seed, last in ((0, 20.0), (1, 22.0)):
+        _set_seeds(fake_cpt_run(l_fp, "scale-adapt", {"l_fp": 1}, old=(10, 11, last), tag=f"1-s{seed}"), seed)
+    fake_cpt_run(l_fp, "scale-adapt", {"l_fp": 0}, old=(10, 11, 30.0), tag="0")
+    fig = drawn(draw_fig6(res))["fig6_l_fp"]
+    old = fig.axes[0].get_lines()[0]
+    assert xs(old) == [0, 1] and ys(old) == pytest.approx([30.0, 21.0])  # replicates pooled per l_fp
+    assert "mean of up to 2 runs" in fig.axes[0].get_title()

@@ -69,3 +69,50 @@ def test_init_study_dead_arm_on_untied_base(tmp_path):
     table = pd.read_csv(tmp_path / "figs" / "table_fig5_init.csv")
     assert sorted(table["variant"]) == ["untied base, new embedding columns rnd",
                                         "untied base, new embedding columns zero"]
+
+
+BIO_FAST = ["--preset", "tiny", "--set", "stage1.steps=24", "--set", "stage2.steps=6", "--set", "stage3.steps=6",
+            "--set", "eval.dense_until=6", "--set", "eval.dense_every=3", "--set", "eval.every=6"]
+
+
+def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
+    """A study value whose run already finished among the main runs (results/bio/<name>: the default Route run
+    is tau=0.9) is not trained again: the study folder gets a reference.json to it, `plot` reads the run through
+    it, and a second study run trains nothing. A reference to a removed run is skipped with one line."""
+    from scalecl.report import SKIPPED, load_runs
+
+    res, cache = tmp_path / "results", ["--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck")]
+    r = runner.invoke(app, ["train-bio", "--method", "scale-route", *BIO_FAST, "--out", str(res / "bio"), *cache])
+    assert r.exit_code == 0, r.output
+    (main_run,) = [p.parent for p in (res / "bio").glob("*/result.json")]
+    study = ["study", "tau", "--values", "-1;0.9", *BIO_FAST, "--out", str(res / "studies"), *cache]
+    r = runner.invoke(app, study)
+    assert r.exit_code == 0, r.output
+    assert "refers to it (no copy)" in r.output
+    ref = res / "studies" / "tau" / main_run.name / "reference.json"
+    assert ref.is_file() and not (ref.parent / "result.json").exists()
+    assert json.loads(ref.read_text())["reference"] == f"../../../bio/{main_run.name}"
+    own = [p.parent.name for p in (res / "studies" / "tau").glob("*/result.json")]
+    assert len(own) == 1 and own[0] != main_run.name  # tau=-1 trained as its own run
+    runs = load_runs(res, "bio", study="tau")
+    assert sorted(str(d) for d in runs["dir"]) == sorted([str(main_run), str(res / "studies" / "tau" / own[0])])
+    assert len(load_runs(res, "bio")) == 1  # the main figures still count the main run once
+    before = sorted(p.stat().st_mtime_ns for p in (res / "studies").rglob("*") if p.is_file())
+    r = runner.invoke(app, study)  # nothing to train: one finished run, one reference
+    assert r.exit_code == 0 and "stage 3" not in r.output, r.output
+    assert sorted(p.stat().st_mtime_ns for p in (res / "studies").rglob("*") if p.is_file()) == before
+    r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(tmp_path / "figs")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, [*study[:3], "0.9", *study[4:], "--force"])  # --force trains a copy, which is read
+    assert r.exit_code == 0 and (ref.parent / "result.json").is_file(), r.output
+    assert ref.parent in set(load_runs(res, "bio", study="tau")["dir"])
+    for p in ref.parent.iterdir():
+        p.unlink() if p.is_file() else None
+    r = runner.invoke(app, study)  # the reference comes back; the copy's final model stays in checkpoints
+    assert r.exit_code == 0 and ref.is_file(), r.output
+    for p in main_run.iterdir():
+        p.unlink()
+    main_run.rmdir()
+    SKIPPED.clear()
+    assert list(load_runs(res, "bio", study="tau")["dir"]) == [res / "studies" / "tau" / own[0]]
+    assert any("holds no result.json" in why for why in SKIPPED.values())
