@@ -17,7 +17,8 @@ run starts, so a bad value fails in seconds, not after the values before it trai
 
 One copy of each run: a value whose run (same name: same config, seeds and method options) has finished
 among the experiment's main runs, `<out>/../<experiment>/<name>` (e.g. the default Route run of
-`results/bio` for `tau=0.9` in `results/studies/tau`), is not trained again. The study writes
+`results/bio` for `tau=0.9` in `results/studies/tau`), or in another study's folder (the raw-logit router
+at 50,304 rows is the `vocab` study's run), is not trained again. The study writes
 `<out>/<study>/<name>/reference.json` pointing at it, and `scalecl plot` reads the run through it.
 """
 
@@ -156,10 +157,12 @@ def _row_label(study: str, s: Study, value: str, result: dict[str, Any]) -> str:
     return f"{s.method} {study}={value}{tag}"
 
 
-def shared_run_dir(s: Study, exp: Any, name: str) -> Path:
-    """Where the experiment's main run of this name lives: <out>/../<experiment>/<name> (exp writes under
-    <out>/<study>/)."""
-    return exp.paths.out.parent.parent / s.experiment / name
+def shared_run_dirs(s: Study, exp: Any, name: str) -> list[Path]:
+    """Where a run of this name may already have finished: the experiment's main runs, <out>/../<experiment>/
+    <name>, then the other studies' folders, <out>/<other study>/<name> (exp writes under <out>/<study>/)."""
+    out = exp.paths.out.parent
+    others = sorted(p / name for p in out.iterdir() if p.is_dir() and p != exp.paths.out) if out.is_dir() else []
+    return [out.parent / s.experiment / name, *others]
 
 
 def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
@@ -194,8 +197,9 @@ def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
     run = exp.run_of(method, Dist())
     if run.result() is not None:  # the study holds its own copy (an older study, or --force): the sweep reads it
         return None
-    target = shared_run_dir(s, exp, run.name)
-    result = None if target.resolve() == run.out_dir.resolve() else finished_elsewhere(run, target)
+    found = ((t, finished_elsewhere(run, t)) for t in shared_run_dirs(s, exp, run.name)
+             if t.resolve() != run.out_dir.resolve())
+    target, result = next(((t, r) for t, r in found if r is not None), (None, None))
     if result is None:
         return None
     doc = {"reference": Path(os.path.relpath(target, run.out_dir)).as_posix(), "run": run.name,

@@ -116,3 +116,20 @@ def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     SKIPPED.clear()
     assert list(load_runs(res, "bio", study="tau")["dir"]) == [res / "studies" / "tau" / own[0]]
     assert any("holds no result.json" in why for why in SKIPPED.values())
+
+
+def test_study_references_a_run_of_another_study(tmp_path):
+    """The same run reached from two studies (router=logit at tau 0.5 is the tau study's tau=0.5 run) is trained
+    once: the second study refers to the first one's folder."""
+    from scalecl.report import load_runs
+
+    res, cache = tmp_path / "results", ["--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck")]
+    r = runner.invoke(app, ["study", "tau", "--values", "0.5", *BIO_FAST, "--out", str(res / "studies"), *cache])
+    assert r.exit_code == 0, r.output
+    (tau_run,) = [p.parent for p in (res / "studies" / "tau").glob("*/result.json")]
+    r = runner.invoke(app, ["study", "router", "--values", "logit", *BIO_FAST, "--set", "methods.scale-route.tau=0.5",
+                            "--out", str(res / "studies"), *cache])
+    assert r.exit_code == 0 and "stage 3" not in r.output, r.output
+    ref = res / "studies" / "router" / tau_run.name / "reference.json"
+    assert json.loads(ref.read_text())["reference"] == f"../../tau/{tau_run.name}"
+    assert list(load_runs(res, "bio", study="router")["dir"]) == [tau_run]
