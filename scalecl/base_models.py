@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from .errors import ScaleclError
 from .hub import before_hub_load, miss_reason
-from .modeling.scale_arch import ARCHS, Arch, head_dim, kv_heads, set_submodule
+from .modeling.scale_arch import ARCHS, REFUSED, Arch, head_dim, kv_heads, set_submodule
 from .readers import check_weights_folder, read_json
 
 # the architecture table lives in scalecl.modeling (shipped in SCALE checkpoints): one copy, re-exported
@@ -25,6 +25,8 @@ __all__ = ["ARCHS", "Arch", "arch_of", "decoder_layers", "head_dim", "kv_heads",
 def arch_of(config: PretrainedConfig) -> Arch:
     """The architecture facts for a config, or a clear error for unsupported families."""
     mt = getattr(config, "model_type", None)
+    if mt in REFUSED:
+        raise ScaleclError(f"unsupported architecture {mt!r}: {REFUSED[mt]}")
     if mt not in ARCHS:
         raise ScaleclError(f"unsupported architecture {mt!r}: scalecl supports {', '.join(ARCHS)}")
     return ARCHS[mt]
@@ -37,31 +39,52 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 # ---------------------------------------------------------------------------------------------------------
 # Tiny random configs: tests, CI and the CPU presets build models from these, never from the hub.
 
+_LLAMA_SHAPE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
+                    intermediate_size=128, max_position_embeddings=256, rms_norm_eps=1e-5)
+# kind -> (transformers config class, its tiny sizes). Every family has GQA (or MQA); the newer ones add what
+# sets them apart, small enough to matter in a 12-token test: sliding windows of 4 tokens (Mistral, Qwen2 above
+# layer 0, Gemma's sliding layers), a head_dim that is not hidden/heads (Qwen3, Gemma), soft-capping that bites
+# (Gemma 2: attention and logits; Gemma 3: logits)
+TINY_CONFIGS: dict[str, tuple[str, dict]] = {
+    "gpt_neox": ("GPTNeoXConfig", dict(
+        vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=256,
+        max_position_embeddings=256, rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False,
+        hidden_dropout=0.0, attention_dropout=0.0)),
+    "llama": ("LlamaConfig", dict(_LLAMA_SHAPE, tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", dict(_LLAMA_SHAPE, tie_word_embeddings=False, sliding_window=4)),
+    "qwen2": ("Qwen2Config", dict(_LLAMA_SHAPE, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4,
+                                  max_window_layers=1)),
+    "qwen3": ("Qwen3Config", dict(_LLAMA_SHAPE, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                                  tie_word_embeddings=False)),
+    "phi3": ("Phi3Config", dict(_LLAMA_SHAPE, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                                eos_token_id=2)),
+    "olmo2": ("Olmo2Config", dict(_LLAMA_SHAPE, tie_word_embeddings=False, pad_token_id=0, bos_token_id=None,
+                                  eos_token_id=2)),
+    "gemma2": ("Gemma2Config", dict(_LLAMA_SHAPE, num_attention_heads=4, head_dim=8, query_pre_attn_scalar=8,
+                                    tie_word_embeddings=True, sliding_window=4, attn_logit_softcapping=3.0,
+                                    final_logit_softcapping=5.0)),
+    "gemma3_text": ("Gemma3TextConfig", dict(
+        _LLAMA_SHAPE, num_attention_heads=4, num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8,
+        tie_word_embeddings=True, sliding_window=4, final_logit_softcapping=5.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+}
+TINY_ALIASES = {"pythia": "gpt_neox", "neox": "gpt_neox", "gemma3": "gemma3_text"}
+
+
 def tiny_config(kind: str = "llama", **overrides) -> PretrainedConfig:
-    """A small random-init config of one of the paper's families ("gpt_neox"/"pythia" or "llama")."""
-    kind = {"pythia": "gpt_neox", "neox": "gpt_neox"}.get(kind, kind)
-    if kind == "gpt_neox":
-        from transformers import GPTNeoXConfig
+    """A small random-init config of a supported family: "gpt_neox" ("pythia"), "llama", "mistral", "qwen2",
+    "qwen3", "phi3", "olmo2", "gemma2" or "gemma3_text" ("gemma3"); overrides replace any field."""
+    import transformers
 
-        base = dict(
-            vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-            intermediate_size=256, max_position_embeddings=256, rotary_pct=0.25,
-            use_parallel_residual=True, tie_word_embeddings=False, hidden_dropout=0.0,
-            attention_dropout=0.0,
-        )
-        base.update(overrides)
-        return GPTNeoXConfig(**base)
-    if kind == "llama":
-        from transformers import LlamaConfig
-
-        base = dict(
-            vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=8,
-            num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-            tie_word_embeddings=True, rms_norm_eps=1e-5,
-        )
-        base.update(overrides)
-        return LlamaConfig(**base)
-    raise ScaleclError(f"unknown tiny config kind {kind!r}; choose gpt_neox (pythia) or llama")
+    kind = TINY_ALIASES.get(kind, kind)
+    if kind not in TINY_CONFIGS:
+        raise ScaleclError(f"unknown tiny config kind {kind!r}; choose one of {', '.join(TINY_CONFIGS)} "
+                           f"(or {', '.join(TINY_ALIASES)})")
+    cls, base = TINY_CONFIGS[kind]
+    base = {**base, **overrides}
+    if kind == "gemma3_text" and "layer_types" not in overrides and base["num_hidden_layers"] != 3:
+        base.pop("layer_types")  # the family's own pattern for another depth
+    return getattr(transformers, cls)(**base)
 
 
 def shape_config(shape, vocab_size: int, **overrides) -> PretrainedConfig:
@@ -239,8 +262,8 @@ class BaseModel(NamedTuple):
 
 
 def resolve_base(model: str | None, random_config: str | None, seed: int = 0) -> BaseModel:
-    """The base given as exactly one of `model` (hub id or directory) and `random_config` (a tiny config kind,
-    "gpt_neox"/"pythia" or "llama", or a transformers config JSON: random weights from `seed`)."""
+    """The base given as exactly one of `model` (hub id or directory) and `random_config` (a tiny config kind of
+    `tiny_config`, e.g. "pythia", "llama" or "qwen3", or a transformers config JSON: random weights from `seed`)."""
     if (model is None) == (random_config is None):
         raise ScaleclError("give exactly one of --model (hub id or directory) and --random-config")
     if model is not None:

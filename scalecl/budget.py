@@ -103,6 +103,124 @@ def paper_budgets() -> list[BudgetRow]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The supported decoder families (issue #21): one published model of each, its widening constraints, and the
+# trainable parameters of every method in a setting like the paper's Korean CPT one (Llama-3.2-1B: SCALE
+# +256 hidden (d/8) / +1024 FFN (ffn/8), l_fp = 3; LoRA r = 256; Freeze k = 3; LLaMA Pro +L/4 blocks).
+
+
+def _published(cls_name: str, **sizes: Any) -> PretrainedConfig:
+    import transformers
+
+    return getattr(transformers, cls_name)(**sizes)
+
+
+# model -> its config, written from the published config.json (sizes, tying, biases; what the counts depend on)
+FAMILY_MODELS: dict[str, Any] = {
+    "meta-llama/Llama-3.2-1B": llama_32_1b_config,
+    "mistralai/Mistral-7B-v0.1": lambda: _published(
+        "MistralConfig", vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, sliding_window=4096,
+        max_position_embeddings=32768, rms_norm_eps=1e-5),
+    "Qwen/Qwen2.5-0.5B": lambda: _published(
+        "Qwen2Config", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=32768,
+        rms_norm_eps=1e-6),
+    "Qwen/Qwen3-0.6B": lambda: _published(
+        "Qwen3Config", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+        max_position_embeddings=40960, rms_norm_eps=1e-6),
+    "microsoft/Phi-3-mini-4k-instruct": lambda: _published(
+        "Phi3Config", vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False, max_position_embeddings=4096,
+        sliding_window=2047, pad_token_id=32000, bos_token_id=1, eos_token_id=32000, rms_norm_eps=1e-5),
+    "allenai/OLMo-2-0425-1B": lambda: _published(
+        "Olmo2Config", vocab_size=100352, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=False, max_position_embeddings=4096,
+        pad_token_id=100277, bos_token_id=None, eos_token_id=100257, rms_norm_eps=1e-6),
+    "google/gemma-2-2b": lambda: _published(
+        "Gemma2Config", vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=4096,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True, rms_norm_eps=1e-6),
+    "google/gemma-3-1b-pt": lambda: _published(
+        "Gemma3TextConfig", vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
+        tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6),
+}
+
+# what sets a family apart for widening (derived from the config and modules; stated here for the table)
+FAMILY_NOTES = {
+    "llama": "RMSNorm, SwiGLU",
+    "mistral": "sliding window: unchanged",
+    "qwen2": "q/k/v biases: new rows get their own",
+    "qwen3": "per-head q/k norm: new heads get their own gain",
+    "phi3": "fused qkv and gate_up: each block grows at its own end",
+    "olmo2": "post-norms; q/k norm over all heads split at the base width",
+    "gemma2": "embedding x sqrt(d) of the base kept; (1+w) norms; pre+post norms; soft-caps (Route compares raw "
+              "logits, the cap follows)",
+    "gemma3_text": "as Gemma 2, plus per-head q/k norm; sliding layers unchanged",
+}
+
+
+class FamilyRow(NamedTuple):
+    """One family's published model: its widening constraints and the paper-like budgets of every method."""
+
+    family: str  # model_type
+    model: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    unit: int  # hidden_up must be a multiple of this: head_dim x GQA group (whole groups of new heads)
+    hidden_up: int  # the paper-like hidden_up: the smallest legal one >= hidden / 8
+    note: str
+    budgets: list[BudgetRow]
+
+
+def smallest_hidden_up(config: PretrainedConfig, at_least: int, ffn_up: int) -> int:
+    """The smallest multiple of head_dim x GQA group that is >= at_least and gives a config transformers builds."""
+    from .base_models import head_dim, kv_heads
+    from .methods.scale.upscale import widened_config_refusal
+
+    unit = head_dim(config) * (config.num_attention_heads // kv_heads(config))
+    k = max(1, -(-at_least // unit))
+    while widened_config_refusal(config, k * unit, ffn_up) is not None:
+        k += 1
+    return k * unit
+
+
+def paper_like_methods(config: PretrainedConfig) -> list[tuple[str, dict[str, Any]]]:
+    """The Korean CPT setting's methods scaled to a model: SCALE +d/8 hidden (rounded up to a legal width) and
+    +ffn/8, l_fp = 3; LoRA r = 256 (or the smallest targeted side, if smaller); Freeze k = 3; LLaMA Pro's n the
+    divisor of L nearest L/4."""
+    from .base_models import head_dim, kv_heads
+
+    layers, ffn_up = config.num_hidden_layers, config.intermediate_size // 8
+    scale = {"hidden_up": smallest_hidden_up(config, config.hidden_size // 8, ffn_up), "ffn_up": ffn_up}
+    rank = min(256, config.hidden_size, config.intermediate_size, kv_heads(config) * head_dim(config))
+    n = min((k for k in range(1, layers + 1) if layers % k == 0), key=lambda k: (abs(k - layers / 4), k))
+    return [("fft", {}), ("lora", {"rank": rank}), ("freeze", {"k": 3}), ("llama-pro", {"n": n}),
+            ("scale-preserve", scale), ("scale-adapt", {**scale, "l_fp": 3}), ("scale-route", {**scale, "l_fp": 3})]
+
+
+def family_budgets() -> list[FamilyRow]:
+    """One row per supported family (meta device: no weights, no download)."""
+    from .base_models import head_dim, kv_heads
+
+    rows = []
+    for model, make in FAMILY_MODELS.items():
+        config = make()
+        budgets = []
+        for name, opts in paper_like_methods(config):
+            trainable, total = trainable_counts(config, name, **opts)
+            budgets.append(BudgetRow(model, name, trainable, total, opts, config.vocab_size))
+        hd, kv = head_dim(config), kv_heads(config)
+        up = next(o["hidden_up"] for n, o in paper_like_methods(config) if n == "scale-preserve")
+        rows.append(FamilyRow(config.model_type, model, config.hidden_size, config.num_attention_heads, kv, hd,
+                              hd * (config.num_attention_heads // kv), up, FAMILY_NOTES[config.model_type], budgets))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Memory and time before work (README, "Reproducibility, memory and time"): every train-bio / train-cpt sweep
 # estimates the peak memory and the time of what it will train, prints it as one line and refuses, with one
 # line naming the `--set` keys that shrink it, a run that cannot fit in the memory available.
@@ -207,7 +325,18 @@ def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, 
     total, trainable = _model_numbers(cfg, method, opts)
     layers, width, ffn, paths = _widths(cfg, method, opts)
     return Phase(name, total, trainable if train or method else 0, layers, width, ffn, cfg.vocab_size, rows, seq,
-                 train, paths, tokens, keys, glu=getattr(cfg, "hidden_act", "") == "silu")
+                 train, paths, tokens, keys, glu=gated_mlp(cfg))
+
+
+def gated_mlp(cfg: PretrainedConfig) -> bool:
+    """Whether the family's MLP is gated (a gate projection beside the up projection: Llama's SwiGLU, Gemma's
+    GeGLU, Phi-3's fused gate_up), from the architecture table; else the activation (silu: gated, as before)."""
+    from .base_models import ARCHS
+
+    arch = ARCHS.get(getattr(cfg, "model_type", None))
+    if arch is not None:
+        return any(name.endswith(("gate_proj", "gate_up_proj")) for name in arch.linears)
+    return getattr(cfg, "hidden_act", "") == "silu"
 
 
 def available_memory() -> int | None:

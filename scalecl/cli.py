@@ -270,8 +270,9 @@ def merge(
 @app.command()
 @user_errors
 def budgets() -> None:
-    """Trainable parameters of every method at the paper's two settings (meta-device models, no weights)."""
-    from .budget import paper_budgets
+    """Trainable parameters of every method at the paper's two settings, and the supported decoder families: their
+    widening constraints and budgets in a paper-like setting (meta-device models, no weights)."""
+    from .budget import family_budgets, paper_budgets
 
     rows = paper_budgets()
     for setting in dict.fromkeys(r.setting for r in rows):  # one table per setting, in order
@@ -285,6 +286,29 @@ def budgets() -> None:
             label = f"{r.method} ({opts})" if opts else r.method
             table.add_row(label, f"{r.trainable:,}", f"{r.total:,}", f"{100 * r.trainable / r.total:.2f}")
         console.print(table)
+    families = family_budgets()
+    if not families:
+        return
+    table = Table(title="supported families: widening constraints (hidden_up: a multiple of head_dim x GQA group "
+                  "that transformers' config accepts)")
+    for col in ("family", "model", "d", "heads q/kv", "head_dim", "unit", "hidden_up >= d/8", "what widening keeps"):
+        table.add_column(col, overflow="fold")
+    for f in families:
+        table.add_row(f.family, f.model, f"{f.hidden:,}", f"{f.heads}/{f.kv_heads}", str(f.head_dim), str(f.unit),
+                      str(f.hidden_up), f.note)
+    console.print(table)
+    methods = [b.method for b in families[0].budgets if b.method != "fft"]
+    table = Table(title="trainable parameters (% of the model's total), paper-like setting per family: SCALE "
+                  "+hidden_up above / +ffn/8, l_fp=3; LoRA r=256 or less; Freeze k=3; LLaMA Pro n nearest L/4")
+    for col in ("model", "base", *methods, "options"):
+        table.add_column(col, justify="left" if col in ("model", "options") else "right", overflow="fold")
+    for f in families:
+        by = {b.method: b for b in f.budgets}
+        opts = (f"r={by['lora'].options['rank']}, n={by['llama-pro'].options['n']}, "
+                f"ffn_up={by['scale-preserve'].options['ffn_up']}")
+        table.add_row(f.model, f"{by['fft'].total:,}",
+                      *(f"{by[m].trainable:,} ({100 * by[m].trainable / by[m].total:.1f}%)" for m in methods), opts)
+    console.print(table)
 
 
 @app.command("train-bio")

@@ -61,6 +61,8 @@ class LlamaPro(Method):
         set_submodule(model, arch.layers, nn.ModuleList(blocks))
         for idx, block in enumerate(blocks):  # KV-cache slots follow the new order
             block.get_submodule(arch.attn_module).layer_idx = idx
+            if hasattr(block, "layer_idx"):  # Gemma 3's blocks keep their index too
+                block.layer_idx = idx
         config.num_hidden_layers = len(blocks)  # the model loop runs only the first num_hidden_layers
         if getattr(config, "layer_types", None) is not None:
             config.layer_types = [config.layer_types[i] for i in origin]

@@ -1,6 +1,6 @@
 """Load a SCALE checkpoint with plain transformers: `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`.
 
-A SCALE checkpoint's config.json is the widened model's own config (model_type "llama" or "gpt_neox", widened
+A SCALE checkpoint's config.json is the widened model's own config (the base's model_type, e.g. "llama", widened
 sizes, so any code reading the config sees the model as it runs) plus an `auto_map` naming the model class
 below and a `scale` entry: the widening (`spec`, a ScaleSpec as a dict) and the base model's sizes
 (`base_sizes`). The model class builds the transformers model of the base sizes, widens it with the same
@@ -18,7 +18,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import GPTNeoXForCausalLM, LlamaForCausalLM, PretrainedConfig
+from transformers import (
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    GPTNeoXForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Olmo2ForCausalLM,
+    Phi3ForCausalLM,
+    PretrainedConfig,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 
 from .scale_arch import ARCHS
 from .scale_surgery import ScaleSpec, widen
@@ -65,19 +76,26 @@ class _ScaleModel:
         return (model, info) if want_info else model
 
 
-class ScaleLlamaForCausalLM(_ScaleModel, LlamaForCausalLM):
-    """A width-upscaled Llama (SCALE); the variant and sizes come from config.scale."""
-
-    base_arch = "llama"
-
-
-class ScaleGPTNeoXForCausalLM(_ScaleModel, GPTNeoXForCausalLM):
-    """A width-upscaled GPT-NeoX / Pythia (SCALE); the variant and sizes come from config.scale."""
-
-    base_arch = "gpt_neox"
+def _scale_class(name: str, base: type, arch: str) -> type:
+    """The SCALE class of one family: the mixin over its transformers CausalLM class."""
+    doc = f"A width-upscaled {base.__name__} (SCALE); the variant and sizes come from config.scale."
+    return type(name, (_ScaleModel, base), {"base_arch": arch, "__doc__": doc, "__module__": __name__})
 
 
-CLASSES: dict[str, type] = {"llama": ScaleLlamaForCausalLM, "gpt_neox": ScaleGPTNeoXForCausalLM}
+ScaleLlamaForCausalLM = _scale_class("ScaleLlamaForCausalLM", LlamaForCausalLM, "llama")
+ScaleGPTNeoXForCausalLM = _scale_class("ScaleGPTNeoXForCausalLM", GPTNeoXForCausalLM, "gpt_neox")
+ScaleMistralForCausalLM = _scale_class("ScaleMistralForCausalLM", MistralForCausalLM, "mistral")
+ScaleQwen2ForCausalLM = _scale_class("ScaleQwen2ForCausalLM", Qwen2ForCausalLM, "qwen2")
+ScaleQwen3ForCausalLM = _scale_class("ScaleQwen3ForCausalLM", Qwen3ForCausalLM, "qwen3")
+ScalePhi3ForCausalLM = _scale_class("ScalePhi3ForCausalLM", Phi3ForCausalLM, "phi3")
+ScaleOlmo2ForCausalLM = _scale_class("ScaleOlmo2ForCausalLM", Olmo2ForCausalLM, "olmo2")
+ScaleGemma2ForCausalLM = _scale_class("ScaleGemma2ForCausalLM", Gemma2ForCausalLM, "gemma2")
+ScaleGemma3ForCausalLM = _scale_class("ScaleGemma3ForCausalLM", Gemma3ForCausalLM, "gemma3_text")
+
+# model_type -> the class its checkpoints name in auto_map (one per family of scale_arch.ARCHS)
+CLASSES: dict[str, type] = {c.base_arch: c for c in (
+    ScaleLlamaForCausalLM, ScaleGPTNeoXForCausalLM, ScaleMistralForCausalLM, ScaleQwen2ForCausalLM,
+    ScaleQwen3ForCausalLM, ScalePhi3ForCausalLM, ScaleOlmo2ForCausalLM, ScaleGemma2ForCausalLM, ScaleGemma3ForCausalLM)}
 
 
 def remote_config(model) -> PretrainedConfig:

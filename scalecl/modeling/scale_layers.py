@@ -225,6 +225,9 @@ class UpLinear(nn.Module):
     w12 (out, in_up): zero-initialised; trains only in collaborative layers of Adapt/Route.
     w21 (out_up, in), w22 (out_up, in_up), bias_up (out_up): new, trainable.
     `fork` is set on modules above Route's fork point: their input batch is [preserve half; adapt half].
+    `segments` ((base rows, new rows) per block, or None): an output fused block by block (Phi-3's [q|k|v],
+    [gate|up]). The new rows of each block are then placed right after that block's base rows, so the model's
+    own slicing of the widened output finds each part; the base rows keep their values and their order.
     """
 
     def __init__(
@@ -256,15 +259,28 @@ class UpLinear(nn.Module):
         self.fork = False
         self.layer = 0  # index of the decoder layer holding this module (set by upscale)
         self.shared_input = False  # at Route's first forked block, reads a norm of the (doubled) block input
+        self.segments: tuple[tuple[int, int], ...] | None = None
 
     def full_weight(self, with_w12: bool = True) -> torch.Tensor:
-        """The (out + out_up, in + in_up) matrix of Eq. 1; with_w12=False gives the preserve path's."""
+        """The (out + out_up, in + in_up) matrix of Eq. 1, rows in the model's layout; with_w12=False gives the
+        preserve path's."""
         w12 = self.w12 if with_w12 else torch.zeros_like(self.w12)
         top = torch.cat([self.weight, w12], dim=1)
-        return torch.cat([top, torch.cat([self.w21, self.w22], dim=1)], dim=0)
+        return self._layout(torch.cat([top, torch.cat([self.w21, self.w22], dim=1)], dim=0), 0)
 
     def full_bias(self) -> torch.Tensor | None:
-        return None if self.bias is None else torch.cat([self.bias, self.bias_up])
+        return None if self.bias is None else self._layout(torch.cat([self.bias, self.bias_up]), 0)
+
+    def _layout(self, y: torch.Tensor, dim: int) -> torch.Tensor:
+        """Rows [base; new] along dim -> the model's layout (unchanged unless the output is fused by blocks)."""
+        if self.segments is None:
+            return y
+        base, new = y.narrow(dim, 0, self.d_out), y.narrow(dim, self.d_out, y.shape[dim] - self.d_out)
+        parts, b0, n0 = [], 0, 0
+        for nb, nn_ in self.segments:
+            parts += [base.narrow(dim, b0, nb), new.narrow(dim, n0, nn_)]
+            b0, n0 = b0 + nb, n0 + nn_
+        return torch.cat(parts, dim=dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, T, in + in_up) -> (N, T, out + out_up)
         st = self.state
@@ -275,7 +291,8 @@ class UpLinear(nn.Module):
         else:
             use_w12, const = (True,), (self.layer < st.const_adapt,)
         plan = _Rows(use_w12, const, len(use_w12) == 2 and self.shared_input, st.products == "concat")
-        return _BlockLinear.apply(x, self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up, plan)
+        y = _BlockLinear.apply(x, self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up, plan)
+        return self._layout(y, -1)
 
     def extra_repr(self) -> str:
         return f"in={self.d_in}+{self.in_features - self.d_in}, out={self.d_out}+{self.out_features - self.d_out}"
@@ -298,16 +315,47 @@ class SplitNorm(nn.Module):
         return torch.cat([self.base(x[..., : self.d]), self.up(x[..., self.d :])], dim=-1)
 
 
+class HeadSplitNorm(SplitNorm):
+    """A per-head norm (weight over head_dim, shared by all heads: Qwen3's and Gemma 3's q/k norms) over widened
+    heads: the first `heads` heads along `axis` use the frozen norm, the new heads their own (identity gain).
+
+    The norm acts on each head's head_dim channels alone, so the base heads compute exactly what they computed.
+    """
+
+    def __init__(self, base: nn.Module, heads: int, axis: int) -> None:
+        nn.Module.__init__(self)
+        self.d, self.axis = heads, axis
+        self.base = base
+        self.up = _same_norm(base, base.weight.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # heads along self.axis: base heads, then new heads
+        n = x.shape[self.axis]
+        return torch.cat([self.base(x.narrow(self.axis, 0, self.d)), self.up(x.narrow(self.axis, self.d, n - self.d))],
+                         dim=self.axis)
+
+
 def _same_norm(base: nn.Module, size: int) -> nn.Module:
-    """A fresh norm of the same kind as `base` over `size` channels, identity gain (and zero bias)."""
+    """A fresh norm of the same kind as `base` over `size` channels, identity gain (and zero bias).
+
+    The identity gain is found from the norm's own class (`_identity_gain`): 1 for LayerNorm and Llama-style
+    RMSNorm (w * x), 0 for Gemma's (1 + w) * x.
+    """
     w = base.weight
     if isinstance(base, nn.LayerNorm):
         return nn.LayerNorm(size, eps=base.eps, bias=base.bias is not None, device=w.device, dtype=w.dtype)
     eps = getattr(base, "variance_epsilon", getattr(base, "eps", 1e-6))
     norm = type(base)(size, eps=eps).to(device=w.device, dtype=w.dtype)  # e.g. LlamaRMSNorm
     with torch.no_grad():
-        norm.weight.fill_(1.0)
+        norm.weight.fill_(_identity_gain(base))
     return norm
+
+
+def _identity_gain(norm: nn.Module) -> float:
+    """The gain at which an RMSNorm of this kind multiplies by one: 0 for Gemma's (1 + w), else 1."""
+    with torch.device("cpu"), torch.no_grad():  # real tensors, also while a model is built on the meta device
+        probe = type(norm)(1, eps=0.0)
+        probe.weight.fill_(0.0)
+        return 0.0 if probe(torch.ones(1, 1)).item() == 1.0 else 1.0
 
 
 class UpEmbedding(nn.Module):
@@ -317,6 +365,10 @@ class UpEmbedding(nn.Module):
     config's initializer_range (0.02 for GPT-NeoX and Llama), so the new channels carry a signal from the
     first step. Either way the function is preserved as long as the head's new columns start at zero, which
     holds only with untied embeddings (with tied ones the head's new columns are these).
+
+    A scaled embedding (Gemma's: the output times sqrt(hidden_size)) keeps the base's scale, sqrt(d) of the base
+    width, for the whole widened output: the original channels are exactly the base's. It is read from the
+    module (`scalar_embed_scale`), never from the widened config.
     """
 
     def __init__(self, base: nn.Embedding, d_up: int, init: str = "zero", std: float = 0.02,
@@ -333,9 +385,14 @@ class UpEmbedding(nn.Module):
         self.num_embeddings = base.num_embeddings
         self.embedding_dim = base.embedding_dim + d_up
         self.padding_idx = base.padding_idx
+        scale = getattr(base, "scalar_embed_scale", None)
+        self.embed_scale = None if scale is None else float(scale)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, d + d_up)
-        return torch.cat([F.embedding(ids, self.weight), F.embedding(ids, self.weight_up)], dim=-1)
+        out = torch.cat([F.embedding(ids, self.weight), F.embedding(ids, self.weight_up)], dim=-1)
+        if self.embed_scale is not None:  # as the base module does: a float32 scalar cast to the weights' dtype
+            out = out * torch.tensor(self.embed_scale, dtype=torch.float32, device=out.device).to(self.weight.dtype)
+        return out
 
 
 class UpHead(nn.Module):

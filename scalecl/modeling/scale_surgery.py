@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .scale_arch import Arch, head_dim, kv_heads, set_submodule
-from .scale_layers import PathState, SplitNorm, UpEmbedding, UpHead, UpLinear, products_setting
+from .scale_layers import HeadSplitNorm, PathState, SplitNorm, UpEmbedding, UpHead, UpLinear, products_setting
 from .scale_spec import (  # noqa: F401  (re-exported: SCALE's options are declared in scale_spec)
     COLLAB_MODULES,
     EMBED_INITS,
@@ -44,6 +45,71 @@ def new_heads(config, hidden_up: int) -> tuple[int, int]:
     return heads, heads // (config.num_attention_heads // kv_heads(config))
 
 
+def widened_sizes(config, hidden_up: int, ffn_up: int) -> dict[str, int]:
+    """The config fields a widening changes, with their widened values (head_dim kept where the config has it,
+    so nothing re-derives it from the widened sizes)."""
+    n_new, new_kv = new_heads(config, hidden_up)
+    sizes = {"hidden_size": config.hidden_size + hidden_up, "num_attention_heads": config.num_attention_heads + n_new,
+             "intermediate_size": config.intermediate_size + ffn_up}
+    if hasattr(config, "num_key_value_heads"):
+        sizes["num_key_value_heads"] = kv_heads(config) + new_kv
+    if hasattr(config, "head_dim"):
+        sizes["head_dim"] = head_dim(config)
+    return sizes
+
+
+class _Plan(NamedTuple):
+    """What every decoder block of one widening needs: the spec, the family, the widths and the shared state."""
+
+    spec: ScaleSpec
+    arch: Arch
+    base: dict[str, int]  # width kind -> the base's width ("hidden", "q", "kv", "ffn", "qkv")
+    new: dict[str, int]  # width kind -> the channels the widening adds
+    head_dim: int
+    state: PathState
+    shared: frozenset[str]  # linears reading a norm of the block input (Route's first forked block)
+    init_weights: bool
+
+
+def _widths(config, spec: ScaleSpec) -> tuple[dict[str, int], dict[str, int]]:
+    """(base widths, added widths) per width kind; attention grows by whole heads (whole GQA groups)."""
+    hd, heads, kv = head_dim(config), config.num_attention_heads, kv_heads(config)
+    n_new, new_kv = new_heads(config, spec.hidden_up)
+    base = {"hidden": config.hidden_size, "ffn": config.intermediate_size, "q": heads * hd, "kv": kv * hd,
+            "qkv": 3 * heads * hd}
+    new = {"hidden": spec.hidden_up, "ffn": spec.ffn_up, "q": n_new * hd, "kv": new_kv * hd, "qkv": 3 * spec.hidden_up}
+    return base, new
+
+
+def _widen_block(layer: nn.Module, i: int, plan: _Plan) -> None:
+    """Swap one decoder block's linears and norms for their widened versions, trainability set for layer i."""
+    spec, arch = plan.spec, plan.arch
+    collaborative = i >= spec.l_fp and spec.variant != "preserve"
+    for name, (group, kin, kout) in arch.linears.items():
+        parts = kout.split("+")  # an output fused block by block grows each block at its own end
+        out_up = sum(plan.new[k] for k in parts)
+        up = UpLinear(layer.get_submodule(name), plan.new[kin], out_up, plan.state, spec.init, plan.init_weights)
+        if len(parts) > 1:
+            up.segments = tuple((plan.base[k], plan.new[k]) for k in parts)
+        up.w12.requires_grad_(collaborative and group in spec.collab)
+        up.fork = spec.variant == "route" and i >= spec.l_fp
+        up.layer = i
+        up.shared_input = up.fork and i == spec.l_fp and name in plan.shared
+        set_submodule(layer, name, up)
+    attn = layer.get_submodule(arch.attn_module)
+    for attr, kind in (("num_heads", "q"), ("num_attention_heads", "q"), ("num_key_value_heads", "kv")):
+        if isinstance(getattr(attn, attr, None), int):  # head counts the module keeps (Phi-3 slices its qkv by them)
+            setattr(attn, attr, getattr(attn, attr) + plan.new[kind] // plan.head_dim)
+    d, hu = plan.base["hidden"], plan.new["hidden"]
+    for name in arch.norms:
+        set_submodule(layer, name, SplitNorm(layer.get_submodule(name), d, hu))
+    for name, (kind, axis) in arch.head_norms.items():
+        norm = layer.get_submodule(name)
+        split = SplitNorm(norm, plan.base[kind], plan.new[kind]) if axis is None else \
+            HeadSplitNorm(norm, plan.base[kind] // plan.head_dim, axis)
+        set_submodule(layer, name, split)
+
+
 def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = True) -> nn.Module:
     """Widen `model` in place by spec.hidden_up / spec.ffn_up and set which blocks train for spec.variant.
 
@@ -56,8 +122,7 @@ def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = Tr
     l_fp = resolve_l_fp(spec.variant, spec.l_fp, n_layers)
     spec = replace(spec, l_fp=l_fp)  # what the model records: always the resolved number
     d, hu, hd = config.hidden_size, spec.hidden_up, head_dim(config)
-    n_new, new_kv = new_heads(config, hu)
-    width = {"hidden": hu, "ffn": spec.ffn_up, "qkv": 3 * hu, "kv": new_kv * hd}
+    base, new = _widths(config, spec)
     # SCALECL_SCALE_PRODUCTS is read here, once per model: the layers' forward reads the shared state
     mode = "route" if spec.variant == "route" else "adapt"
     state = PathState(mode, spec.tau, spec.router, products_setting())
@@ -65,17 +130,9 @@ def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = Tr
         p.requires_grad_(False)  # every pre-trained tensor is frozen; new blocks are created trainable
 
     shared = set(arch.block_input) | (set(arch.parallel_input) if getattr(config, "use_parallel_residual", False) else set())
+    plan = _Plan(spec, arch, base, new, hd, state, frozenset(shared), init_weights)
     for i, layer in enumerate(model.get_submodule(arch.layers)):
-        collaborative = i >= l_fp and spec.variant != "preserve"
-        for name, (group, kin, kout) in arch.linears.items():
-            up = UpLinear(layer.get_submodule(name), width[kin], width[kout], state, spec.init, init_weights)
-            up.w12.requires_grad_(collaborative and group in spec.collab)
-            up.fork = spec.variant == "route" and i >= l_fp
-            up.layer = i
-            up.shared_input = up.fork and i == l_fp and name in shared
-            set_submodule(layer, name, up)
-        for name in arch.norms:
-            set_submodule(layer, name, SplitNorm(layer.get_submodule(name), d, hu))
+        _widen_block(layer, i, plan)
     set_submodule(model, arch.final_norm, SplitNorm(model.get_submodule(arch.final_norm), d, hu))
     std = getattr(config, "initializer_range", None) or 0.02
     emb = UpEmbedding(model.get_submodule(arch.embed), hu, spec.embed_init, std, init_weights)
@@ -84,13 +141,8 @@ def widen(model: nn.Module, spec: ScaleSpec, arch: Arch, init_weights: bool = Tr
     set_submodule(model, arch.head, UpHead(model.get_submodule(arch.head), hu, state, emb.weight_up if tied else None))
 
     base_sizes = {k: getattr(config, k) for k in SIZE_KEYS if hasattr(config, k)}
-    config.hidden_size = d + hu
-    config.num_attention_heads += n_new
-    if hasattr(config, "num_key_value_heads"):
-        config.num_key_value_heads = kv_heads(config) + new_kv
-    if hasattr(config, "head_dim"):  # explicit, so nothing re-derives it from the widened sizes
-        config.head_dim = hd
-    config.intermediate_size += spec.ffn_up
+    for k, v in widened_sizes(config, hu, spec.ffn_up).items():
+        setattr(config, k, v)
 
     model.scale_spec = spec  # the widening as built (scalecl's upscale adds model.scale_config: the options)
     model.scale_base_sizes = base_sizes  # what a checkpoint's config.json records to rebuild the base shape

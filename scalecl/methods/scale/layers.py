@@ -4,6 +4,7 @@ Re-exported here so that the historical import path keeps working; the classes a
 """
 
 from ...modeling.scale_layers import (  # noqa: F401
+    HeadSplitNorm,
     PathState,
     SplitNorm,
     UpEmbedding,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 
+from torch import nn
 from transformers import PreTrainedModel
 
 from ...base_models import arch_of, head_dim, kv_heads
@@ -27,7 +28,9 @@ from ...modeling.scale_surgery import (  # noqa: F401  (re-exported: the histori
     routing_fractions,
     scale_path,
     widen,
+    widened_sizes,
 )
+from ...schema import MAX_SIZE
 from .config import ScaleConfig
 
 # The most elements one widened matrix may hold: 2**31 (8 GiB in float32). The largest matrix of the paper's
@@ -64,7 +67,58 @@ def check_sizes(config, cfg: ScaleConfig) -> tuple[int, int]:
             f"embedding's, and non-zero ones would change the base model's logits (use embed_init=zero)"
         )
     cfg.resolved_l_fp(config.num_hidden_layers)
+    check_widened_config(config, cfg.hidden_up, cfg.ffn_up, group * hd)
     return new_heads(config, cfg.hidden_up)
+
+
+def widened_config_refusal(config, hidden_up: int, ffn_up: int) -> str | None:
+    """Why transformers refuses the config of the widened model (its own validators), or None if it builds."""
+    d = config.to_dict()
+    for k in ("model_type", "transformers_version", "auto_map", "architectures"):
+        d.pop(k, None)
+    d.update(widened_sizes(config, hidden_up, ffn_up))
+    try:
+        type(config)(**d)
+    except Exception as e:  # huggingface_hub's StrictDataclassClassValidationError, ValueError ...
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        return lines[-1] if lines else type(e).__name__
+    return None
+
+
+def check_widened_config(config, hidden_up: int, ffn_up: int, unit: int) -> None:
+    """The widened config must be one transformers builds, or a checkpoint could not be loaded: Llama, Gemma 2 and
+    Gemma 3 require hidden_size % num_attention_heads == 0 even with an explicit head_dim. One line naming the
+    hidden_up values (multiples of `unit`, whole GQA groups of heads) that work for this model."""
+    why = widened_config_refusal(config, hidden_up, ffn_up)
+    if why is None:
+        return
+    ok = [k * unit for k in range(1, 257) if k * unit <= MAX_SIZE and widened_config_refusal(config, k * unit, ffn_up)
+          is None][:4]
+    hint = f"hidden_up values that work for this model: {', '.join(map(str, ok))}" if ok else \
+        f"no multiple of {unit} up to {256 * unit} works for this model"
+    raise ScaleclError(f"hidden_up={hidden_up} gives a widened {config.model_type} config that transformers refuses "
+                       f"({why}); {hint}")
+
+
+def check_modules(model: PreTrainedModel, arch) -> None:
+    """The modules the surgery replaces are of the kinds whose forward it reproduces exactly; anything else (a
+    peft or quantised linear, an embedding with its own forward) is one ScaleclError, never widened approximately."""
+    emb = model.get_submodule(arch.embed)
+    if type(emb) is not nn.Embedding and not (isinstance(emb, nn.Embedding) and hasattr(emb, "scalar_embed_scale")):
+        raise ScaleclError(f"cannot widen {arch.embed}: a {type(emb).__name__}, not a plain or scaled nn.Embedding")
+    if type(model.get_submodule(arch.head)) is not nn.Linear:
+        raise ScaleclError(f"cannot widen {arch.head}: a {type(model.get_submodule(arch.head)).__name__}, not nn.Linear")
+    norms = [(arch.final_norm, model.get_submodule(arch.final_norm))]
+    for layer in model.get_submodule(arch.layers):
+        for name in arch.linears:
+            kind = type(layer.get_submodule(name))
+            if kind is not nn.Linear:
+                raise ScaleclError(f"cannot widen {name}: a {kind.__name__}, not nn.Linear (a model adapted by another "
+                                   f"method or quantised is not a base SCALE can widen exactly)")
+        norms += [(name, layer.get_submodule(name)) for name in (*arch.norms, *arch.head_norms)]
+    for name, norm in norms:
+        if not (isinstance(norm, nn.LayerNorm) or type(norm).__name__.endswith("RMSNorm")):
+            raise ScaleclError(f"cannot widen {name}: a {type(norm).__name__}, not a LayerNorm or RMSNorm")
 
 
 def to_spec(cfg: ScaleConfig, num_layers: int) -> ScaleSpec:
@@ -88,6 +142,7 @@ def upscale(
     spec = to_spec(cfg, config.num_hidden_layers)
     if getattr(model, "scale_spec", None) is not None:
         raise ScaleclError("model is already upscaled")
+    check_modules(model, arch)
     base_config = config.to_dict()
     if not inplace:
         model = copy.deepcopy(model)
