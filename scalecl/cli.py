@@ -144,11 +144,11 @@ def _csv(value: str) -> tuple[str, ...]:
 @user_errors
 def upscale(
     out: Path = typer.Option(..., "--out", help="Directory to write the upscaled checkpoint to."),
-    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id or a local directory."),
+    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id, a local directory or a .gguf file (dequantized once into --cache)."),
     random_config: str | None = typer.Option(
         None, "--random-config",
-        help="Instead of --model, a random-init base: 'gpt_neox' (alias 'pythia') or 'llama' for a tiny model, "
-        "or a path to a transformers config JSON.",
+        help="Instead of --model, a random-init tiny base of a family: gpt_neox (alias pythia), llama, mistral, "
+        "qwen2, qwen3, phi3, olmo2, gemma2, gemma3 (text); or a path to a transformers config JSON.",
     ),
     # SCALE's options: defaults and help declared once, on modeling's ScaleSpec (ScaleConfig inherits them)
     variant: str = typer.Option(ScaleSpec.variant, "--variant", help=option_help("variant")),
@@ -161,6 +161,7 @@ def upscale(
     router: str = typer.Option(ScaleSpec.router, "--router", help=option_help("router")),
     embed_init: str = typer.Option(ScaleSpec.embed_init, "--embed-init", help=option_help("embed_init")),
     seed: int = typer.Option(0, "--seed", help="Seed for random-init bases and rnd initialisation."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the dequantized copy of a .gguf --model."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing scalecl checkpoint at --out "
                                    "(never a folder holding anything else)."),
 ) -> None:
@@ -175,18 +176,20 @@ def upscale(
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
                       init=_csv(init), tau=tau, router=router, embed_init=embed_init)  # names and ranges first
     options = {k: v for k, v in cfg.to_dict().items() if k != "variant"}
-    _prepare(f"scale-{cfg.variant}", options, out, model, random_config, seed, overwrite)
+    _prepare(f"scale-{cfg.variant}", options, out, model, random_config, seed, overwrite, cache)
 
 
 def _prepare(method_name: str, options: dict, out: Path, model: str | None, random_config: str | None,
-             seed: int, overwrite: bool) -> None:
+             seed: int, overwrite: bool, cache: Path) -> None:
     """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
     from .checkpoint import prepare_checkpoint
+    from .gguf import resolve_model
     from .methods import get_method
     from .schema import check_seed
 
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
+    model = resolve_model(model, cache)  # a .gguf file: its dequantized transformers folder
     done = prepare_checkpoint(method, out, model, random_config, seed=seed, overwrite=overwrite)
     _print_params(method, done.source, done.base_total, done.model)
     console.print(f"wrote {done.path}")
@@ -224,15 +227,17 @@ def _option_texts(pairs: list[str]) -> dict[str, Raw]:
 def prepare(
     method_name: str = typer.Option(..., "--method", help="fft | lora | freeze | llama-pro | scale-preserve | scale-adapt | scale-route."),
     out: Path = typer.Option(..., "--out", help="Directory to write the prepared checkpoint to."),
-    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id or a local directory."),
+    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id, a local directory or a .gguf file (dequantized once into --cache)."),
     random_config: str | None = typer.Option(
         None, "--random-config",
-        help="Instead of --model, a random-init base: 'gpt_neox' (alias 'pythia') or 'llama', or a config JSON path.",
+        help="Instead of --model, a random-init tiny base of a family: gpt_neox (alias pythia), llama, mistral, "
+        "qwen2, qwen3, phi3, olmo2, gemma2, gemma3 (text); or a config JSON path.",
     ),
     options: list[str] = typer.Option(
         [], "--set", help="Method option key=value, repeatable (e.g. rank=256, k=3, n=4, hidden_up=256, collab=attn,mlp)."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for random-init bases and random initialisation."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the dequantized copy of a .gguf --model."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing scalecl checkpoint at --out "
                                    "(never a folder holding anything else)."),
 ) -> None:
@@ -243,7 +248,7 @@ def prepare(
     check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     if method_name not in REGISTRY:
         get_method(method_name)  # the one-line unknown-method error, before the options are read
-    _prepare(method_name, _option_texts(options), out, model, random_config, seed, overwrite)
+    _prepare(method_name, _option_texts(options), out, model, random_config, seed, overwrite, cache)
 
 
 @app.command()
@@ -522,7 +527,8 @@ def train_cpt(
 @app.command("eval-ppl")
 @user_errors
 def eval_ppl(
-    model: str = typer.Option(..., "--model", help="A checkpoint directory written by scalecl (or a plain transformers one)."),
+    model: str = typer.Option(..., "--model", help="A checkpoint directory written by scalecl, a plain transformers "
+                              "one, or a .gguf file (dequantized once into --cache)."),
     dataset: str = typer.Option(
         ..., "--dataset", help="Hub id (HuggingFaceFW/fineweb-edu), local folder or file (.jsonl/.txt/.parquet/.csv), "
         "or builtin:en / builtin:ko (the offline stand-in)."
@@ -538,7 +544,8 @@ def eval_ppl(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer (default: the one saved with the model)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON record instead of the summary line."),
-    cache: Path = typer.Option(Path("cache"), "--cache", help="Cache folder of the builtin stand-in corpus."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Cache folder of the builtin stand-in corpus and of "
+                               "a .gguf --model's dequantized copy."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
 ) -> None:
     """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
@@ -551,7 +558,9 @@ def eval_ppl(
     if out is not None:
         check_record_out(out)  # replace only a record this command wrote
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
-    r = run_eval(model, spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
+    from .gguf import resolve_model
+
+    r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
     if out is not None:
         write_record(out, r)  # checked again: the file may have appeared while the model ran
     if as_json:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +184,10 @@ class CptExperiment:
     kind = "cpt"
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
+        from .gguf import is_gguf, resolve_model
+
+        if is_gguf(rc.base):  # a .gguf base: its dequantized transformers folder, named by the file's sha256
+            rc = replace(rc, base=resolve_model(rc.base, paths.cache))
         self.rc, self.preset, self.paths = rc, preset_name, paths
         self.bilingual = None
         self.device = torch.device("cpu")

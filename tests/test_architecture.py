@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 LAYERS = [
     ["errors", "version", "presets", "consoles", "hub"],
     ["schema", "modeling", "crash", "processes", "files", "readers", "locks", "data.biography", "stats"],
-    ["optim", "state", "base_models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data",
+    ["optim", "state", "base_models", "gguf", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data",
      "summary"],
     ["perf", "machine", "methods"],
     ["parallel", "checkpoint"],

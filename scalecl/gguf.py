@@ -1,0 +1,121 @@
+"""GGUF files as a model source: a `.gguf` given as --model (or as train-cpt's `base`) is dequantized once by
+transformers (`from_pretrained(folder, gguf_file=name)`, float32 weights) and cached as an ordinary
+transformers folder, `<cache>/gguf/<sha256 prefix>/`, named by the file's content. The folder records where
+it came from in `scalecl-gguf.json` (the file's sha256, name, size and the transformers version that read it),
+and every command then uses it like any local base. transformers needs the `gguf` package to read the file
+(`pip install gguf`); quantized weights are dequantized, so the cached copy is larger than the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .errors import ScaleclError
+
+SUFFIX = ".gguf"
+RECORD = "scalecl-gguf.json"  # in the cached folder: the source file's sha256 and how it was read
+FORMAT = 1
+
+
+def is_gguf(name: str | Path | None) -> bool:
+    """Whether a --model value names a GGUF file (by its suffix; the file is checked when it is read)."""
+    return name is not None and str(name).lower().endswith(SUFFIX)
+
+
+def sha256_of(path: Path, block: int = 1 << 22) -> str:
+    """The file's sha256 (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_model(name: str | None, cache: Path) -> str | None:
+    """`name` itself, or for a .gguf file the cached transformers folder made from it (made on first use)."""
+    if not is_gguf(name):
+        return name
+    return str(gguf_folder(Path(name), Path(cache)))
+
+
+def gguf_folder(path: Path, cache: Path) -> Path:
+    """The cached transformers folder of a GGUF file: <cache>/gguf/<sha256[:16]>, dequantized once (under a
+    lock, written into a temporary folder renamed when complete, so a killed process leaves nothing used)."""
+    from .files import atomic_dir, check_writable_dir
+    from .locks import locked
+
+    if not path.is_file():
+        raise ScaleclError(f"GGUF file {path} does not exist" if not path.exists() else f"{path} is not a file")
+    digest = sha256_of(path)
+    dest = cache / "gguf" / digest[:16]
+    if _cached(dest, digest):
+        return dest
+    check_writable_dir(cache, "--cache")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with locked(dest, wait=True, what=f"dequantized copy of {path.name}"):
+        if _cached(dest, digest):  # made by another process while this one waited
+            return dest
+        model, tokenizer = _read(path)
+        with atomic_dir(dest) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            (tmp / RECORD).write_text(json.dumps(_record(path, digest), indent=2) + "\n")
+    return dest
+
+
+def _cached(dest: Path, digest: str) -> bool:
+    """Whether dest is a complete copy made from the file with this sha256."""
+    try:
+        rec = json.loads((dest / RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("sha256") == digest and (dest / "config.json").is_file()
+
+
+def _read(path: Path):
+    """(model in float32, tokenizer) read from the GGUF file by transformers, or one clear error."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .errors import cause
+
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF files with it)
+    except ImportError:
+        raise ScaleclError(f"reading {path.name} needs the gguf package: pip install gguf") from None
+    kw = {"gguf_file": path.name}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kw)
+    except Exception as e:  # transformers raises many kinds for a file it cannot read
+        raise ScaleclError(f"transformers cannot read the GGUF file {path}: {cause(e)}") from None
+    return _plain(model), tokenizer
+
+
+def _plain(model):
+    """The dequantized model as a plain one: transformers marks a model read from GGUF as quantized and refuses
+    to save it, so its float32 weights move into a fresh model of the same config (every weight must match)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = model.config
+    for key in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, key):
+            delattr(config, key)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(model.state_dict(), strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight")} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ScaleclError(f"the GGUF model's weights do not match its config (missing {sorted(set(missing) - tied)[:3]}, "
+                           f"unexpected {sorted(unexpected)[:3]})")
+    fresh.tie_weights()
+    return fresh.eval()
+
+
+def _record(path: Path, digest: str) -> dict:
+    import transformers
+
+    return {"format": FORMAT, "source": path.name, "sha256": digest, "bytes": path.stat().st_size,
+            "transformers": transformers.__version__, "dtype": "float32 (dequantized)"}
