@@ -55,6 +55,7 @@ from .qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from .run import Run
 from .schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from .sweep import Paths, hold
+from .train import eval_progress
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 # Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
@@ -269,6 +270,15 @@ def stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist, tokenizer,
         identity["numerics"] = numerics
     return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep, main=d.main,
                save_kw={"tokenizer": tokenizer})
+
+
+def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, desc: str, *, exact: bool = False,
+               method: Method | None = None, quiet: bool = False) -> dict[str, dict[str, float]]:
+    """qa_accuracy on each named QA set, shown as one evaluation (`desc`, counted in questions) on the progress
+    display in use (scalecl.train.eval_progress); the numbers are qa_accuracy's."""
+    with eval_progress(desc, sum(len(qa) for qa in sets.values()), "questions", quiet=quiet) as advance:
+        return {name: qa_accuracy(model, qa, batch, exact=exact, method=method, progress=advance)
+                for name, qa in sets.items()}
 
 
 def cached_stage(run: Run, plan: TrainPlan, *, build: Callable[[], torch.nn.Module], batches: Iterator[dict],
@@ -490,8 +500,8 @@ class BioExperiment:
             s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", d, resume="auto"),
             build=lambda: load_model(s1_run.final_dir),
             batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, d),
-            info=lambda m: {"task0_heldout": qa_accuracy(m, heldout, rc.eval.batch),
-                            "task0_train": qa_accuracy(m, train0, rc.eval.batch)}, rt=rt)
+            info=lambda m: accuracies(m, {"task0_heldout": heldout, "task0_train": train0}, rc.eval.batch,
+                                      "stage 2: Task 0 accuracy"), rt=rt)
         rt.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
                f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
         self.stage2_dir = s2_run.final_dir
@@ -523,8 +533,10 @@ class BioExperiment:
 
     def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
         rec = {"step": step, "loss": None if step == 0 else round(loss, 6)}
-        for split, qa in self.slices.items():
-            rec |= _flat(split, qa_accuracy(model, qa, self.rc.eval.batch, method=method))
+        got = accuracies(model, self.slices, self.rc.eval.batch, f"stage 3: {method.name}: evaluation at step {step}",
+                         method=method, quiet=True)  # dozens of these: in a log only a long one prints
+        for split, r in got.items():
+            rec |= _flat(split, r)
         # routing over every token of the Task 0 slice (kept under its old name for older plots)
         rec |= {k.removeprefix("task0/"): v for k, v in rec.items() if k in ("task0/route_preserve",
                                                                               "task0/route_adapt")}
@@ -533,8 +545,8 @@ class BioExperiment:
     def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
         rc, data, model, st = self.rc, self.data, res.model, self.stage_info
         rt.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
-        final = {"task0_heldout": qa_accuracy(model, data.qa["task0_heldout"], rc.eval.batch, exact=True),
-                 "task1": qa_accuracy(model, data.qa["task1"], rc.eval.batch, exact=True)}  # every process: lock-step
+        final = accuracies(model, {k: data.qa[k] for k in ("task0_heldout", "task1")}, rc.eval.batch,
+                           f"{method.name}: full-range evaluation", exact=True)  # every process: lock-step
         t0 = [r["task0/acc"] for r in res.records]
         t1 = [r["task1/acc"] for r in res.records]
         stages = {k: {kk: vv for kk, vv in st[k].items() if kk != "cached"} for k in ("stage1", "stage2")}

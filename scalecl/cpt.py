@@ -51,6 +51,7 @@ from .processes import Dist
 from .run import Run
 from .schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from .sweep import Paths
+from .train import eval_progress
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 
@@ -329,12 +330,15 @@ class CptExperiment:
         autocast = autocast_dtype(rc.dtype, self.device)
         rec: dict[str, Any] = {"step": step, "loss": None if step == 0 else round(loss, 6),
                                "tokens": step * rc.train.batch * rc.train.seq_len}
-        for split, chunks in (("old", ev.old_chunks), ("new", ev.new_chunks)):
-            r = perplexity(model, chunks, rc.eval.batch, autocast, lambda mask: method.metrics(model, mask))
-            rec |= {f"{split}/ppl": round(r["ppl"], 6), f"{split}/nll": round(r["nll"], 6)}
-            rec |= {f"{split}/{k}": round(v, 6) for k, v in r.items() if k.startswith("route_")}
-        rec["rep_cos"] = round(representation_cosine(ev.h0, final_hidden(model, ev.rep_ids.to(self.device),
-                                                                           ev.d_model)), 9)
+        with eval_progress(f"cpt: {method.name}: evaluation at step {step}", len(ev.old_chunks) + len(ev.new_chunks),
+                           "sequences") as advance:
+            for split, chunks in (("old", ev.old_chunks), ("new", ev.new_chunks)):
+                r = perplexity(model, chunks, rc.eval.batch, autocast, lambda mask: method.metrics(model, mask),
+                               progress=advance)
+                rec |= {f"{split}/ppl": round(r["ppl"], 6), f"{split}/nll": round(r["nll"], 6)}
+                rec |= {f"{split}/{k}": round(v, 6) for k, v in r.items() if k.startswith("route_")}
+            rec["rep_cos"] = round(representation_cosine(ev.h0, final_hidden(model, ev.rep_ids.to(self.device),
+                                                                               ev.d_model)), 9)
         rec |= {k: round(v, 6) for k, v in upscaled_norms(model).items()}
         return rec
 

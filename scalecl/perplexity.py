@@ -29,6 +29,7 @@ def _dist() -> tuple[int, int]:
 def perplexity(
     model: nn.Module, chunks: Sequence[torch.Tensor], batch_size: int = 16,
     autocast_dtype: torch.dtype | None = None, stats: Callable[[torch.Tensor], dict[str, float]] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Token-weighted perplexity of `model` on chunks of token ids (1-D tensors, equal lengths except the last).
 
@@ -36,6 +37,9 @@ def perplexity(
     stats(mask) is called after every forward with its (B, T) mask of scored positions (e.g. a method's
     routing fractions) and its numbers are averaged weighted by scored tokens. Under torch.distributed each
     process scores every world-th batch and the sums are all-reduced, so every process returns the same.
+    progress(n) is called after every batch with its number of chunks, the batches other processes score
+    included (so one process's count is the job's; scalecl.train.eval_progress makes one); it reads nothing
+    back and changes no number.
     """
     was_training = model.training
     model.eval()
@@ -52,18 +56,10 @@ def perplexity(
     for _ in range(lockstep_padding(model, scored.count(rank), [scored.count(r) for r in range(world)])):
         model(input_ids=batches[0][:1, :2].to(device))  # FSDP: every process runs as many forwards
     for b, ids in enumerate(batches):
-        if b % world != rank or ids.shape[1] < 2:
-            continue
-        ids = ids.to(device)  # (B, T)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model(input_ids=ids).logits  # (B, T, V)
-        nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
-        n = ids[:, 1:].numel()
-        sums += torch.tensor([nll.item(), n], dtype=torch.float64, device=device)
-        if stats is not None:
-            mask = torch.ones(ids.shape, dtype=torch.bool, device=device)
-            for k, v in stats(mask).items():
-                extra[k] = extra.get(k, 0.0) + v * n
+        if b % world == rank and ids.shape[1] >= 2:
+            sums += _score(model, ids.to(device), autocast_dtype, stats, extra)
+        if progress is not None:
+            progress(len(ids))
     if world > 1:
         names: list[list[str]] = [[] for _ in range(world)]
         dist.all_gather_object(names, sorted(extra))  # a process that scored no batch has no stats keys
@@ -78,6 +74,20 @@ def perplexity(
     out = {"ppl": ppl, "nll": mean, "tokens": int(tokens), "sequences": len(chunks),
            "seq_len": max((len(c) for c in chunks), default=0)}
     return out | {k: v / max(tokens, 1) for k, v in extra.items()}
+
+
+def _score(model: nn.Module, ids: torch.Tensor, autocast_dtype, stats, extra: dict[str, float]) -> torch.Tensor:
+    """One batch (B, T): its (NLL sum, scored tokens); stats' numbers, weighted by scored tokens, into `extra`."""
+    device = ids.device
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        logits = model(input_ids=ids).logits  # (B, T, V)
+    nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
+    n = ids[:, 1:].numel()
+    if stats is not None:
+        mask = torch.ones(ids.shape, dtype=torch.bool, device=device)
+        for k, v in stats(mask).items():
+            extra[k] = extra.get(k, 0.0) + v * n
+    return torch.tensor([nll.item(), n], dtype=torch.float64, device=device)
 
 
 @torch.no_grad()

@@ -139,6 +139,7 @@ def _per_token_metrics(stats, method) -> bool:
 def qa_accuracy(
     model: nn.Module, qa: QATensors, batch_size: int = 256, exact: bool = False,
     stats: Callable[[torch.Tensor], dict[str, float]] | None = None, method=None, fast: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Hard and soft first-token accuracy, pooled and per attribute (and greedy exact match if asked).
 
@@ -160,6 +161,9 @@ def qa_accuracy(
     logits at every position): counts (accuracy, exact match) equal, float numbers to float32 rounding (an
     unpadded batch runs SDPA's causal kernel, a padded one the masked kernel; tests/test_eval_fast.py). Quantiles and means do not depend on the row order:
     per-row values are put back in the QA set's order before they are summarised.
+
+    progress(n) is called after every forward with the number of questions it scored (every question is
+    counted once; scalecl.train.eval_progress makes one); it reads nothing back and changes no number.
     """
     if method is not None and stats is None:
         stats = lambda mask: method.metrics(model, mask)  # noqa: E731
@@ -171,8 +175,8 @@ def qa_accuracy(
     # training, which may not update a tensor made in inference mode
     try:
         with torch.no_grad() if is_fsdp(model) else torch.inference_mode():
-            rows = _rows_fast(model, qa, batch_size, exact, stats, method) if fast else \
-                _rows_plain(model, qa, batch_size, exact, stats, method)
+            rows = _rows_fast(model, qa, batch_size, exact, stats, method, progress) if fast else \
+                _rows_plain(model, qa, batch_size, exact, stats, method, progress)
     finally:
         model.train(was_training)
     return _summarise(qa, exact, *rows)
@@ -236,7 +240,7 @@ class _Collect:
         return got
 
 
-def _rows_plain(model, qa, batch_size, exact, stats, method) -> tuple:
+def _rows_plain(model, qa, batch_size, exact, stats, method, progress) -> tuple:
     """The plain computation: batches in the set's order, right-padded, logits at every position."""
     device = next(model.parameters()).device
     c = _Collect(len(qa))
@@ -249,10 +253,12 @@ def _rows_plain(model, qa, batch_size, exact, stats, method) -> tuple:
         target = ids[torch.arange(len(idx), device=device), pl]
         hard, soft, em = _score_batch(model, ids, mask, pl, total, target, exact, keep_head_at_scored=False)
         c.add((model, method, stats), idx, ids, mask, pl, (hard, soft, em))
+        if progress is not None:
+            progress(len(idx))
     return c, stats is not None
 
 
-def _rows_fast(model, qa, batch_size, exact, stats, method) -> tuple:
+def _rows_fast(model, qa, batch_size, exact, stats, method, progress) -> tuple:
     """The fast computation (see qa_accuracy): grouped by length, prompt-only where it can, head at the scored
     position where it can."""
     device = next(model.parameters()).device
@@ -270,6 +276,8 @@ def _rows_fast(model, qa, batch_size, exact, stats, method) -> tuple:
         hard, soft, em = _score_batch(model, ids, mask, pl, total, b.target.to(device), exact,
                                       keep_head_at_scored=cut_head)
         got = c.add((model, method, stats if per_token else None), b.rows, ids, mask, pl, (hard, soft, em))
+        if progress is not None:
+            progress(len(b.rows))  # a re-planned rest leaves these rows out: each question counts once
         i += 1
         if whole and not exact and i == 1 and not got and len(plan) > 1:
             # the first forward over every token gave no per-token number: the rest need only the prompts
