@@ -155,7 +155,7 @@ def test_tiny_preset_end_to_end_with_builtin_corpus_and_eval_ppl(tmp_path, monke
     assert ppl["tokens"] == result["data"]["new_eval"]["tokens"] and 0 <= ppl["route_preserve"] <= 1
     res = runner.invoke(app, ["eval-ppl", "--model", result["checkpoint"], "--dataset", str(corpus / "ko"),
                               "--split", "test", "--take", "30", "--seq-len", "64"])
-    assert res.exit_code == 0 and res.output.startswith(f"ppl {ppl['ppl']:.4f}"), res.output
+    assert res.exit_code == 0 and res.stdout.startswith(f"ppl {ppl['ppl']:.4f}"), res.output
 
 
 def _bad_cases(local: Path, tmp: Path):

@@ -151,3 +151,16 @@ def test_cpt_run_logs_every_evaluation(tmp_path, every_batch):
         assert lines[0][0] == 0 and len(lines) >= 3 and lines[-1][0] == lines[-1][1] > lines[1][0] > 0
     assert re.search(r"^cpt: fft: evaluation at step 8: [\d,]+/[\d,]+ sequences \(100%\), 0:00:\d\d elapsed$",
                      res.output, flags=re.M)
+
+
+
+def test_eval_ppl_progress_goes_to_stderr(local, tmp_path):
+    """`scalecl eval-ppl` shows its progress on stderr (lines when not a terminal); stdout keeps only the record
+    (--json)."""
+    import json
+
+    r = CliRunner().invoke(app, ["eval-ppl", "--model", str(local / "llama"), "--dataset", str(local / "corpus" / "en"),
+                                 "--split", "test", "--take", "3", "--seq-len", "32", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["ppl"] > 1
+    assert "eval-ppl: 0/" in r.stderr and "sequences (100%)" in r.stderr
