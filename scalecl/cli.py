@@ -531,7 +531,10 @@ def eval_ppl(
                               "one, or a .gguf file (dequantized once into --cache)."),
     dataset: str = typer.Option(
         ..., "--dataset", help="Hub id (HuggingFaceFW/fineweb-edu), local folder or file (.jsonl/.txt/.parquet/.csv), "
-        "or builtin:en / builtin:ko (the offline stand-in)."
+        "builtin:en / builtin:ko (the offline stand-in), or real text read from an installed wheel (splits train/test: "
+        "every 5th document is test): pkg:konlpy-ko (Korean constitution by article and bills by page; pip install "
+        "--no-deps konlpy==0.6.0), pkg:gensim-lee-en (English news, one article per line) or pkg:gensim-wiki-en "
+        "(English Wikipedia articles, markup stripped; both pip install --no-deps gensim==4.4.0)."
     ),
     name: str = typer.Option("", "--name", help="Dataset config name, e.g. sample-10BT or kor_Hang."),
     split: str = typer.Option("train", "--split", help="Dataset split."),

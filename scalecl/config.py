@@ -193,7 +193,9 @@ class CorpusConfig:
     """One text corpus read with `datasets` in streaming mode: a hub id, a local folder or a local file.
 
     path "builtin:en" / "builtin:ko" is the offline bilingual stand-in (scalecl.data.bilingual), generated
-    into the cache. A held-out slice is the `take` documents after the first `skip`, in stream order.
+    into the cache. path "pkg:konlpy-ko" (Korean), "pkg:gensim-lee-en" / "pkg:gensim-wiki-en" (English) is real
+    text read at run time from an installed wheel (konlpy 0.6.0, gensim 4.4.0; scalecl.data.packaged), split
+    train/test by a fixed rule. A held-out slice is the `take` documents after the first `skip`, in stream order.
     """
 
     path: str = "builtin:ko"
@@ -204,8 +206,12 @@ class CorpusConfig:
     take: int = opt(0, ge=0, le=MAX_DOCS)  # 0 = every document after `skip`
 
     def check(self, where: str) -> None:
+        from .data.packaged import check_packaged_spec, is_packaged
+
         if not self.path.strip():
             raise ScaleclError(f"{where}path is empty")
+        if is_packaged(self.path):  # its name, split and column now; whether it is installed when it is read
+            check_packaged_spec(self.path, self.name, self.split, self.text_column, f"{where}path")
 
 
 @dataclass

