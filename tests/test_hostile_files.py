@@ -28,11 +28,15 @@ def tree(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
 
 
-def one_error(res, code: int = 2) -> str:
-    """The single `error:` line of a failed command (stdout and stderr together), checked."""
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+def one_error(res, code: int = 2, progress: str | None = None) -> str:
+    """The single `error:` line of a failed command (stdout and stderr together), checked. `progress`: the prefix
+    of progress lines the command prints while it works (eval-ppl's, on stderr), left out before checking."""
+    def kept(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if ln.strip() and not (progress and ln.startswith(progress))]
+
+    lines = kept(res.output)
     assert res.exit_code == code and len(lines) == 1 and lines[0].startswith("error:"), (res.exit_code, res.output)
-    assert "Traceback" not in res.output and res.stderr.strip() == lines[0], res.stderr
+    assert "Traceback" not in res.output and kept(res.stderr) == lines, res.stderr
     return lines[0]
 
 
@@ -315,7 +319,7 @@ def test_non_finite_perplexity_is_an_error_and_no_record(ppl_model, tmp_path, va
     del meta["written"]  # the weights changed: not a checkpoint the suite could replace, still one it reads
     (d / "scalecl.json").write_text(json.dumps(meta))
     out = tmp_path / "ppl.json"
-    line = one_error(runner.invoke(app, _ppl(d, corpus, out)), code=1)
+    line = one_error(runner.invoke(app, _ppl(d, corpus, out)), code=1, progress="eval-ppl: ")
     assert "not finite" in line and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["broken"]
 
 
@@ -600,7 +604,7 @@ def test_full_or_read_only_disk_is_one_line(ppl_model, tmp_path, monkeypatch, co
 
     monkeypatch.setattr(files, "write_atomic", failing)
     out = tmp_path / "ppl.json"
-    line = one_error(runner.invoke(app, _ppl(model, corpus, out)), code=1)
+    line = one_error(runner.invoke(app, _ppl(model, corpus, out)), code=1, progress="eval-ppl: ")
     assert str(out) in line and errno.errorcode[code] in line and not out.exists()
     res_dir = tmp_path / "results"
     fake_bio_run(res_dir)
