@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -122,24 +121,27 @@ def test_cached_stage_and_checkpoint_of_another_thread_count_are_refused_in_one_
     assert "checkpoint" in res.output and "CPU, 2 threads" in res.output
 
 
+# Runs a command as its only child and writes that child's peak resident memory (KiB) to argv[1]. A fresh small
+# interpreter in between: a child forked straight from the test process (grown to gigabytes by earlier tests)
+# would count the parent's pages until it execs, in ru_maxrss of RUSAGE_CHILDREN and wait4 alike.
+_PEAK_WRAPPER = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[2:]).returncode; "
+                 "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+                 "sys.exit(rc)")
+
+
 def _timed_cli(tmp_path: Path, args: list[str]) -> tuple[dict, float, float]:
     """Run `scalecl <args>` in a subprocess: (its result.json, seconds from launch to the result's writing,
     the subprocess's peak resident memory in bytes)."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    out, err = tmp_path / "_stdout.txt", tmp_path / "_stderr.txt"
+    peak_file = tmp_path / "_peak_kib.txt"
     t0 = time.time()
-    with open(out, "w") as fo, open(err, "w") as fe:
-        proc = subprocess.Popen([sys.executable, "-m", "scalecl_launch", *args], cwd=tmp_path, env=env,
-                                stdout=fo, stderr=fe, text=True)
-        killer = threading.Timer(600, proc.kill)
-        killer.start()
-        # this child's own peak: RUSAGE_CHILDREN would be the largest of every child the test process ever had
-        _, status, usage = os.wait4(proc.pid, 0)
-        killer.cancel()
-    stdout, stderr = out.read_text(), err.read_text()
-    assert os.waitstatus_to_exitcode(status) == 0, stdout[-3000:] + stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, str(peak_file), sys.executable, "-m",
+                           "scalecl_launch", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = list((tmp_path / "out").rglob("result.json"))
-    return json.loads(path.read_text()) | {"_stdout": stdout}, path.stat().st_mtime - t0, usage.ru_maxrss * 1024
+    peak = int(peak_file.read_text()) * 1024
+    return json.loads(path.read_text()) | {"_stdout": proc.stdout}, path.stat().st_mtime - t0, peak
 
 
 @pytest.mark.parametrize("kind", ["bio", "cpt"])
