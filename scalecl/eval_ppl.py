@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -104,12 +103,10 @@ def eval_ppl(
     model = load_model(model_path).to(dev)
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
-    from .train import LineProgress, eval_progress, progress_bar
+    from .train import eval_progress, progress_bar
 
-    display = progress_bar()
-    if isinstance(display, LineProgress):  # a log or a pipe: progress on stderr, stdout keeps the record (--json)
-        display = LineProgress(write=lambda line: print(line, file=sys.stderr, flush=True))
-    with display, eval_progress("eval-ppl", len(chunks), "sequences") as advance:
+    # a log or a pipe: progress lines on stderr, so stdout keeps the record (--json) or the summary line
+    with progress_bar(stderr=True), eval_progress("eval-ppl", len(chunks), "sequences") as advance:
         r = perplexity(model, chunks, batch, stats=stats, progress=advance)
     if not math.isfinite(r["ppl"]):  # a non-finite result is an error, never a record
         raise NotFinite(f"the perplexity of {model_path} is not finite (nll {r['nll']}): its weights or their outputs "

@@ -695,10 +695,9 @@ def _study_setting(study: str, r: dict) -> str:
     return f"{_study_label(study, r.get('method_options') or {})}; {_embedding_variant(r)}"
 
 
-def study_means(results: Path | Sequence[Path], experiment: str, study: str) -> pd.DataFrame:
-    """One row per setting of a study (replicates pooled): n, seeds, then the end points' mean and 95% t interval
-    over the replicates (aggregate_table's columns)."""
-    runs = load_runs(results, experiment, study=study)
+def study_means(runs: pd.DataFrame, experiment: str, study: str) -> pd.DataFrame:
+    """One row per setting of a study (`runs`: its load_runs; replicates pooled): n, seeds, then the end points'
+    mean and 95% t interval over the replicates (aggregate_table's columns)."""
     if runs.empty:
         return pd.DataFrame()
     settings = [_study_setting(study, r) for r in runs["result"]]
@@ -713,13 +712,13 @@ def write_study_means(results: Path | Sequence[Path], out: Path, experiment: str
                       ) -> list[Path]:
     """<stem>_means (md/csv/tex): the study's settings with their replicates pooled; nothing when no setting has
     more than one run (the per-run table says it all)."""
-    df = study_means(results, experiment, study)
+    runs = load_runs(results, experiment, study=study)
+    df = study_means(runs, experiment, study)
     if df.empty or not (df["n"] > 1).any():
         return []
     metrics = BIO_METRICS if experiment == "bio" else CPT_METRICS
     return write_table(df, out, f"{stem}_means", shown=shown_aggregate(df, metrics), caption=AGG_CAPTION,
-                       inputs=inputs_text(load_runs(results, experiment, study=study),
-                                          f"{stem}_means: one row per setting, its replicates pooled"))
+                       inputs=inputs_text(runs, f"{stem}_means: one row per setting, its replicates pooled"))
 
 
 def pool_replicates(rows: list[tuple[pd.Series, pd.DataFrame]], setting_of) -> list[tuple[pd.Series, pd.DataFrame]]:

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import math
 import random
+import sys
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -123,14 +124,15 @@ EVAL_TICK_S = 0.2
 _SHOWING: list[Any] = []  # the progress displays entered, innermost last: evaluations report to it
 
 
-def progress_bar() -> Progress | LineProgress:
+def progress_bar(stderr: bool = False) -> Progress | LineProgress:
     """A live bar on a terminal; plain progress lines when the output is a log file, nohup or CI, where a bar
     would print nothing until the stage ends. While entered (`with progress_bar() as p`) it is the display
-    that evaluations (`eval_progress`) report to."""
+    that evaluations (`eval_progress`) report to. stderr=True: the lines go to stderr (a command whose stdout
+    is its record)."""
     from rich.console import Console
 
     if not Console().is_terminal:
-        return LineProgress()
+        return LineProgress(write=(lambda line: print(line, file=sys.stderr, flush=True)) if stderr else None)
     return _Bar(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _FieldsColumn(),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),

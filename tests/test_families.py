@@ -20,6 +20,8 @@ import pytest
 import torch
 from conftest import random_batch, snapshot, train_steps
 from test_checkpoint import _LOAD_ALL, run_clean
+from test_methods import METHODS as BASE_METHODS
+from test_methods import SCALE_OPTS
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
@@ -32,17 +34,10 @@ FAMILIES = ("mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3_text
 # families whose config has attention_bias: the untied case turns it on (biases on q, k, v and o)
 ATTENTION_BIAS = {"qwen3", "olmo2", "gemma2", "gemma3_text"}
 CASES = {f"{fam}-{'tied' if tied else 'untied'}": (fam, tied) for fam in FAMILIES for tied in (True, False)}
-SCALE = {"hidden_up": 32, "ffn_up": 16}  # 32: a whole GQA group of new heads in every tiny family
+SCALE = SCALE_OPTS  # hidden_up 32: a whole GQA group of new heads in every tiny family
 L_FP = 1
-METHODS = {
-    "fft": {},
-    "lora": {"rank": 4},
-    "freeze": {"k": 1},
-    "llama-pro": {"n": 3},  # a copy after each of the 3 tiny layers
-    "scale-preserve": SCALE,
-    "scale-adapt": {**SCALE, "l_fp": L_FP},
-    "scale-route": {**SCALE, "l_fp": L_FP},
-}
+# test_methods' table, with W12 trainable above layer L_FP for Adapt and Route
+METHODS = {**BASE_METHODS, "scale-adapt": {**SCALE, "l_fp": L_FP}, "scale-route": {**SCALE, "l_fp": L_FP}}
 TOL = dict(atol=1e-5, rtol=0.0)
 runner = CliRunner()
 
