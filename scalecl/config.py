@@ -262,6 +262,11 @@ class CptEvalConfig:
     every: int = opt(25, ge=0, le=MAX_STEPS)  # steps between evaluations (step 0 and the last step always; 0 = only those)
     batch: int = opt(16, ge=1)  # sequences per evaluation forward
     rep_batch: int = opt(8, ge=1)  # sequences of the old-domain set whose final hidden states are compared (Fig. 4a)
+    # SCALE-Route's mechanism (issue #20): vocabulary rows absent from the first `never_tokens` tokens of the
+    # new-domain training stream (the whole corpus when it is shorter) are its "never" rows; every evaluation then
+    # records, per set, the router's score quantiles over every position and each path's share of its logit
+    # norm on those rows. 0 = off. Measures only: changes no other number and is not part of the run's name.
+    never_tokens: int = opt(0, ge=0)
 
 
 # Paper Table 1: learning rates of continual pre-training on the Korean dataset.

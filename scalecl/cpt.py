@@ -23,6 +23,7 @@ the numbers an uninterrupted run would have produced.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -231,6 +232,7 @@ class CptExperiment:
         methods' options or rates)."""
         rc = self.rc
         named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr", "compute", "run_seed")}
+        named["eval"] = {k: v for k, v in named["eval"].items() if k != "never_tokens"}  # a measurement only
         h = config_hash(named, method.name, method.options(), rc.lr[method.name], *seed_key(rc.run_seed),
                         *numerics_key(self.numerics))
         name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
@@ -280,6 +282,7 @@ class CptExperiment:
         else:
             self.base_info, self.base_source = {}, rc.base
         base = self.load_base().to(rt.device)
+        self.never_rows = self._never_rows(base.get_output_embeddings().weight.shape[0]) if rc.eval.never_tokens else None
         ev = self.evals
         ev.d_model = base.config.hidden_size
         ev.h0 = final_hidden(base, ev.rep_ids.to(rt.device), ev.d_model)
@@ -289,6 +292,25 @@ class CptExperiment:
                                                     f"{', cached' if info.get('cached') else ''})" if info else ""))
         rt.say(f"{base_line}; vocab {len(self.tokenizer):,}; old-domain eval {ev.tokens('old'):,} tokens, "
                f"new-domain eval {ev.tokens('new'):,} tokens (seq {rc.train.seq_len}); {rt.d.world} process(es)")
+
+    def _never_rows(self, rows: int) -> torch.Tensor:
+        """(rows,) bool: vocabulary rows that occur in none of the first eval.never_tokens tokens of the
+        new-domain training stream (its order for run seed 0) and are not EOS: the tokens the new domain never
+        uses, on which SCALE-Route's raw-logit router may be decided (issue #20)."""
+        seen = torch.zeros(rows, dtype=torch.bool)
+        eos = self.tokenizer.eos_token_id
+        if eos is not None and eos < rows:
+            seen[eos] = True
+        left = self.rc.eval.never_tokens
+        for text in iter_texts(self.train_spec):
+            ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"][:left], dtype=torch.long)
+            seen[ids[ids < rows]] = True
+            left -= len(ids)
+            if left <= 0:
+                break
+        self.never_info = {"never_rows": int((~seen).sum()), "rows": rows,
+                           "tokens_read": self.rc.eval.never_tokens - max(left, 0)}
+        return ~seen
 
     def load_base(self) -> torch.nn.Module:
         """A fresh copy of the base model (CPU)."""
@@ -303,7 +325,11 @@ class CptExperiment:
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
-        return method.apply(self.load_base())
+        model = method.apply(self.load_base())
+        state = getattr(model, "scale_state", None)
+        if state is not None and state.mode == "route" and getattr(self, "never_rows", None) is not None:
+            state.never_rows = self.never_rows  # measure what decides the router (route_stats)
+        return model
 
     def save_kw(self) -> dict[str, Any]:
         return {"base_model": self.base_source, "tokenizer": self.tokenizer}
@@ -333,10 +359,12 @@ class CptExperiment:
         with eval_progress(f"cpt: {method.name}: evaluation at step {step}", len(ev.old_chunks) + len(ev.new_chunks),
                            "sequences") as advance:
             for split, chunks in (("old", ev.old_chunks), ("new", ev.new_chunks)):
-                r = perplexity(model, chunks, rc.eval.batch, autocast, lambda mask: method.metrics(model, mask),
+                at: dict[str, list[torch.Tensor]] = {}
+                r = perplexity(model, chunks, rc.eval.batch, autocast, functools.partial(_stats, method, model, at=at),
                                progress=advance)
                 rec |= {f"{split}/ppl": round(r["ppl"], 6), f"{split}/nll": round(r["nll"], 6)}
                 rec |= {f"{split}/{k}": round(v, 6) for k, v in r.items() if k.startswith("route_")}
+                rec |= {f"{split}/{k}": v for k, v in route_stats(at).items()}
             rec["rep_cos"] = round(representation_cosine(ev.h0, final_hidden(model, ev.rep_ids.to(self.device),
                                                                                ev.d_model)), 9)
         rec |= {k: round(v, 6) for k, v in upscaled_norms(model).items()}
@@ -358,7 +386,8 @@ class CptExperiment:
             "data": {"train": self.train_spec.describe(), "epochs_completed": self.chunks.epoch,
                      "old_eval": {"slice": ev.old_spec, "tokens": ev.tokens("old"), "sequences": len(ev.old_chunks)},
                      "new_eval": {"slice": ev.new_spec, "tokens": ev.tokens("new"), "sequences": len(ev.new_chunks)},
-                     "rep_batch": list(ev.rep_ids.shape)},
+                     "rep_batch": list(ev.rep_ids.shape),
+                     **({"never_rows": self.never_info} if getattr(self, "never_rows", None) is not None else {})},
             "provenance": provenance() | {"device": str(rt.device)},
             "wall_s": {"data": round(self.data_s, 1), "base": self.base_info.get("wall_s"),
                        "train": res.timing["train_s"], "eval": res.timing["eval_s"]},
@@ -373,6 +402,33 @@ class CptExperiment:
 
     def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
         _print_summary(results, labels, self.paths.out)
+
+
+def _stats(method: Method, model, mask: torch.Tensor, at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+    """The method's per-token metrics of one evaluation forward; its values at every position (SCALE-Route:
+    router score, and the never-row logit shares when measured) are appended to `at`."""
+    for k, v in method.position_values(model, mask).items():
+        if k != "route_preserve":  # the routing fraction is already a per-token metric
+            at.setdefault(k, []).append(v.detach().double().cpu())
+    return method.metrics(model, mask)
+
+
+def route_stats(at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+    """Mean and 5/25/50/75/95% quantiles of each per-position value over an evaluation set (under several
+    processes: over this process's share). route_score is the router's cosine (or probability), never_share_<path>
+    the share of that path's logit norm on the never rows."""
+    out: dict[str, float] = {}
+    for k, parts in sorted(at.items()):
+        v = torch.cat(parts)
+        if not len(v):
+            continue
+        qs = torch.quantile(v, torch.tensor(ROUTE_QUANTILES, dtype=torch.float64)).tolist()
+        out[f"{k}/mean"] = round(v.mean().item(), 6)
+        out |= {f"{k}/q{round(100 * q):02d}": round(x, 6) for q, x in zip(ROUTE_QUANTILES, qs, strict=True)}
+    return out
+
+
+ROUTE_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
 def _print_summary(results: list[dict], labels: list[str] | None = None, out: Path | None = None) -> None:

