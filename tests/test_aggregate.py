@@ -325,6 +325,22 @@ def test_cpt_table_paired_and_fig9_bands(tmp_path):
         plt.close(fig)
 
 
+def test_groups_that_differ_only_in_their_rate_are_labelled_by_it(tmp_path):
+    """Two FFT runs at other rates (a learning-rate frontier) are told apart by `lr=`, not by a config hash."""
+    from scalecl.report import load_runs
+
+    for lr in (1e-4, 1e-3):
+        d = cpt_run(tmp_path, "fft", 0, 12.0, 40.0)
+        r = json.loads((d / "result.json").read_text())
+        r["lr"], r["config"]["lr"]["fft"] = lr, lr
+        (d / "result.json").write_text(json.dumps(r))
+        d.rename(d.with_name(f"{d.name}-{lr:g}"))
+    cpt_run(tmp_path, "scale-route", 0, 11.0, 30.0)
+    runs = load_runs(tmp_path, "cpt")
+    assert runs.set_index("method").loc["fft", "setting"].tolist() == ["lr=0.0001", "lr=0.001"]
+    assert runs.set_index("method").loc["scale-route", "setting"] == ""
+
+
 @pytest.mark.slow
 def test_committed_results_still_plot(tmp_path):
     """`scalecl plot --results results` on the committed runs (mostly one seed each; replicates arrive as they

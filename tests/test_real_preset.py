@@ -89,7 +89,7 @@ def test_never_rows_measure_only(tmp_path):
     from scalecl.report import route_mechanism_cpt, table_route_mechanism_cpt
 
     df, used = route_mechanism_cpt(tmp_path / "b" / "out")
-    assert len(used) == 1 and len(df) == 3 * 2 and set(df["set"]) == {"old", "new"}
+    assert len(used) == 1 and len(df) == 3 * 2 and set(df["set"]) == {"old", "new"} and df["lr"].notna().all()
     assert df["never_share_preserve"].between(0, 1).all() and (df["score_q05"] <= df["score_q95"]).all()
     assert route_mechanism_cpt(tmp_path / "a" / "out")[0].empty
     written = table_route_mechanism_cpt(tmp_path / "b" / "out", tmp_path / "fig")
