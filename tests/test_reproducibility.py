@@ -204,7 +204,8 @@ def test_the_paper_preset_is_refused_on_a_24_gb_machine_and_paper_smoke_fits():
         check_fits(e)
     smoke = bio_phases(load_preset("bio", "paper-smoke"), ["scale-route"], 1, vocab=50_304, qa_len=40)
     s = estimate(smoke, torch.device("cpu"), rate=1e11)
-    assert s.peak < 8 * 2**30 and s.phase.vocab == 50_304
+    # the phase's own need: peak less what this (test) process already holds, which depends on earlier tests
+    assert s.peak - s.baseline < 8 * 2**30 and s.phase.vocab == 50_304
     assert load_preset("bio", "paper-smoke").model.hidden == load_preset("bio", "paper").model.hidden == 768
 
 
