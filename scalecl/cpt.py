@@ -49,6 +49,7 @@ from .optim import OptimConfig
 from .perf import autocast_dtype
 from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from .processes import Dist
+from .qa import value_summary
 from .run import Run
 from .schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from .sweep import Paths
@@ -192,6 +193,7 @@ class CptExperiment:
             rc = replace(rc, base=resolve_model(rc.base, paths.cache))
         self.rc, self.preset, self.paths = rc, preset_name, paths
         self.bilingual = None
+        self.never_rows: torch.Tensor | None = None  # eval.never_tokens > 0: set with the base (stages)
         self.device = torch.device("cpu")
         self.numerics = run_numerics(rc.compute, self.device)  # the sweep sets the device's (sweep.check)
 
@@ -327,7 +329,7 @@ class CptExperiment:
         torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
         model = method.apply(self.load_base())
         state = getattr(model, "scale_state", None)
-        if state is not None and state.mode == "route" and getattr(self, "never_rows", None) is not None:
+        if state is not None and state.mode == "route" and self.never_rows is not None:
             state.never_rows = self.never_rows  # measure what decides the router (route_stats)
         return model
 
@@ -387,7 +389,7 @@ class CptExperiment:
                      "old_eval": {"slice": ev.old_spec, "tokens": ev.tokens("old"), "sequences": len(ev.old_chunks)},
                      "new_eval": {"slice": ev.new_spec, "tokens": ev.tokens("new"), "sequences": len(ev.new_chunks)},
                      "rep_batch": list(ev.rep_ids.shape),
-                     **({"never_rows": self.never_info} if getattr(self, "never_rows", None) is not None else {})},
+                     **({"never_rows": self.never_info} if self.never_rows is not None else {})},
             "provenance": provenance() | {"device": str(rt.device)},
             "wall_s": {"data": round(self.data_s, 1), "base": self.base_info.get("wall_s"),
                        "train": res.timing["train_s"], "eval": res.timing["eval_s"]},
@@ -419,16 +421,9 @@ def route_stats(at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
     the share of that path's logit norm on the never rows."""
     out: dict[str, float] = {}
     for k, parts in sorted(at.items()):
-        v = torch.cat(parts)
-        if not len(v):
-            continue
-        qs = torch.quantile(v, torch.tensor(ROUTE_QUANTILES, dtype=torch.float64)).tolist()
-        out[f"{k}/mean"] = round(v.mean().item(), 6)
-        out |= {f"{k}/q{round(100 * q):02d}": round(x, 6) for q, x in zip(ROUTE_QUANTILES, qs, strict=True)}
+        if len(v := torch.cat(parts)):
+            out |= {name: round(x, 6) for name, x in value_summary(k, v).items()}
     return out
-
-
-ROUTE_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
 def _print_summary(results: list[dict], labels: list[str] | None = None, out: Path | None = None) -> None:

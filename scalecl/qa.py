@@ -85,6 +85,14 @@ def qa_batches(qa: QATensors, batch_size: int, seed: int) -> Iterator[dict[str, 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
+def value_summary(key: str, v: torch.Tensor) -> dict[str, float]:
+    """`<key>/mean` and `<key>/q05` ... `<key>/q95` (QUANTILES) of a 1-D tensor of per-position values."""
+    v = v.double()
+    qs = torch.quantile(v, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+    return {f"{key}/mean": v.mean().item()} | {f"{key}/q{round(100 * q):02d}": x
+                                               for q, x in zip(QUANTILES, qs, strict=True)}
+
+
 @dataclass
 class _EvalBatch:
     """Rows of one evaluation forward: `ids` cut to the rows' common length (no padding)."""
@@ -311,10 +319,7 @@ def _summarise(qa: QATensors, exact: bool, c: _Collect, per_token: bool) -> dict
         if v.dtype == torch.bool:
             out[f"answer/{k}"] = v.float().mean().item()
         else:
-            v = v.double()
-            out[f"answer/{k}/mean"] = v.mean().item()
-            qs = torch.quantile(v, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
-            out |= {f"answer/{k}/q{round(100 * q):02d}": x for q, x in zip(QUANTILES, qs, strict=True)}
+            out |= value_summary(f"answer/{k}", v)
     for a, name in enumerate(qa.attributes):
         sel = qa.attribute == a
         if sel.any():

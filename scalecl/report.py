@@ -1977,12 +1977,18 @@ def _has_never_share(m: pd.DataFrame) -> bool:
     return any(_has(m, NEVER_KEY.format(task=t, path=p)) for t, _, _ in TASKS for p, _, _ in MECHANISM_PATHS)
 
 
+def route_runs(results: Path | Sequence[Path], experiment: str) -> pd.DataFrame:
+    """Every SCALE-Route run of an experiment: the main runs, then each study's (load_runs rows)."""
+    frames = [load_runs(results, experiment)] + [load_runs(results, experiment, study=s)
+                                                 for s in study_names(results, experiment)]
+    frames = [f[f["method"] == "scale-route"] for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RUN_COLUMNS)
+
+
 def _mechanism_groups(results: Path | Sequence[Path]) -> list[tuple[pd.DataFrame, list[pd.DataFrame]]]:
     """SCALE-Route runs (main and every biography study) that recorded the never-target share, as replicate
     groups (config without seeds and method options; one run per seed pair, the newest): (runs, their metrics)."""
-    frames = [load_runs(results, "bio")] + [load_runs(results, "bio", study=s) for s in study_names(results, "bio")]
-    frames = [f[f["method"] == "scale-route"] for f in frames if len(f)]
-    runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    runs = route_runs(results, "bio")
     if runs.empty:
         return []
     runs["group"] = [_config_id(r) for r in runs["result"]]
@@ -2096,9 +2102,7 @@ CPT_MECHANISM_CAPTION = (
 
 def route_mechanism_cpt(results: Path | Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(table, runs): a row per SCALE-Route CPT run that measured its never rows, per evaluation step and set."""
-    frames = [load_runs(results, "cpt")] + [load_runs(results, "cpt", study=s) for s in study_names(results, "cpt")]
-    frames = [f[f["method"] == "scale-route"] for f in frames if len(f)]
-    runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RUN_COLUMNS)
+    runs = route_runs(results, "cpt")
     runs = runs[~runs["dir"].map(lambda d: Path(d).resolve()).duplicated()]  # a referenced run counts once
     rows, used = [], []
     for i, run in runs.iterrows():

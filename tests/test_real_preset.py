@@ -16,8 +16,9 @@ import torch
 from conftest import SMOLLM2_GGUF, needs_smollm2, run
 
 from scalecl.config import load_preset
-from scalecl.cpt import ROUTE_QUANTILES, route_stats
+from scalecl.cpt import route_stats
 from scalecl.methods import METHOD_ORDER, get_method
+from scalecl.qa import QUANTILES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,7 +50,7 @@ def test_route_stats_are_the_quantiles_of_the_values():
                        "never_share_preserve": [torch.from_numpy(b)]})
     for key, v in (("route_score", a), ("never_share_preserve", b)):
         assert out[f"{key}/mean"] == pytest.approx(v.mean(), abs=1e-6)
-        for q in ROUTE_QUANTILES:
+        for q in QUANTILES:
             assert out[f"{key}/q{round(100 * q):02d}"] == pytest.approx(np.quantile(v, q), abs=1e-6)
 
 
@@ -67,7 +68,7 @@ def test_never_rows_measure_only(tmp_path):
     for a, b in zip(*recs, strict=True):
         assert {k: v for k, v in b.items() if k in a} == a  # the measurement changes nothing else
         for split in ("old", "new"):
-            qs = [b[f"{split}/route_score/q{round(100 * q):02d}"] for q in ROUTE_QUANTILES]
+            qs = [b[f"{split}/route_score/q{round(100 * q):02d}"] for q in QUANTILES]
             assert qs == sorted(qs) and -1 <= qs[0] <= qs[-1] <= 1
             for path in ("preserve", "adapt"):
                 assert 0 <= b[f"{split}/never_share_{path}/mean"] <= 1
