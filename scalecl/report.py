@@ -798,14 +798,19 @@ def draw_fig5(results: Path) -> Drawn:
     if df.empty:
         return
     variants = list(dict.fromkeys(df["variant"]))
+    settings = sorted(dict.fromkeys(df["setting"]))  # one colour per pair in every row of panels
+    color_of = {setting: f"C{i % 10}" for i, setting in enumerate(settings)}  # categorical: matplotlib's cycle
     fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
     for (ax_old, ax_new), variant in zip(axes, variants, strict=True):
         rows = [(row, _metrics_with(row["dir"], "old/ppl", "new/ppl")) for _, row in
                 df[df["variant"] == variant].iterrows()]
-        for row, m in pool_replicates([(r, m) for r, m in rows if m is not None], lambda r: r["setting"]):
+        rows = sorted([(r, m) for r, m in rows if m is not None], key=lambda rm: settings.index(rm[0]["setting"]))
+        pooled = pool_replicates(rows, lambda r: r["setting"])  # in the order of `settings`
+        for (row, m), setting in zip(pooled, dict.fromkeys(r["setting"] for r, _ in rows), strict=True):
             for ax, col in ((ax_old, "old/ppl"), (ax_new, "new/ppl")):
-                (ln,) = ax.plot(m["step"], m[col], marker=".", ms=3, label=row["setting"])
-                _band(ax, m, "step", col, ln.get_color())
+                color = color_of[setting]
+                ax.plot(m["step"], m[col], marker=".", ms=3, label=row["setting"], color=color)
+                _band(ax, m, "step", col, color)
         suffix = f"\n{variant}" if len(variants) > 1 else ""
         ax_old.set_title("(a) forgetting PPL (old domain)" + suffix)
         ax_new.set_title("(b) learning PPL (new domain)" + suffix)
