@@ -577,7 +577,8 @@ class BioExperiment:
 
     def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
         """The end-of-run table: a row per run (labelled by `labels`, default its method), the FFT run of the
-        same cached stages when one exists (this sweep's or a finished one in --out) and the chance floor."""
+        same cached stages when one exists (this sweep's, or a finished one in --out or, for a study, among the
+        main runs) and the chance floor."""
         from .summary import chance_floor, fft_reference
 
         table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices "
@@ -586,7 +587,7 @@ class BioExperiment:
         for col in ("T0 start", "T0 min", "T0 end", "T1 start", "T1 end", "T0 full", "T1 full"):
             table.add_column(col, justify="right")
         rows = list(zip(labels or [r["method"] for r in results], results, strict=True))
-        fft = fft_reference(results, self.paths.out)
+        fft = fft_reference(results, [self.paths.out, *self.paths.shared])
         if fft is not None and not any(r is fft for r in results):
             rows.append((f"fft (same base: {fft['run']['name']})", fft))
         for label, r in rows:

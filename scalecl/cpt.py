@@ -403,7 +403,7 @@ class CptExperiment:
         }
 
     def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
-        _print_summary(results, labels, self.paths.out)
+        _print_summary(results, labels, [self.paths.out, *self.paths.shared])
 
 
 def _stats(method: Method, model, mask: torch.Tensor, at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
@@ -426,9 +426,10 @@ def route_stats(at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
     return out
 
 
-def _print_summary(results: list[dict], labels: list[str] | None = None, out: Path | None = None) -> None:
+def _print_summary(results: list[dict], labels: list[str] | None = None,
+                   out: Path | list[Path] | None = None) -> None:
     """A row per run (labelled by `labels`, default its method), the FFT run of the same base when one exists
-    (this sweep's or a finished one in `out`), and chance: a uniform guess's perplexity, the vocabulary size."""
+    (this sweep's or a finished one in `out`, a folder or several), and chance: a uniform guess's perplexity, the vocabulary size."""
     from .summary import fft_reference
 
     table = Table(title="continual pre-training: forgetting (old-domain PPL) vs learning (new-domain PPL)")

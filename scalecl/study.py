@@ -119,7 +119,7 @@ def experiments(study: str, preset: str, values: str | None, sets: list[str], pa
         from .cpt import CptExperiment as kind
     else:
         from .bio import BioExperiment as kind
-    where = Paths(paths.out / study, paths.cache, paths.checkpoints)
+    where = Paths(paths.out / study, paths.cache, paths.checkpoints, shared=(paths.out.parent / s.experiment,))
     return s, [(v, kind(cfg, preset, where)) for v, cfg in zip(vals, configs, strict=True)]
 
 

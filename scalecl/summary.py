@@ -4,6 +4,7 @@ tables compare a run with (its chance floor, the FFT run of the same base)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,15 +65,26 @@ def base_identity(result: dict[str, Any]) -> tuple | None:
     return ("bio", result.get("preset"), seeds.get("base", 0), *(s["final_loss"] for s in stages))
 
 
-def fft_reference(results: list[dict[str, Any]], out: Path) -> dict[str, Any] | None:
-    """The FFT run of the same base as the sweep's runs: among them, else a finished one under `out` (the
-    newest); None when there is none or the runs do not share one base."""
+def fft_reference(results: list[dict[str, Any]], out: Path | Sequence[Path]) -> dict[str, Any] | None:
+    """The FFT run of the same base as the sweep's runs: among them, else a finished one in the folder `out`
+    (or the first of several folders that has one; the newest there); None when there is none or the runs do not
+    share one base."""
     bases = {base_identity(r) for r in results}
     if len(bases) != 1 or None in bases:
         return None
     base = bases.pop()
     found = [r for r in results if r.get("method") == "fft"]
-    if not found and out.is_dir():
+    for folder in [out] if isinstance(out, Path) else out:
+        if found:
+            break
+        found = _finished_fft(folder, base)
+    return max(found, key=_finished) if found else None
+
+
+def _finished_fft(out: Path, base: tuple) -> list[dict[str, Any]]:
+    """The finished FFT runs of `base` in the folder `out` (none when it does not exist)."""
+    found: list[dict[str, Any]] = []
+    if out.is_dir():
         from .errors import ScaleclError
         from .readers import read_json
 
@@ -83,7 +95,7 @@ def fft_reference(results: list[dict[str, Any]], out: Path) -> dict[str, Any] | 
                 continue
             if isinstance(r, dict) and r.get("method") == "fft" and base_identity(r) == base:
                 found.append(r)
-    return max(found, key=_finished) if found else None
+    return found
 
 
 def _finished(result: dict[str, Any]) -> str:

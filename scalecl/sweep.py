@@ -36,6 +36,9 @@ class Paths:
     out: Path
     cache: Path = Path("cache")
     checkpoints: Path = Path("checkpoints")
+    # folders of finished runs this sweep may compare with besides `out` (a study: the main runs, whose FFT run
+    # of the same base its end-of-run table shows)
+    shared: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)

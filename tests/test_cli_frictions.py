@@ -116,12 +116,13 @@ def _bio_result(method: str, name: str, t0: float, base_loss: float = 0.5) -> di
 
 def test_bio_summary_shows_chance_floor_and_fft_of_the_same_base(tmp_path, capsys):
     from scalecl.bio import BioExperiment
+    from scalecl.sweep import Paths
 
     for name, loss in (("tiny-fft-aaaa", 0.5), ("tiny-fft-bbbb", 0.9)):  # the second is of another base
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(json.dumps(_bio_result("fft", name, 0.25 if loss == 0.5 else 0.75,
                                                                             loss)))
-    exp = SimpleNamespace(paths=SimpleNamespace(out=tmp_path))
+    exp = SimpleNamespace(paths=Paths(tmp_path))
     BioExperiment.summary(exp, [_bio_result("scale-route", "tiny-scale-route-cccc", 0.5)])
     out = capsys.readouterr().out
     assert "fft (same base: tiny-fft-aaaa)" in out and "tiny-fft-bbbb" not in out and "0.250" in out
@@ -130,12 +131,34 @@ def test_bio_summary_shows_chance_floor_and_fft_of_the_same_base(tmp_path, capsy
     assert "0.056" in chance and "0.061" in chance
 
 
+def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys):
+    """A study writes into <out>/<study>/; its table finds the FFT run among the main runs, <out>/../bio."""
+    from scalecl.bio import BioExperiment
+    from scalecl.study import experiments
+    from scalecl.sweep import Paths
+
+    main = tmp_path / "bio"
+    for name, loss in (("tiny-fft-aaaa", 0.5), ("tiny-fft-bbbb", 0.9)):  # the second is of another base
+        (main / name).mkdir(parents=True)
+        (main / name / "result.json").write_text(json.dumps(_bio_result("fft", name, 0.25 if loss == 0.5 else 0.75,
+                                                                        loss)))
+    _, exps = experiments("tau", "tiny", "0.9;-1", [], Paths(tmp_path / "studies"))
+    assert all(exp.paths.out == tmp_path / "studies" / "tau" and exp.paths.shared == (main,) for _, exp in exps)
+    route = _bio_result("scale-route", "tiny-scale-route-cccc", 0.5)
+    BioExperiment.summary(exps[0][1], [route], ["scale-route tau=0.9"])
+    out = capsys.readouterr().out
+    assert "fft (same base: tiny-fft-aaaa)" in out and "tiny-fft-bbbb" not in out and "0.250" in out
+    BioExperiment.summary(SimpleNamespace(paths=Paths(tmp_path / "studies" / "tau")), [route])  # no main runs
+    assert "fft" not in capsys.readouterr().out
+
+
 def test_study_prints_one_table_labelled_by_value(monkeypatch, capsys, tmp_path):
     """One table for the whole study, a row per value (not one table per value, each labelled `scale-route`)."""
     from scalecl import study
 
     class Exp:
-        paths = SimpleNamespace(out=tmp_path)
+        from scalecl.sweep import Paths
+        paths = Paths(tmp_path)
         from scalecl.bio import BioExperiment
         summary = BioExperiment.summary
 
