@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -426,10 +427,9 @@ def route_stats(at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
     return out
 
 
-def _print_summary(results: list[dict], labels: list[str] | None = None,
-                   out: Path | list[Path] | None = None) -> None:
+def _print_summary(results: list[dict], labels: list[str] | None = None, folders: Sequence[Path] = ()) -> None:
     """A row per run (labelled by `labels`, default its method), the FFT run of the same base when one exists
-    (this sweep's or a finished one in `out`, a folder or several), and chance: a uniform guess's perplexity, the vocabulary size."""
+    (this sweep's or a finished one in `folders`), and chance: a uniform guess's perplexity, the vocabulary size."""
     from .summary import fft_reference
 
     table = Table(title="continual pre-training: forgetting (old-domain PPL) vs learning (new-domain PPL)")
@@ -437,7 +437,7 @@ def _print_summary(results: list[dict], labels: list[str] | None = None,
     for col in ("old PPL start", "old PPL end", "new PPL start", "new PPL end", "rep cos end", "trainable"):
         table.add_column(col, justify="right")
     rows = list(zip(labels or [r["method"] for r in results], results, strict=True))
-    fft = fft_reference(results, out) if out is not None else None
+    fft = fft_reference(results, folders)
     if fft is not None and not any(r is fft for r in results):
         rows.append((f"fft (same base: {fft['run']['name']})", fft))
     for label, r in rows:

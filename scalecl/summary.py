@@ -65,16 +65,15 @@ def base_identity(result: dict[str, Any]) -> tuple | None:
     return ("bio", result.get("preset"), seeds.get("base", 0), *(s["final_loss"] for s in stages))
 
 
-def fft_reference(results: list[dict[str, Any]], out: Path | Sequence[Path]) -> dict[str, Any] | None:
-    """The FFT run of the same base as the sweep's runs: among them, else a finished one in the folder `out`
-    (or the first of several folders that has one; the newest there); None when there is none or the runs do not
-    share one base."""
+def fft_reference(results: list[dict[str, Any]], folders: Sequence[Path]) -> dict[str, Any] | None:
+    """The FFT run of the same base as the sweep's runs: among them, else a finished one in the first of
+    `folders` that has one (the newest there); None when there is none or the runs do not share one base."""
     bases = {base_identity(r) for r in results}
     if len(bases) != 1 or None in bases:
         return None
     base = bases.pop()
     found = [r for r in results if r.get("method") == "fft"]
-    for folder in [out] if isinstance(out, Path) else out:
+    for folder in folders:
         if found:
             break
         found = _finished_fft(folder, base)

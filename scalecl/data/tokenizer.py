@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +105,12 @@ def _space_chunks(texts: Sequence[str]) -> tuple[list[str], np.ndarray] | None:
     return "".join(marked).split(" ")[1:], per_text
 
 
+def _chunk_blocks(texts: Sequence[str]) -> Iterator[tuple[list[str], np.ndarray] | None]:
+    """`_space_chunks` of texts in blocks of `_CHUNK_BLOCK` (None for a block that does not split cleanly)."""
+    for lo in range(0, len(texts), _CHUNK_BLOCK):
+        yield _space_chunks(texts[lo:lo + _CHUNK_BLOCK])
+
+
 def _chunk_text(chunk: str) -> str:
     return chunk[1:] if chunk.startswith(_FIRST) else " " + chunk
 
@@ -113,8 +119,7 @@ def _word_counts(pre_tokenizer, texts: Sequence[str]) -> Counter | None:
     """How often each pre-token (word) occurs in texts, counted per distinct chunk; None when a text does not
     split cleanly at its spaces (then the trainer must count)."""
     chunk_counts: Counter = Counter()
-    for lo in range(0, len(texts), _CHUNK_BLOCK):
-        split = _space_chunks(texts[lo:lo + _CHUNK_BLOCK])
+    for split in _chunk_blocks(texts):
         if split is None:
             return None
         chunk_counts.update(split[0])
@@ -159,8 +164,7 @@ def encode_flat(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> tup
     backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer.is_fast else None
     if backend is not None and _splits_at_spaces(backend):
         chunker, parts = _ChunkIds(backend), []
-        for lo in range(0, len(texts), _CHUNK_BLOCK):
-            split = _space_chunks(texts[lo:lo + _CHUNK_BLOCK])
+        for split in _chunk_blocks(texts):
             if split is None:
                 break
             parts.append(chunker.encode(*split))
