@@ -76,6 +76,25 @@ def test_router_against_full_logits(trained_route, router):
     torch.testing.assert_close(state.route_score, score, **TOL)
 
 
+def test_prob_router_in_blocks_equals_one_block(trained_route):
+    """The prob score computed over blocks of positions (uneven blocks, non-contiguous states cut from
+    [h; h_up]) equals the one-block computation bit for bit, at every block size the rule allows."""
+    m, ids, hp, ha = trained_route
+    d, head = m.config.hidden_size - HU, m.get_output_embeddings()
+    a, b = torch.cat([hp] * 7)[..., :d], torch.cat([ha] * 7)[..., :d]  # (7B, T, d), a view of (7B, T, D)
+    assert not a.is_contiguous() and a.shape[0] * a.shape[1] > 100
+    w = head.weight.detach().float()
+    whole = F.cosine_similarity(torch.softmax(a @ w.t(), -1), torch.softmax(b @ w.t(), -1), dim=-1)
+    v = w.shape[0]
+    for rows in (1, 16, 17, 40, 10**6):  # 1 asks for less than the 16-row floor
+        got = head.prob_cosine(a, b, chunk_elements=rows * v)
+        assert got.shape == whole.shape and torch.equal(got, whole), rows
+    assert torch.equal(head.prob_cosine(a[:0], b[:0]), whole[:0])
+    x, y = a[:1, :2], b[:1, :2]  # fewer rows than one block: the one-block computation itself
+    small = F.cosine_similarity(torch.softmax(x @ w.t(), -1), torch.softmax(y @ w.t(), -1), dim=-1)
+    assert torch.equal(head.prob_cosine(x, y), small)
+
+
 @pytest.mark.parametrize("router", ["centered", "prob"])
 def test_router_trains_without_gradient_through_the_decision(router):
     """A training step runs with each router; the score is detached and the loss still falls."""

@@ -481,13 +481,23 @@ class UpHead(nn.Module):
         ab, aa, bb = (ga * b).sum(-1), (ga * a).sum(-1), (gb * b).sum(-1)
         return ab / (aa * bb).clamp_min(eps * eps).sqrt()
 
-    def prob_cosine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """cos(softmax(W a), softmax(W b)) over the vocabulary, from explicit float32 logits (no gradient)."""
+    def prob_cosine(self, a: torch.Tensor, b: torch.Tensor, chunk_elements: int = 1 << 24) -> torch.Tensor:
+        """cos(softmax(W a), softmax(W b)) over the vocabulary, from explicit float32 logits (no gradient).
+
+        Computed over blocks of positions instead of two (N, V) tensors at once (a biography evaluation
+        forward, 256 x 19 positions at 50,304 rows, held 2 x 933 MiB of them; benchmarks/README.md). A block holds about
+        `chunk_elements` logits per path (64 MiB in float32) and never fewer than 16 positions: a product of
+        at least 4 rows gives every row the bits of the whole product (CPU BLAS; 1-3 rows take another
+        kernel), so the scores equal the one-block computation bit for bit (tests/test_scale_options.py).
+        """
         with torch.no_grad(), torch.autocast(a.device.type, enabled=False):
             w = self.weight.detach().float()
-            pa = torch.softmax(a.detach().float() @ w.t(), dim=-1)  # (..., V)
-            pb = torch.softmax(b.detach().float() @ w.t(), dim=-1)
-            return F.cosine_similarity(pa, pb, dim=-1)
+            shape = a.shape[:-1]
+            a, b = a.detach().float().reshape(-1, self.d), b.detach().float().reshape(-1, self.d)
+            blocks = max(1, a.shape[0] // max(16, chunk_elements // w.shape[0]))  # each >= 16 rows, or all
+            out = [F.cosine_similarity(torch.softmax(x @ w.t(), dim=-1), torch.softmax(y @ w.t(), dim=-1), dim=-1)
+                   for x, y in zip(a.tensor_split(blocks), b.tensor_split(blocks), strict=True)]
+            return torch.cat(out).reshape(shape)
 
     def gram(self, centered: bool = False) -> torch.Tensor:
         """W^T W (centered: W^T W - V m m^T) in float32, recomputed only when W is replaced or modified in place."""
