@@ -484,11 +484,12 @@ class UpHead(nn.Module):
     def prob_cosine(self, a: torch.Tensor, b: torch.Tensor, chunk_elements: int = 1 << 24) -> torch.Tensor:
         """cos(softmax(W a), softmax(W b)) over the vocabulary, from explicit float32 logits (no gradient).
 
-        Computed over blocks of positions instead of two (N, V) tensors at once (a biography evaluation
-        forward, 256 x 19 positions at 50,304 rows, held 2 x 933 MiB of them; benchmarks/README.md). A block holds about
-        `chunk_elements` logits per path (64 MiB in float32) and never fewer than 16 positions: a product of
-        at least 4 rows gives every row the bits of the whole product (CPU BLAS; 1-3 rows take another
-        kernel), so the scores equal the one-block computation bit for bit (tests/test_scale_options.py).
+        Computed over blocks of positions instead of whole (N, V) tensors: one biography evaluation forward at
+        50,304 rows (256 x 19 positions) needed 4.7 GiB for them, 340 MiB in blocks (benchmarks/README.md).
+        A block holds about `chunk_elements` logits per path (64 MiB in float32) and never fewer than 16
+        positions: a product of at least 4 rows gives every row the bits of the whole product (CPU BLAS; 1-3
+        rows take another kernel), so the scores equal the one-block computation bit for bit
+        (tests/test_scale_options.py).
         """
         with torch.no_grad(), torch.autocast(a.device.type, enabled=False):
             w = self.weight.detach().float()
