@@ -9,15 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import ScaleclError
-from .version import __version__
+from scalecl.errors import ScaleclError
+from scalecl.version import __version__
 
 # public name -> the module that defines it
 _LAZY = {
-    "load_model": ".checkpoint", "save_model": ".checkpoint",
-    "get_method": ".methods", "method_names": ".methods",
-    "ScaleConfig": ".methods.scale", "routing_fractions": ".methods.scale", "scale_path": ".methods.scale",
-    "upscale": ".methods.scale",
+    "load_model": "scalecl.checkpoint", "save_model": "scalecl.checkpoint",
+    "get_method": "scalecl.methods", "method_names": "scalecl.methods",
+    "ScaleConfig": "scalecl.methods.scale", "routing_fractions": "scalecl.methods.scale", "scale_path": "scalecl.methods.scale",
+    "upscale": "scalecl.methods.scale",
 }
 
 __all__ = [
@@ -26,16 +26,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .checkpoint import load_model, save_model
-    from .methods import get_method, method_names
-    from .methods.scale import ScaleConfig, routing_fractions, scale_path, upscale
+    from scalecl.checkpoint import load_model, save_model
+    from scalecl.methods import get_method, method_names
+    from scalecl.methods.scale import ScaleConfig, routing_fractions, scale_path, upscale
 
 
 def __getattr__(name: str) -> Any:
     """Import a public name's module when the name is first used (PEP 562)."""
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

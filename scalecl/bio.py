@@ -34,28 +34,28 @@ import numpy as np
 import torch
 from rich.table import Table
 
-from .base_models import model_from_config, shape_config
-from .checkpoint import load_model, read_meta
-from .config import BioRunConfig, StageConfig
-from .consoles import make_console
-from .data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
-from .data.biography import biographies as render_biographies
-from .data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
-from .errors import ScaleclError, cause
-from .files import TMP_PREFIX, atomic_dir, remove_temporaries
-from .fit import Runtime, TrainPlan, fit
-from .hub import before_hub_load, miss_reason
-from .locks import locked
-from .machine import check_numerics, provenance, run_numerics
-from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
-from .optim import OptimConfig
-from .perf import autocast_dtype
-from .processes import Dist
-from .qa import QATensors, encode_qa, qa_accuracy, qa_batches
-from .run import Run
-from .schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
-from .sweep import Paths, hold
-from .train import eval_progress
+from scalecl.base_models import model_from_config, shape_config
+from scalecl.checkpoint import load_model, read_meta
+from scalecl.config import BioRunConfig, StageConfig
+from scalecl.consoles import make_console
+from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
+from scalecl.data.biography import biographies as render_biographies
+from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
+from scalecl.errors import ScaleclError, cause
+from scalecl.files import TMP_PREFIX, atomic_dir, remove_temporaries
+from scalecl.fit import Runtime, TrainPlan, fit
+from scalecl.hub import before_hub_load, miss_reason
+from scalecl.locks import locked
+from scalecl.machine import check_numerics, provenance, run_numerics
+from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
+from scalecl.optim import OptimConfig
+from scalecl.perf import autocast_dtype
+from scalecl.processes import Dist
+from scalecl.qa import QATensors, encode_qa, qa_accuracy, qa_batches
+from scalecl.run import Run
+from scalecl.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
+from scalecl.sweep import Paths, hold
+from scalecl.train import eval_progress
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 # Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
@@ -320,7 +320,7 @@ def bio_phases(rc: Any, methods: list[str], world: int, vocab: int = 0, qa_len: 
     """The phases of a biography sweep: stages 1-2, then each method's stage 3 and its evaluations. `vocab`
     (head rows) and `qa_len` (the longest QA sequence) come from the prepared data; without them, from the
     preset (model.vocab; a rough count of the local tokenizer's words; QA_TOKENS)."""
-    from .budget import QA_TOKENS, phase
+    from scalecl.budget import QA_TOKENS, phase
 
     data = bio_config(rc)
     if not vocab:
@@ -579,7 +579,7 @@ class BioExperiment:
         """The end-of-run table: a row per run (labelled by `labels`, default its method), the FFT run of the
         same cached stages when one exists (this sweep's, or a finished one in --out or, for a study, among the
         main runs) and the chance floor."""
-        from .summary import chance_floor, fft_reference
+        from scalecl.summary import chance_floor, fft_reference
 
         table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices "
                             "during training, full ranges at the end)")

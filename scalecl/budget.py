@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
 
-from .base_models import shape_config
-from .config import load_preset
-from .methods import count_parameters, get_method
+from scalecl.base_models import shape_config
+from scalecl.config import load_preset
+from scalecl.methods import count_parameters, get_method
 
 
 def pythia_160m_config() -> GPTNeoXConfig:
@@ -178,8 +178,8 @@ class FamilyRow(NamedTuple):
 
 def smallest_hidden_up(config: PretrainedConfig, at_least: int, ffn_up: int) -> int:
     """The smallest multiple of head_dim x GQA group that is >= at_least and gives a config transformers builds."""
-    from .base_models import head_dim, kv_heads
-    from .methods.scale.upscale import widened_config_refusal
+    from scalecl.base_models import head_dim, kv_heads
+    from scalecl.methods.scale.upscale import widened_config_refusal
 
     unit = head_dim(config) * (config.num_attention_heads // kv_heads(config))
     k = max(1, -(-at_least // unit))
@@ -192,7 +192,7 @@ def paper_like_methods(config: PretrainedConfig) -> list[tuple[str, dict[str, An
     """The Korean CPT setting's methods scaled to a model: SCALE +d/8 hidden (rounded up to a legal width) and
     +ffn/8, l_fp = 3; LoRA r = 256 (or the smallest targeted side, if smaller); Freeze k = 3; LLaMA Pro's n the
     divisor of L nearest L/4."""
-    from .base_models import head_dim, kv_heads
+    from scalecl.base_models import head_dim, kv_heads
 
     layers, ffn_up = config.num_hidden_layers, config.intermediate_size // 8
     scale = {"hidden_up": smallest_hidden_up(config, config.hidden_size // 8, ffn_up), "ffn_up": ffn_up}
@@ -204,7 +204,7 @@ def paper_like_methods(config: PretrainedConfig) -> list[tuple[str, dict[str, An
 
 def family_budgets() -> list[FamilyRow]:
     """One row per supported family (meta device: no weights, no download)."""
-    from .base_models import head_dim, kv_heads
+    from scalecl.base_models import head_dim, kv_heads
 
     rows = []
     for model, make in FAMILY_MODELS.items():
@@ -241,7 +241,7 @@ def train_logit_copies() -> int:
     4.1 after one step). With the allocator the `scalecl` command tunes (scalecl.machine.tune_cpu_allocator: freed
     memory stays in the process) 6, as measured after the second step of a 50,304-row head (2.34 GiB over
     0.38 GiB copies), where a step's buffers no longer fit the holes the last one left."""
-    from .machine import allocator_tuned
+    from scalecl.machine import allocator_tuned
 
     return 6 if allocator_tuned() else 4
 
@@ -331,7 +331,7 @@ def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, 
 def gated_mlp(cfg: PretrainedConfig) -> bool:
     """Whether the family's MLP is gated (a gate projection beside the up projection: Llama's SwiGLU, Gemma's
     GeGLU, Phi-3's fused gate_up), from the architecture table; else the activation (silu: gated, as before)."""
-    from .base_models import ARCHS
+    from scalecl.base_models import ARCHS
 
     arch = ARCHS.get(getattr(cfg, "model_type", None))
     if arch is not None:
@@ -381,7 +381,7 @@ def estimate(phases: list[Phase], device: torch.device, world: int = 1, autocast
     peak_phase = max(phases, key=Phase.bytes)
     flops = sum(p.flops() for p in phases)
     if device.type == "cuda":
-        from .perf import peak_tflops
+        from scalecl.perf import peak_tflops
 
         peak = peak_tflops(device, autocast).get("tflops")
         seconds = flops / (peak * 1e12 * GPU_MFU) if peak else None
@@ -420,7 +420,7 @@ def describe(e: Estimate) -> str:
 
 def check_fits(e: Estimate) -> None:
     """One ScaleclError when the estimated peak passes the memory available, naming the keys that shrink it."""
-    from .errors import ScaleclError
+    from scalecl.errors import ScaleclError
 
     if e.available is None or e.peak <= e.available or os.environ.get("SCALECL_MEMORY_CHECK", "1") == "0":
         return
@@ -435,6 +435,6 @@ def check_fits(e: Estimate) -> None:
 def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: int) -> Estimate:
     """The estimate of an experiment of the sweep (scalecl.sweep) for the methods it will train: its phases
     (`exp.budget_phases`, each experiment's own list) on this device."""
-    from .perf import autocast_dtype
+    from scalecl.perf import autocast_dtype
 
     return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device))

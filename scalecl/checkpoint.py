@@ -51,8 +51,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 
-from .errors import ScaleclError
-from .files import (
+from scalecl.errors import ScaleclError
+from scalecl.files import (
     check_path_length,
     check_writable_dir,
     fingerprints,
@@ -61,8 +61,8 @@ from .files import (
     unmark,
     unowned_entries,
 )
-from .methods import Method, get_method
-from .readers import check_weights_folder, field, model_weights_header, read_json
+from scalecl.methods import Method, get_method
+from scalecl.readers import check_weights_folder, field, model_weights_header, read_json
 
 FORMAT_VERSION = 2
 META_FILE = "scalecl.json"
@@ -274,8 +274,8 @@ def prepare_checkpoint(
     destination is checked first, then every size on the base's config, all before the weights load; `seed`
     seeds random bases and random initialisation.
     """
-    from .base_models import resolve_base
-    from .summary import param_counts
+    from scalecl.base_models import resolve_base
+    from scalecl.summary import param_counts
 
     check_checkpoint_dest(out_dir, overwrite)
     base = resolve_base(model, random_config, seed)
@@ -296,7 +296,7 @@ def _is_peft(model) -> bool:
 
 def _resolve_method(model, method: Method | None) -> Method | None:
     """The method that built `model`: checked against the model when given, inferred for SCALE and LoRA."""
-    from .methods.scale import ScaleMethod
+    from scalecl.methods.scale import ScaleMethod
 
     is_scale, is_lora = getattr(model, "scale_spec", None) is not None, _is_peft(model)
     if method is None:
@@ -333,8 +333,8 @@ def _write_plain(model: PreTrainedModel, folder: Path) -> None:
 
 def _write_scale(model: PreTrainedModel, folder: Path) -> None:
     """Weights, the remote-code config and the standalone model code (copied verbatim)."""
-    from . import modeling
-    from .modeling.modeling_scale import remote_config
+    from scalecl import modeling
+    from scalecl.modeling.modeling_scale import remote_config
 
     st.save_model(model, str(folder / "model.safetensors"))
     remote_config(model).to_json_file(str(folder / "config.json"), use_diff=False)
@@ -345,7 +345,7 @@ def _write_scale(model: PreTrainedModel, folder: Path) -> None:
 
 def _lora_base_source(base_model: str | None, out: Path) -> str | None:
     """The LoRA base as peft should record it (hub id or absolute folder), or None if it must be stored."""
-    from .base_models import _HUB_ID
+    from scalecl.base_models import _HUB_ID
 
     if not base_model:
         return None
@@ -444,7 +444,7 @@ def _check_meta(meta: dict[str, Any], p: Path) -> None:
 
 def _base_config(meta: dict[str, Any], p: Path):
     """The recorded base config as a transformers config, its sizes checked, or one error naming the file."""
-    from .base_models import check_config_sizes
+    from scalecl.base_models import check_config_sizes
 
     where = f"checkpoint record {p / META_FILE}"
     check_config_sizes(meta["base_config"], where)
@@ -461,7 +461,7 @@ def check_model_files(path: str | os.PathLike) -> dict[str, Any] | None:
 
     A damaged scalecl.json, an empty or truncated safetensors file, a folder with only pickled weights: one
     ScaleclError naming the file, before any weights load (and before anything could be unpickled)."""
-    from .base_models import read_config
+    from scalecl.base_models import read_config
 
     p = Path(path)
     if not p.is_dir():
@@ -522,7 +522,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
 
 def _load_plain(p: Path, dtype: torch.dtype | None) -> PreTrainedModel:
     """A plain transformers folder (its weights already checked), or one error naming it."""
-    from .base_models import load_plain_strict
+    from scalecl.base_models import load_plain_strict
 
     try:
         return load_plain_strict(str(p), dtype or torch.float32)
@@ -543,7 +543,7 @@ def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel
         base = load_model(source, dtype=dtype)
     else:
         try:
-            from .hub import before_hub_load
+            from scalecl.hub import before_hub_load
 
             before_hub_load(source)  # no network: one line at once instead of a minute of retries
             base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
@@ -585,7 +585,7 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrit
     out = check_checkpoint_dest(out_dir, overwrite)
     model = load_model(p)
     if name == "lora":
-        from .methods.lora import merge_lora
+        from scalecl.methods.lora import merge_lora
 
         model = merge_lora(model)
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]

@@ -16,10 +16,10 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from .consoles import make_console
-from .errors import ScaleclError
-from .modeling.scale_spec import ScaleSpec, option_help  # no torch: --help must stay fast
-from .schema import MAX_DOCS, Raw
+from scalecl.consoles import make_console
+from scalecl.errors import ScaleclError
+from scalecl.modeling.scale_spec import ScaleSpec, option_help  # no torch: --help must stay fast
+from scalecl.schema import MAX_DOCS, Raw
 
 console = make_console()  # off a terminal: lines and paths are not wrapped at 80 columns
 err_console = make_console(stderr=True)
@@ -90,7 +90,7 @@ def _global_options(
         "and the command goes offline by itself.", show_default=False),
 ) -> None:
     if offline:
-        from .hub import go_offline
+        from scalecl.hub import go_offline
 
         go_offline()  # before any command imports huggingface_hub, transformers or datasets
 
@@ -169,8 +169,8 @@ def upscale(
 
     The same as `scalecl prepare --method scale-<variant>`, with SCALE's options as flags.
     """
-    from .checkpoint import check_checkpoint_dest
-    from .methods.scale.config import ScaleConfig
+    from scalecl.checkpoint import check_checkpoint_dest
+    from scalecl.methods.scale.config import ScaleConfig
 
     check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
@@ -182,10 +182,10 @@ def upscale(
 def _prepare(method_name: str, options: dict, out: Path, model: str | None, random_config: str | None,
              seed: int, overwrite: bool, cache: Path) -> None:
     """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
-    from .checkpoint import prepare_checkpoint
-    from .gguf import resolve_model
-    from .methods import get_method
-    from .schema import check_seed
+    from scalecl.checkpoint import prepare_checkpoint
+    from scalecl.gguf import resolve_model
+    from scalecl.methods import get_method
+    from scalecl.schema import check_seed
 
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
@@ -197,7 +197,7 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
 
 def _print_params(method, source: str, base_total, model) -> None:
     """The per-module parameter table (base, added, trainable) and the method's one-line description."""
-    from .summary import param_counts, param_rows
+    from scalecl.summary import param_counts, param_rows
 
     total, train = param_counts(model)
     table = Table(title=f"{method.name} on {source}")
@@ -242,8 +242,8 @@ def prepare(
                                    "(never a folder holding anything else)."),
 ) -> None:
     """Apply any method to a base model and write the checkpoint ready to train (safetensors + scalecl.json)."""
-    from .checkpoint import check_checkpoint_dest
-    from .methods import REGISTRY, get_method
+    from scalecl.checkpoint import check_checkpoint_dest
+    from scalecl.methods import REGISTRY, get_method
 
     check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     if method_name not in REGISTRY:
@@ -266,7 +266,7 @@ def merge(
     (split norms, new heads) and is refused: its checkpoint already loads with
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
     """
-    from .checkpoint import merge_model
+    from scalecl.checkpoint import merge_model
 
     path = merge_model(model, out, overwrite=overwrite)
     console.print(f"wrote {path}")
@@ -277,7 +277,7 @@ def merge(
 def budgets() -> None:
     """Trainable parameters of every method at the paper's two settings, and the supported decoder families: their
     widening constraints and budgets in a paper-like setting (meta-device models, no weights)."""
-    from .budget import family_budgets, paper_budgets
+    from scalecl.budget import family_budgets, paper_budgets
 
     rows = paper_budgets()
     for setting in dict.fromkeys(r.setting for r in rows):  # one table per setting, in order
@@ -363,9 +363,9 @@ def train_bio(
     run_seeds: str | None = typer.Option(None, "--run-seeds", help=BIO_RUN_SEEDS),
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
-    from .bio import BioExperiment
-    from .config import load_preset
-    from .sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
+    from scalecl.bio import BioExperiment
+    from scalecl.config import load_preset
+    from scalecl.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
     if tokenizer is not None and not tokenizer.strip():
@@ -393,8 +393,8 @@ def plot(
                                  "any other file there is never touched."),
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
-    from .files import check_writable_dir
-    from .report import plot_all
+    from scalecl.files import check_writable_dir
+    from scalecl.report import plot_all
 
     if not out_text.strip():
         raise ScaleclError("--out is empty: give a folder for the figures and tables")
@@ -406,7 +406,7 @@ def plot(
     for r in roots:
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
-    from .report import SKIPPED
+    from scalecl.report import SKIPPED
 
     check_writable_dir(out)
     written = plot_all(roots, out)
@@ -415,7 +415,7 @@ def plot(
         raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}{skipped}")
     for p in written:
         console.print(f"wrote {p}", highlight=False)
-    from .report import STALE
+    from scalecl.report import STALE
 
     for name in STALE:  # a figure of an earlier plot that these results no longer give
         console.print(f"removed {out / name} (an earlier plot's output, not drawn from these results)",
@@ -458,8 +458,8 @@ def eval_harness(
     cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the dequantized copy of a .gguf --model."),
 ) -> None:
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
-    from .gguf import resolve_model
-    from .harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
+    from scalecl.gguf import resolve_model
+    from scalecl.harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
 
     model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
 
@@ -519,9 +519,9 @@ def train_cpt(
     run_seeds: str | None = typer.Option(None, "--run-seeds", help=CPT_RUN_SEEDS),
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
-    from .config import load_preset
-    from .cpt import CptExperiment
-    from .sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
+    from scalecl.config import load_preset
+    from scalecl.cpt import CptExperiment
+    from scalecl.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
     exps = [CptExperiment(load_preset("cpt", preset, rep), preset, Paths(out, cache, checkpoints))
@@ -559,16 +559,16 @@ def eval_ppl(
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
 ) -> None:
     """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
-    from .config import CorpusConfig
-    from .eval_ppl import check_record_out, write_record
-    from .eval_ppl import eval_ppl as run_eval
+    from scalecl.config import CorpusConfig
+    from scalecl.eval_ppl import check_record_out, write_record
+    from scalecl.eval_ppl import eval_ppl as run_eval
 
     if skip < 0 or take < 0 or batch < 1:
         raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
     if out is not None:
         check_record_out(out)  # replace only a record this command wrote
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
-    from .gguf import resolve_model
+    from scalecl.gguf import resolve_model
 
     r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
     if out is not None:
@@ -611,8 +611,8 @@ def study(
                                          "the same base (see train-bio / train-cpt --help)."),
 ) -> None:
     """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
-    from .study import run_study
-    from .sweep import Paths, SweepOptions, replicate_sets
+    from scalecl.study import run_study
+    from scalecl.sweep import Paths, SweepOptions, replicate_sets
 
     opts = SweepOptions(force, resume, None, report_to, device)
     results = run_study(name, preset, values, replicate_sets(sets, seeds, run_seeds), Paths(out, cache, checkpoints),
@@ -622,7 +622,7 @@ def study(
 
 
 def main() -> None:
-    from .machine import tune_cpu_allocator
+    from scalecl.machine import tune_cpu_allocator
 
     tune_cpu_allocator()  # before any tensor exists; see its docstring (SCALECL_TUNE_MALLOC=0 turns it off)
     # transformers' per-load "Loading weights" bars would fill logs and stderr (where only an error line

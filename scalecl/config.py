@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import ScaleclError
-from .optim import SCHEDULES, AdamWConfig
-from .schema import (  # noqa: F401
+from scalecl.errors import ScaleclError
+from scalecl.optim import SCHEDULES, AdamWConfig
+from scalecl.schema import (  # noqa: F401
     MAX_DOCS,
     MAX_SEED,
     MAX_SIZE,
@@ -172,7 +172,7 @@ class BioRunConfig:
         return opts | dict(self.methods.get(name, {}))
 
     def check(self, where: str = "") -> None:
-        from .data.biography import BioConfig
+        from scalecl.data.biography import BioConfig
 
         known = {f.name for f in fields(BioConfig)} - {"seed"}
         for k in self.data_overrides:
@@ -206,7 +206,7 @@ class CorpusConfig:
     take: int = opt(0, ge=0, le=MAX_DOCS)  # 0 = every document after `skip`
 
     def check(self, where: str) -> None:
-        from .data.packaged import check_packaged_spec, is_packaged
+        from scalecl.data.packaged import check_packaged_spec, is_packaged
 
         if not self.path.strip():
             raise ScaleclError(f"{where}path is empty")
@@ -312,7 +312,7 @@ class CptRunConfig:
 
 def _check_method_table(table: dict[str, float], where: str, positive: bool) -> None:
     """Keys of a per-method table (lr, lr_scale) must name methods; values must be positive numbers."""
-    from .methods import method_names
+    from scalecl.methods import method_names
 
     for k, v in table.items():
         if k not in method_names():
@@ -324,7 +324,7 @@ def _check_method_table(table: dict[str, float], where: str, positive: bool) -> 
 def _check_method_options(methods: dict[str, dict], where: str, resolve) -> None:
     """Every methods.<name> table names a method (or 'scale'), its options get their declared types (in
     place), and every method's resolved options are valid."""
-    from .methods import REGISTRY, get_method, method_names
+    from scalecl.methods import REGISTRY, get_method, method_names
 
     for k, v in methods.items():
         if k != "scale" and k not in method_names():

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from .config import CorpusConfig, CptRunConfig
-from .data.bilingual import FOLDERS, BilingualConfig
-from .data.corpus import CorpusSpec
-from .errors import ScaleclError
-from .schema import config_hash
+from scalecl.config import CorpusConfig, CptRunConfig
+from scalecl.data.bilingual import FOLDERS, BilingualConfig
+from scalecl.data.corpus import CorpusSpec
+from scalecl.errors import ScaleclError
+from scalecl.schema import config_hash
 
 BUILTIN = "builtin"
 

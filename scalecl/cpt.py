@@ -33,28 +33,35 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from .base_models import load_base_config, load_base_model, model_from_config, tiny_config
-from .checkpoint import load_model, read_meta
-from .config import CorpusConfig, CptRunConfig
-from .consoles import make_console
-from .corpora import BUILTIN, bilingual_config, builtin_root, check_builtin_spec, corpus_spec, max_positions
-from .data.bilingual import write_corpus
-from .data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
-from .data.tokenizer import load_tokenizer
-from .errors import ScaleclError
-from .fit import Runtime, TrainPlan, fit
-from .locks import locked
-from .machine import check_numerics, provenance, run_numerics
-from .methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
-from .optim import OptimConfig
-from .perf import autocast_dtype
-from .perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
-from .processes import Dist
-from .qa import value_summary
-from .run import Run
-from .schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
-from .sweep import Paths
-from .train import eval_progress
+from scalecl.base_models import load_base_config, load_base_model, model_from_config, tiny_config
+from scalecl.checkpoint import load_model, read_meta
+from scalecl.config import CorpusConfig, CptRunConfig
+from scalecl.consoles import make_console
+from scalecl.corpora import (
+    BUILTIN,
+    bilingual_config,
+    builtin_root,
+    check_builtin_spec,
+    corpus_spec,
+    max_positions,
+)
+from scalecl.data.bilingual import write_corpus
+from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
+from scalecl.data.tokenizer import load_tokenizer
+from scalecl.errors import ScaleclError
+from scalecl.fit import Runtime, TrainPlan, fit
+from scalecl.locks import locked
+from scalecl.machine import check_numerics, provenance, run_numerics
+from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
+from scalecl.optim import OptimConfig
+from scalecl.perf import autocast_dtype
+from scalecl.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
+from scalecl.processes import Dist
+from scalecl.qa import value_summary
+from scalecl.run import Run
+from scalecl.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
+from scalecl.sweep import Paths
+from scalecl.train import eval_progress
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 
@@ -159,8 +166,8 @@ class EvalSets:
 def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
     """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
     and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
-    from .base_models import load_base_config
-    from .budget import phase
+    from scalecl.base_models import load_base_config
+    from scalecl.budget import phase
 
     builtin = rc.base == "builtin"
     cfg = builtin_model_config(rc, rc.builtin.vocab) if builtin else load_base_config(rc.base)
@@ -188,7 +195,7 @@ class CptExperiment:
     kind = "cpt"
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
-        from .gguf import is_gguf, resolve_model
+        from scalecl.gguf import is_gguf, resolve_model
 
         if is_gguf(rc.base):  # a .gguf base: its dequantized transformers folder, named by the file's sha256
             rc = replace(rc, base=resolve_model(rc.base, paths.cache))
@@ -430,7 +437,7 @@ def route_stats(at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
 def _print_summary(results: list[dict], labels: list[str] | None = None, folders: Sequence[Path] = ()) -> None:
     """A row per run (labelled by `labels`, default its method), the FFT run of the same base when one exists
     (this sweep's or a finished one in `folders`), and chance: a uniform guess's perplexity, the vocabulary size."""
-    from .summary import fft_reference
+    from scalecl.summary import fft_reference
 
     table = Table(title="continual pre-training: forgetting (old-domain PPL) vs learning (new-domain PPL)")
     table.add_column("run" if labels else "method", no_wrap=True)

@@ -9,18 +9,25 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .base_models import load_base_config, read_config
-from .checkpoint import check_model_files, load_model
-from .config import CorpusConfig, CptRunConfig
-from .corpora import BUILTIN, bilingual_config, builtin_root, check_builtin_spec, corpus_spec, max_positions
-from .data.bilingual import write_corpus
-from .data.corpus import check_corpus, eval_chunks
-from .data.tokenizer import load_tokenizer
-from .errors import NotFinite, ScaleclError
-from .files import OwnedFiles, check_path_length, check_writable_dir
-from .machine import pick_device, provenance
-from .methods import get_method
-from .perplexity import perplexity
+from scalecl.base_models import load_base_config, read_config
+from scalecl.checkpoint import check_model_files, load_model
+from scalecl.config import CorpusConfig, CptRunConfig
+from scalecl.corpora import (
+    BUILTIN,
+    bilingual_config,
+    builtin_root,
+    check_builtin_spec,
+    corpus_spec,
+    max_positions,
+)
+from scalecl.data.bilingual import write_corpus
+from scalecl.data.corpus import check_corpus, eval_chunks
+from scalecl.data.tokenizer import load_tokenizer
+from scalecl.errors import NotFinite, ScaleclError
+from scalecl.files import OwnedFiles, check_path_length, check_writable_dir
+from scalecl.machine import pick_device, provenance
+from scalecl.methods import get_method
+from scalecl.perplexity import perplexity
 
 WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves it is the folder's manifest)
 
@@ -103,7 +110,7 @@ def eval_ppl(
     model = load_model(model_path).to(dev)
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
-    from .train import eval_progress, progress_bar
+    from scalecl.train import eval_progress, progress_bar
 
     # a log or a pipe: progress lines on stderr, so stdout keeps the record (--json) or the summary line
     with progress_bar(stderr=True), eval_progress("eval-ppl", len(chunks), "sequences") as advance:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import ScaleclError
+from scalecl.errors import ScaleclError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)

@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import TrainingDiverged
-from .processes import Dist, say
-from .run import Run
-from .state import load_state
-from .trackers import open_trackers
-from .train import Hooks, TrainPlan, train
+from scalecl.errors import TrainingDiverged
+from scalecl.processes import Dist, say
+from scalecl.run import Run
+from scalecl.state import load_state
+from scalecl.trackers import open_trackers
+from scalecl.train import Hooks, TrainPlan, train
 
 __all__ = ["Fit", "Runtime", "TrainPlan", "fit"]
 
@@ -103,7 +103,7 @@ class _Clock:
 
 def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, evaluate, d: Dist) -> Hooks:
     """Evaluation, checkpoint and log callbacks of one run."""
-    from .parallel import gather, reshard
+    from scalecl.parallel import gather, reshard
 
     def on_step(step: int, loss: float) -> None:
         clock.lap("train_s")
@@ -134,8 +134,8 @@ def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, ev
 
 def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, rt: Runtime) -> dict[str, Any]:
     """tokens/s, model TFLOP/s and MFU of the steps this process trained, and how the run was spread."""
-    from .parallel import describe
-    from .perf import speed_provenance
+    from scalecl.parallel import describe
+    from scalecl.perf import speed_provenance
 
     t, d = clock.totals, rt.d
     sec = t["seconds"]
@@ -171,9 +171,9 @@ def fit(
     moved to rt.device and prepared by plan.compute (activation checkpointing, compile, DDP or FSDP2 across
     rt.d.world processes; scalecl.parallel.prepare).
     """
-    from .parallel import gather, host_copy, prepare
-    from .perf import model_flops, peak_tflops
-    from .perf import sync_every as auto_sync
+    from scalecl.parallel import gather, host_copy, prepare
+    from scalecl.perf import model_flops, peak_tflops
+    from scalecl.perf import sync_every as auto_sync
 
     rt = rt or Runtime()
     d = rt.d

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .errors import Busy
+from scalecl.errors import Busy
 
 
 def lock_path(target: Path) -> Path:

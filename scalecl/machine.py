@@ -20,7 +20,7 @@ def provenance() -> dict[str, Any]:
     import torch
     import transformers
 
-    from .version import __version__
+    from scalecl.version import __version__
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -91,7 +91,7 @@ def pick_device(name: str | None = None) -> torch.device:
     """The device to run on (default: cuda if available); a device this machine lacks is one clear error."""
     import torch
 
-    from .errors import ScaleclError
+    from scalecl.errors import ScaleclError
 
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -166,8 +166,8 @@ def recorded_numerics(record: dict[str, Any] | None) -> dict[str, Any] | None:
 def check_numerics(record: dict[str, Any] | None, ours: dict[str, Any], what: str, remedy: str) -> None:
     """One ScaleclError when `what` (a finished run, a cached stage, a checkpoint) was made with other numerics
     than this run's: its numbers are not the ones this run would compute. Records that cannot tell pass."""
-    from .errors import ScaleclError
-    from .schema import numerics_tag
+    from scalecl.errors import ScaleclError
+    from scalecl.schema import numerics_tag
 
     theirs = recorded_numerics(record)
     if theirs is None or theirs == ours:

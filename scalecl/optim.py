@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .schema import opt
+from scalecl.schema import opt
 
 SCHEDULES = ("constant", "cosine", "linear")
 

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .perf import compile_blocks, enable_activation_checkpointing, ensure_sdpa, hf_model
+from scalecl.perf import compile_blocks, enable_activation_checkpointing, ensure_sdpa, hf_model
 
 
 def is_fsdp(model: nn.Module) -> bool:
@@ -73,7 +73,7 @@ def shard(model: nn.Module, device: torch.device) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from .base_models import decoder_layers
+    from scalecl.base_models import decoder_layers
 
     # The head of a SCALE model returns a view of its custom function's output, which FSDP2 warns about in
     # case the caller modifies it in place; the loss and evaluation only read logits.

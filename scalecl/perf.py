@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ScaleclError
+from scalecl.errors import ScaleclError
 
 # Dense (no structured sparsity) peak TFLOP/s from NVIDIA's datasheets (their sparsity figures halved).
 # H200 SXM has the H100 SXM's compute; "NVL" are the PCIe-card variants of the same chips.
@@ -183,7 +183,7 @@ def compile_blocks(model: nn.Module) -> None:
     Blocks, not the whole model: the model's own Python (masks, caches) stays eager, each block is one
     graph, and FSDP2 (which shards per block) and activation checkpointing wrap them unchanged.
     """
-    from .base_models import decoder_layers
+    from scalecl.base_models import decoder_layers
 
     for layer in decoder_layers(hf_model(model)):
         layer.compile()

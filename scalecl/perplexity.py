@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel import local, lockstep_padding
+from scalecl.parallel import local, lockstep_padding
 
 
 def _dist() -> tuple[int, int]:
@@ -97,7 +97,7 @@ def final_hidden(model: nn.Module, ids: torch.Tensor, d: int) -> torch.Tensor:
     Route runs its adapt path here (scale_path "adapt": W12 as trained), so that the cosine measures how far
     the trained path moved; its preserve path reproduces the base by construction (Theorem 3.1).
     """
-    from .methods.scale import scale_path
+    from scalecl.methods.scale import scale_path
 
     state = getattr(model, "scale_state", None)
     ctx = scale_path(model, "adapt") if state is not None and state.mode == "route" else contextlib.nullcontext()
@@ -120,7 +120,7 @@ def upscaled_norms(model: nn.Module) -> dict[str, float]:
     up_norm: mean over every W12, W21 and W22 block of every widened linear; up_norm/w12: mean over the
     W12 blocks that train (collaborative layers), the part that moves the original function.
     """
-    from .methods.scale.layers import UpLinear
+    from scalecl.methods.scale.layers import UpLinear
 
     blocks, w12 = [], []
     for m in model.modules():

@@ -40,7 +40,7 @@ def encode_qa(
     (answers repeat: shared values), and the rows filled by numpy: the same ids as tokenising every string by
     itself, in seconds for the paper's 1.2M pairs.
     """
-    from .data.tokenizer import encode_plain
+    from scalecl.data.tokenizer import encode_plain
 
     p_ids = encode_plain(tokenizer, prompts)
     distinct = list(dict.fromkeys(answers))
@@ -139,7 +139,7 @@ def _per_token_metrics(stats, method) -> bool:
         return True
     if method is None:
         return False
-    from .methods.base import Method
+    from scalecl.methods.base import Method
 
     return type(method).metrics is not Method.metrics
 
@@ -177,7 +177,7 @@ def qa_accuracy(
         stats = lambda mask: method.metrics(model, mask)  # noqa: E731
     was_training = model.training
     model.eval()
-    from .parallel import is_fsdp
+    from scalecl.parallel import is_fsdp
 
     # inference_mode, except under FSDP: its gathered parameters are made in the first forward and reused by
     # training, which may not update a tensor made in inference mode

@@ -19,11 +19,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from .errors import ScaleclError  # noqa: E402
-from .files import OwnedFiles  # noqa: E402
-from .methods.base import METHOD_ORDER  # noqa: E402
-from .readers import read_json, read_jsonl  # noqa: E402
-from .stats import LEVEL, binomial_se, interval_note, t_interval, t_quantile  # noqa: E402
+from scalecl.errors import ScaleclError  # noqa: E402
+from scalecl.files import OwnedFiles  # noqa: E402
+from scalecl.methods.base import METHOD_ORDER  # noqa: E402
+from scalecl.readers import read_json, read_jsonl  # noqa: E402
+from scalecl.stats import LEVEL, binomial_se, interval_note, t_interval, t_quantile  # noqa: E402
 
 # Every figure has a `draw_*` function that builds it from the results files and yields (file stem, Figure)
 # pairs, open and unsaved, so its content can be inspected; the `fig*` function beside it saves each one.
@@ -886,7 +886,7 @@ def cpt_table(results: Path) -> pd.DataFrame:
 
 def table2(results: Path) -> pd.DataFrame:
     """Harness scores per evaluated checkpoint, with the language averages and the paper's averages beside."""
-    from .harness import PAPER_ROWS
+    from scalecl.harness import PAPER_ROWS
 
     rows = []
     for f in sorted(f for root in _roots(results) for f in find_files(root, "run.json")):

@@ -43,9 +43,9 @@ from typing import Any
 
 from torch import nn
 
-from .crash import crash_point
-from .errors import ScaleclError
-from .files import (
+from scalecl.crash import crash_point
+from scalecl.errors import ScaleclError
+from scalecl.files import (
     TMP_MARK,
     TMP_PREFIX,
     OwnedFiles,
@@ -55,9 +55,9 @@ from .files import (
     unowned_entries,
     write_json,
 )
-from .machine import check_numerics
-from .readers import read_json
-from .state import JSON_NAME, load_state, save_state
+from scalecl.machine import check_numerics
+from scalecl.readers import read_json
+from scalecl.state import JSON_NAME, load_state, save_state
 
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
 RUN_WRITER = "scalecl run"  # the run folder's manifest: out_dir/.scalecl-run-files.json
@@ -186,7 +186,7 @@ class Run:
             return
         self.check_out_files()
         if self.final_dir is not None and (self.final_dir.exists() or self.final_dir.is_symlink()):
-            from .checkpoint import check_checkpoint_dest
+            from scalecl.checkpoint import check_checkpoint_dest
 
             check_checkpoint_dest(self.final_dir, overwrite=True)
 
@@ -285,7 +285,7 @@ class Run:
 
     def save_checkpoint(self, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
         """step-N/model + step-N/trainer_state.*, written into a temporary folder renamed when complete."""
-        from .checkpoint import save_model
+        from scalecl.checkpoint import save_model
 
         dest = self.ckpt_root / f"step-{step:07d}"
         self.check_free([step])
@@ -304,7 +304,7 @@ class Run:
 
     def load_checkpoint_model(self, path: Path) -> nn.Module:
         """The model of a checkpoint, checked to be of this run's method and options."""
-        from .checkpoint import load_model, read_meta
+        from scalecl.checkpoint import load_model, read_meta
 
         method = self.method
         meta = read_meta(path / "model") or {}
@@ -371,7 +371,7 @@ class Run:
         if not self.main:
             return
         if model is not None:
-            from .checkpoint import save_model
+            from scalecl.checkpoint import save_model
 
             save_model(model, self.final_dir, self.method, overwrite=True, **(self.save_kw | save_extra))
             crash_point("final-model-written")

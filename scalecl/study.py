@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import load_preset
-from .errors import ScaleclError
-from .processes import say
-from .schema import show_text
-from .sweep import Paths, SweepOptions, check, sweep
+from scalecl.config import load_preset
+from scalecl.errors import ScaleclError
+from scalecl.processes import say
+from scalecl.schema import show_text
+from scalecl.sweep import Paths, SweepOptions, check, sweep
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
 REFERENCE_WRITER = "scalecl study"
@@ -53,7 +53,7 @@ class Study:
 def _layers(rc) -> int:
     if getattr(rc, "base", "builtin") == "builtin":
         return rc.model.layers
-    from .base_models import load_base_config
+    from scalecl.base_models import load_base_config
 
     return load_base_config(rc.base).num_hidden_layers
 
@@ -116,9 +116,9 @@ def experiments(study: str, preset: str, values: str | None, sets: list[str], pa
     """(study, [(value, experiment)]): one experiment per swept value, writing under <out>/<study>/."""
     s, vals, configs = study_configs(study, preset, values, sets)
     if s.experiment == "cpt":
-        from .cpt import CptExperiment as kind
+        from scalecl.cpt import CptExperiment as kind
     else:
-        from .bio import BioExperiment as kind
+        from scalecl.bio import BioExperiment as kind
     where = Paths(paths.out / study, paths.cache, paths.checkpoints, shared=(paths.out.parent / s.experiment,))
     return s, [(v, kind(cfg, preset, where)) for v, cfg in zip(vals, configs, strict=True)]
 
@@ -169,8 +169,8 @@ def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     """The result.json in `target` when it is this run's (same experiment, name, method and config hash -- the
     hash covers the config, seeds and method options -- and the same numerics), else None. Read only: the
     study never writes there, so a committed run without the writer's manifest counts too."""
-    from .machine import check_numerics
-    from .readers import read_json
+    from scalecl.machine import check_numerics
+    from scalecl.readers import read_json
 
     f = target / "result.json"
     if not f.is_file() or f.is_symlink():
@@ -191,8 +191,8 @@ def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
     """The result of a finished main run with this value's name, referenced from the study's folder instead of
     trained again; None when the study's own folder has the run, or no such main run has finished (then the
     value trains as an ordinary run). A main run this layer cannot prove finished is never referenced."""
-    from .files import OwnedFiles
-    from .processes import Dist
+    from scalecl.files import OwnedFiles
+    from scalecl.processes import Dist
 
     run = exp.run_of(method, Dist())
     if run.result() is not None:  # the study holds its own copy (an older study, or --force): the sweep reads it

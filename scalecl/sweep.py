@@ -19,14 +19,14 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .errors import Busy, ScaleclError
-from .files import check_writable_dir
-from .fit import Fit, Runtime, TrainPlan, fit
-from .locks import locked
-from .machine import pick_device, run_numerics
-from .methods import Method, get_method, method_names
-from .processes import Dist, distributed, say
-from .run import Run, WallClock
+from scalecl.errors import Busy, ScaleclError
+from scalecl.files import check_writable_dir
+from scalecl.fit import Fit, Runtime, TrainPlan, fit
+from scalecl.locks import locked
+from scalecl.machine import pick_device, run_numerics
+from scalecl.methods import Method, get_method, method_names
+from scalecl.processes import Dist, distributed, say
+from scalecl.run import Run, WallClock
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class SweepOptions:
     device: str | None = None
 
     def __post_init__(self) -> None:
-        from .schema import MAX_STEPS
-        from .trackers import check_report_to
+        from scalecl.schema import MAX_STEPS
+        from scalecl.trackers import check_report_to
 
         if self.stop_after is not None and not 1 <= self.stop_after <= MAX_STEPS:
             raise ScaleclError(f"--stop-after must be a step in 1..{MAX_STEPS:,}, got {self.stop_after}")
@@ -79,7 +79,7 @@ def parse_seeds(text: str | None, key: str) -> list[int] | None:
     when not given. Each is checked like a config seed; repeats are dropped."""
     if text is None:
         return None
-    from .schema import check_seed
+    from scalecl.schema import check_seed
 
     lo, dots, hi = text.partition("..")
     try:
@@ -165,7 +165,7 @@ def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | Non
           ) -> tuple[torch.device, dict[str, Method]]:
     """Every check that writes nothing: method names, device, compute options, folders, the experiment's own
     checks and each method's options against the model. Returns (device, methods by name, in order)."""
-    from .perf import check_compute
+    from scalecl.perf import check_compute
 
     d = d or Dist()
     order = order_methods(methods)
@@ -219,7 +219,7 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
 def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist) -> None:
     """Print the estimated peak memory and time of what the sweep will train (scalecl.budget), once its data
     is ready; a run that cannot fit is one error on every process before any training."""
-    from .budget import check_fits, describe, sweep_estimate
+    from scalecl.budget import check_fits, describe, sweep_estimate
 
     refused = None
     if d.main:
@@ -246,8 +246,8 @@ def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOpti
 def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
                opts: SweepOptions, dev: torch.device, d: Dist,
                clock: WallClock | None = None) -> list[dict[str, Any]]:
-    from .perf import configure_device
-    from .train import progress_bar
+    from scalecl.perf import configure_device
+    from scalecl.train import progress_bar
 
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -50,10 +50,10 @@ from transformers.optimization import (
     get_linear_schedule_with_warmup,
 )
 
-from .errors import TrainingDiverged
-from .optim import OptimConfig
-from .parallel import is_fsdp, load_optimizer_state, local, optimizer_state
-from .perf import ModelFlops
+from scalecl.errors import TrainingDiverged
+from scalecl.optim import OptimConfig
+from scalecl.parallel import is_fsdp, load_optimizer_state, local, optimizer_state
+from scalecl.perf import ModelFlops
 
 
 @dataclass

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .biography import ATTRIBUTES, PERMUTATIONS, BioConfig, biographies, generate_people
+from scalecl.data.biography import ATTRIBUTES, PERMUTATIONS, BioConfig, biographies, generate_people
 
 LANGUAGES = ("en", "ko")
 SPLITS = ("train", "test")
@@ -238,7 +238,7 @@ def train_bpe_tokenizer(texts, vocab_size: int = 2048):
 def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Path:
     """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept.
     One process writes it at a time (a second one waits for the first, then finds it complete)."""
-    from ..locks import locked
+    from scalecl.locks import locked
 
     root = Path(root)
     if (root / "corpus.json").exists():
@@ -250,7 +250,7 @@ def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Pa
 
 
 def _write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int) -> None:
-    from ..files import atomic_dir, remove_temporaries, write_atomic, write_json
+    from scalecl.files import atomic_dir, remove_temporaries, write_atomic, write_json
     for folder in (root, *(root / f for f in (*LANGUAGES, "base"))):  # a killed earlier attempt's temporaries
         remove_temporaries(folder)
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ScaleclError
+from scalecl.errors import ScaleclError
 
 PREFIX = "pkg"
 SPLITS = ("train", "test")

@@ -1,7 +1,7 @@
 """Methods behind one interface; importing this package registers all of them."""
 
-from . import fft, freeze, llama_pro, lora, scale  # noqa: F401  (registration side effects)
-from .base import (
+from scalecl.methods import fft, freeze, llama_pro, lora, scale  # noqa: F401  (registration side effects)
+from scalecl.methods.base import (
     METHOD_ORDER,
     REGISTRY,
     Method,

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..errors import ScaleclError
-from ..schema import coerce, show_text
+from scalecl.errors import ScaleclError
+from scalecl.schema import coerce, show_text
 
 REGISTRY: dict[str, type[Method]] = {}
 

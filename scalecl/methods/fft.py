@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from transformers import PreTrainedModel
 
-from .base import Method, register
+from scalecl.methods.base import Method, register
 
 
 @register

@@ -11,10 +11,10 @@ from typing import ClassVar
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..base_models import arch_of, decoder_layers
-from ..errors import ScaleclError
-from ..schema import MAX_SIZE, show_bound, show_value
-from .base import Method, register
+from scalecl.base_models import arch_of, decoder_layers
+from scalecl.errors import ScaleclError
+from scalecl.methods.base import Method, register
+from scalecl.schema import MAX_SIZE, show_bound, show_value
 
 
 @register

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..base_models import arch_of, decoder_layers, set_submodule
-from ..errors import ScaleclError
-from ..schema import MAX_SIZE, show_bound, show_value
-from .base import Method, register
+from scalecl.base_models import arch_of, decoder_layers, set_submodule
+from scalecl.errors import ScaleclError
+from scalecl.methods.base import Method, register
+from scalecl.schema import MAX_SIZE, show_bound, show_value
 
 
 @register

@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedModel
 
-from ..base import Method, register
-from .config import ScaleConfig
-from .upscale import check_sizes, routing_fractions, scale_path, upscale
+from scalecl.methods.base import Method, register
+from scalecl.methods.scale.config import ScaleConfig
+from scalecl.methods.scale.upscale import check_sizes, routing_fractions, scale_path, upscale
 
 __all__ = ["ScaleConfig", "ScaleMethod", "upscale", "scale_path", "routing_fractions"]
 

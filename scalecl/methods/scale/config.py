@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ...errors import ScaleclError
-from ...modeling.scale_spec import (
+from scalecl.errors import ScaleclError
+from scalecl.modeling.scale_spec import (
     COLLAB_MODULES,
     EMBED_INITS,
     INITS,
@@ -22,7 +22,7 @@ from ...modeling.scale_spec import (
     option_help,
     resolve_l_fp,
 )
-from ...schema import MAX_SIZE, show_bound, show_text, show_value
+from scalecl.schema import MAX_SIZE, show_bound, show_text, show_value
 
 __all__ = ["COLLAB_MODULES", "EMBED_INITS", "INITS", "ROUTERS", "VARIANTS", "ScaleConfig", "option_help"]
 

@@ -3,7 +3,7 @@
 Re-exported here so that the historical import path keeps working; the classes are the same objects.
 """
 
-from ...modeling.scale_layers import (  # noqa: F401
+from scalecl.modeling.scale_layers import (  # noqa: F401
     HeadSplitNorm,
     PathState,
     SplitNorm,

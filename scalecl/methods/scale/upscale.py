@@ -17,9 +17,10 @@ import copy
 from torch import nn
 from transformers import PreTrainedModel
 
-from ...base_models import arch_of, head_dim, kv_heads
-from ...errors import ScaleclError
-from ...modeling.scale_surgery import (  # noqa: F401  (re-exported: the historical import path)
+from scalecl.base_models import arch_of, head_dim, kv_heads
+from scalecl.errors import ScaleclError
+from scalecl.methods.scale.config import ScaleConfig
+from scalecl.modeling.scale_surgery import (  # noqa: F401  (re-exported: the historical import path)
     _BATCHED_KWARGS,
     ScaleSpec,
     _ConstantHook,
@@ -30,8 +31,7 @@ from ...modeling.scale_surgery import (  # noqa: F401  (re-exported: the histori
     widen,
     widened_sizes,
 )
-from ...schema import MAX_SIZE
-from .config import ScaleConfig
+from scalecl.schema import MAX_SIZE
 
 # The most elements one widened matrix may hold: 2**31 (8 GiB in float32). The largest matrix of the paper's
 # biggest setting (Llama-3.2-1B's 128,256 x 2,304 embedding after +256 hidden) holds 0.14 x 2**31. A larger one
