@@ -38,11 +38,11 @@ def main() -> None:
         clock[0] = now
 
     import scalecl.bio as bio
+    from scalecl.common.schema import config_hash
     from scalecl.config import load_preset
     from scalecl.data.biography import ranges
     from scalecl.data.tokenizer import cached_encoding
     from scalecl.machine import provenance
-    from scalecl.schema import config_hash
 
     lap("import")
     rc = load_preset("bio", args.preset, ["tokenizer=local"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 from scalecl.version import __version__
 
 # public name -> the module that defines it

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from scalecl.errors import ScaleclError
-from scalecl.hub import before_hub_load, miss_reason
+from scalecl.common.errors import ScaleclError
+from scalecl.common.hub import before_hub_load, miss_reason
+from scalecl.common.readers import check_weights_folder, read_json
 from scalecl.modeling.scale_arch import ARCHS, REFUSED, Arch, head_dim, kv_heads, set_submodule
-from scalecl.readers import check_weights_folder, read_json
 
 # the architecture table lives in scalecl.modeling (shipped in SCALE checkpoints): one copy, re-exported
 __all__ = ["ARCHS", "Arch", "arch_of", "decoder_layers", "head_dim", "kv_heads", "set_submodule"]

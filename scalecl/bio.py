@@ -36,16 +36,17 @@ from rich.table import Table
 
 from scalecl.base_models import model_from_config, shape_config
 from scalecl.checkpoint import load_model, read_meta
+from scalecl.common.consoles import make_console
+from scalecl.common.errors import ScaleclError, cause
+from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
+from scalecl.common.hub import before_hub_load, miss_reason
+from scalecl.common.locks import locked
+from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from scalecl.config import BioRunConfig, StageConfig
-from scalecl.consoles import make_console
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
 from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
-from scalecl.errors import ScaleclError, cause
-from scalecl.files import TMP_PREFIX, atomic_dir, remove_temporaries
 from scalecl.fit import Runtime, TrainPlan, fit
-from scalecl.hub import before_hub_load, miss_reason
-from scalecl.locks import locked
 from scalecl.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.optim import OptimConfig
@@ -53,7 +54,6 @@ from scalecl.perf import autocast_dtype
 from scalecl.processes import Dist
 from scalecl.qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from scalecl.run import Run
-from scalecl.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from scalecl.sweep import Paths, hold
 from scalecl.train import eval_progress
 
@@ -164,7 +164,7 @@ def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
 
 
 def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path):
-    """The local tokenizer from the cache, or trained and cached (one process at a time: scalecl.locks)."""
+    """The local tokenizer from the cache, or trained and cached (one process at a time: scalecl.common.locks)."""
     if (tok_dir / "tokenizer.json").exists():
         return _load_cached_tokenizer(tok_dir)
     tokenizer = train_bio_tokenizer(people)

@@ -420,7 +420,7 @@ def describe(e: Estimate) -> str:
 
 def check_fits(e: Estimate) -> None:
     """One ScaleclError when the estimated peak passes the memory available, naming the keys that shrink it."""
-    from scalecl.errors import ScaleclError
+    from scalecl.common.errors import ScaleclError
 
     if e.available is None or e.peak <= e.available or os.environ.get("SCALECL_MEMORY_CHECK", "1") == "0":
         return

@@ -26,7 +26,7 @@ every layout:
 
 Writing never deletes anything the suite did not write. A folder that is not empty and holds no scalecl.json
 is refused; an existing checkpoint is replaced only with overwrite=True, and only if every file in it is one
-its scalecl.json records with the fingerprint it still has (scalecl.files: a name alone proves nothing; a
+its scalecl.json records with the fingerprint it still has (scalecl.common.files: a name alone proves nothing; a
 checkpoint written before fingerprints were recorded is replaced only if it holds no more than weights,
 config, scalecl.json and the SCALE model code). Everything is written to a hidden temporary sibling `.{name}.tmp-{pid}-{random}` and renamed
 into place when complete; a replaced checkpoint is first renamed to `.{name}.old-{pid}-{random}` and removed
@@ -51,8 +51,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 
-from scalecl.errors import ScaleclError
-from scalecl.files import (
+from scalecl.common.errors import ScaleclError
+from scalecl.common.files import (
     check_path_length,
     check_writable_dir,
     fingerprints,
@@ -61,8 +61,8 @@ from scalecl.files import (
     unmark,
     unowned_entries,
 )
+from scalecl.common.readers import check_weights_folder, field, model_weights_header, read_json
 from scalecl.methods import Method, get_method
-from scalecl.readers import check_weights_folder, field, model_weights_header, read_json
 
 FORMAT_VERSION = 2
 META_FILE = "scalecl.json"
@@ -123,7 +123,7 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
 
 
 def _foreign_entries(folder: Path, meta: dict[str, Any]) -> list[str]:
-    """Top-level entries of a checkpoint folder that the suite cannot prove it wrote (scalecl.files)."""
+    """Top-level entries of a checkpoint folder that the suite cannot prove it wrote (scalecl.common.files)."""
     written = meta.get("written")
     if isinstance(written, dict):
         return unowned_entries(folder, written, allow=(META_FILE,))
@@ -150,7 +150,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _clean_stale_siblings(out: Path) -> None:
     """Remove `.{name}.tmp-*` / `.{name}.old-*` left by a crashed save; restore an `.old` whose replacement never
-    landed. Only what the suite provably wrote: a `.tmp` folder holding its mark (scalecl.files.make_temporary),
+    landed. Only what the suite provably wrote: a `.tmp` folder holding its mark (scalecl.common.files.make_temporary),
     an `.old` folder that is a whole suite checkpoint (its scalecl.json proves every file); a user's folder
     named so stays."""
     if not out.parent.is_dir():
@@ -543,7 +543,7 @@ def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel
         base = load_model(source, dtype=dtype)
     else:
         try:
-            from scalecl.hub import before_hub_load
+            from scalecl.common.hub import before_hub_load
 
             before_hub_load(source)  # no network: one line at once instead of a minute of retries
             base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)

@@ -16,10 +16,10 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from scalecl.consoles import make_console
-from scalecl.errors import ScaleclError
+from scalecl.common.consoles import make_console
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import MAX_DOCS, Raw
 from scalecl.modeling.scale_spec import ScaleSpec, option_help  # no torch: --help must stay fast
-from scalecl.schema import MAX_DOCS, Raw
 
 console = make_console()  # off a terminal: lines and paths are not wrapped at 80 columns
 err_console = make_console(stderr=True)
@@ -90,7 +90,7 @@ def _global_options(
         "and the command goes offline by itself.", show_default=False),
 ) -> None:
     if offline:
-        from scalecl.hub import go_offline
+        from scalecl.common.hub import go_offline
 
         go_offline()  # before any command imports huggingface_hub, transformers or datasets
 
@@ -183,9 +183,9 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
              seed: int, overwrite: bool, cache: Path) -> None:
     """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
     from scalecl.checkpoint import prepare_checkpoint
+    from scalecl.common.schema import check_seed
     from scalecl.gguf import resolve_model
     from scalecl.methods import get_method
-    from scalecl.schema import check_seed
 
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
@@ -393,7 +393,7 @@ def plot(
                                  "any other file there is never touched."),
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
-    from scalecl.files import check_writable_dir
+    from scalecl.common.files import check_writable_dir
     from scalecl.report import plot_all
 
     if not out_text.strip():

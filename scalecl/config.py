@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from scalecl.errors import ScaleclError
-from scalecl.optim import SCHEDULES, AdamWConfig
-from scalecl.schema import (  # noqa: F401
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import (  # noqa: F401
     MAX_DOCS,
     MAX_SEED,
     MAX_SIZE,
@@ -21,6 +20,7 @@ from scalecl.schema import (  # noqa: F401
     parse_sets,
     parse_value,
 )
+from scalecl.optim import SCHEDULES, AdamWConfig
 
 # ---------------------------------------------------------------------------------------------------------
 # Experiment configs: presets are TOML files of overrides on these dataclasses. One typed schema: every key
@@ -67,7 +67,7 @@ class ComputeConfig:
 
     None of these changes what is trained beyond floating-point rounding. Rounding alone, though, makes runs
     differ after many steps: the CPU thread count in force and the device are therefore part of every run
-    name and stage cache key (scalecl.schema.numerics_key; one CPU thread keeps the names runs always had).
+    name and stage cache key (scalecl.common.schema.numerics_key; one CPU thread keeps the names runs always had).
     The other options are recorded in result.json only. Every option defaults to the plain behaviour.
     """
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import config_hash
 from scalecl.config import CorpusConfig, CptRunConfig
 from scalecl.data.bilingual import FOLDERS, BilingualConfig
 from scalecl.data.corpus import CorpusSpec
-from scalecl.errors import ScaleclError
-from scalecl.schema import config_hash
 
 BUILTIN = "builtin"
 

@@ -35,8 +35,11 @@ from rich.table import Table
 
 from scalecl.base_models import load_base_config, load_base_model, model_from_config, tiny_config
 from scalecl.checkpoint import load_model, read_meta
+from scalecl.common.consoles import make_console
+from scalecl.common.errors import ScaleclError
+from scalecl.common.locks import locked
+from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from scalecl.config import CorpusConfig, CptRunConfig
-from scalecl.consoles import make_console
 from scalecl.corpora import (
     BUILTIN,
     bilingual_config,
@@ -48,9 +51,7 @@ from scalecl.corpora import (
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
 from scalecl.data.tokenizer import load_tokenizer
-from scalecl.errors import ScaleclError
 from scalecl.fit import Runtime, TrainPlan, fit
-from scalecl.locks import locked
 from scalecl.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.optim import OptimConfig
@@ -59,7 +60,6 @@ from scalecl.perplexity import final_hidden, perplexity, representation_cosine, 
 from scalecl.processes import Dist
 from scalecl.qa import value_summary
 from scalecl.run import Run
-from scalecl.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
 from scalecl.sweep import Paths
 from scalecl.train import eval_progress
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from scalecl.base_models import load_base_config, read_config
 from scalecl.checkpoint import check_model_files, load_model
+from scalecl.common.errors import NotFinite, ScaleclError
+from scalecl.common.files import OwnedFiles, check_path_length, check_writable_dir
 from scalecl.config import CorpusConfig, CptRunConfig
 from scalecl.corpora import (
     BUILTIN,
@@ -23,8 +25,6 @@ from scalecl.corpora import (
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import check_corpus, eval_chunks
 from scalecl.data.tokenizer import load_tokenizer
-from scalecl.errors import NotFinite, ScaleclError
-from scalecl.files import OwnedFiles, check_path_length, check_writable_dir
 from scalecl.machine import pick_device, provenance
 from scalecl.methods import get_method
 from scalecl.perplexity import perplexity
@@ -34,7 +34,7 @@ WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves 
 
 def _records(out: Path) -> OwnedFiles:
     """The records eval-ppl wrote in `out`'s folder: `.scalecl-eval-ppl-files.json` there records each one's
-    fingerprint (scalecl.files.OwnedFiles), so a record edited by hand, or a user's file carrying the mark, is
+    fingerprint (scalecl.common.files.OwnedFiles), so a record edited by hand, or a user's file carrying the mark, is
     no longer one eval-ppl may replace."""
     return OwnedFiles(out.parent, WRITTEN_BY)
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalecl.errors import TrainingDiverged
+from scalecl.common.errors import TrainingDiverged
 from scalecl.processes import Dist, say
 from scalecl.run import Run
 from scalecl.state import load_state

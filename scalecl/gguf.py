@@ -17,7 +17,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 
 SUFFIX = ".gguf"
 PREFIX = "pkg:"
@@ -74,8 +74,8 @@ def resolve_model(name: str | None, cache: Path) -> str | None:
 def gguf_folder(path: Path, cache: Path) -> Path:
     """The cached transformers folder of a GGUF file: <cache>/gguf/<sha256[:16]>, dequantized once (under a
     lock, written into a temporary folder renamed when complete, so a killed process leaves nothing used)."""
-    from scalecl.files import atomic_dir, check_writable_dir
-    from scalecl.locks import locked
+    from scalecl.common.files import atomic_dir, check_writable_dir
+    from scalecl.common.locks import locked
 
     if not path.is_file():
         raise ScaleclError(f"GGUF file {path} does not exist" if not path.exists() else f"{path} is not a file")
@@ -110,7 +110,7 @@ def _read(path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from scalecl.errors import cause
+    from scalecl.common.errors import cause
 
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files with it)

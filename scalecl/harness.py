@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from scalecl.errors import ScaleclError
-from scalecl.schema import MAX_SIZE, show_bound, show_value
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 
 ENGLISH_TASKS = ("arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2", "winogrande")
 KOREAN_TASKS = ("kobest_boolq", "kobest_copa", "kobest_hellaswag")  # the paper's three, not lm-eval's 5-task group
@@ -252,8 +252,8 @@ def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = N
             f"no tokenizer found in {model_path} and none recorded in its scalecl.json: pass --tokenizer "
             f"(a hub id such as meta-llama/Llama-3.2-1B, or a folder with tokenizer files)"
         )
-    from scalecl.errors import cause
-    from scalecl.hub import before_hub_load, miss_reason
+    from scalecl.common.errors import cause
+    from scalecl.common.hub import before_hub_load, miss_reason
 
     before_hub_load(source)  # no network: one line at once instead of a minute of retries
     try:
@@ -584,8 +584,8 @@ def run_harness(
     loaded in (float32, bfloat16 or float16) and `metric_overrides` maps a task to the metric reported for it.
     """
     from scalecl.checkpoint import load_model, read_meta
+    from scalecl.common.schema import config_hash
     from scalecl.machine import pick_device, provenance
-    from scalecl.schema import config_hash
 
     s = _check_settings(settings or HarnessSettings(), dtype)  # cheap checks first: nothing heavy runs on bad input
     path = Path(model_path).expanduser()
@@ -634,9 +634,9 @@ RESULT_FILES = ("lm_eval_results.json", "scores.csv", "scores.md", "run.json")  
 def results_folder(out: str | os.PathLike, name: str):
     """The harness results folder `out`, checked to take `<name>/<file>` for every RESULT_FILES: a name is
     written only when it is free or holds a file eval-harness wrote there and nobody changed since (its manifest,
-    `out/.scalecl-eval-harness-files.json`, records their fingerprints; scalecl.files.OwnedFiles). Anything
+    `out/.scalecl-eval-harness-files.json`, records their fingerprints; scalecl.common.files.OwnedFiles). Anything
     else is one error before the evaluation, nothing written."""
-    from scalecl.files import OwnedFiles, check_writable_dir
+    from scalecl.common.files import OwnedFiles, check_writable_dir
 
     check_writable_dir(Path(out), "--out")
     owned = OwnedFiles(Path(out), "scalecl eval-harness")

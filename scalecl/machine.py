@@ -91,7 +91,7 @@ def pick_device(name: str | None = None) -> torch.device:
     """The device to run on (default: cuda if available); a device this machine lacks is one clear error."""
     import torch
 
-    from scalecl.errors import ScaleclError
+    from scalecl.common.errors import ScaleclError
 
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -120,7 +120,7 @@ def pick_device(name: str | None = None) -> torch.device:
 
 # ---------------------------------------------------------------------------------------------------------
 # What the machine contributes to a run's numbers (README, "Reproducibility"): the device type and, on a
-# CPU, torch's intra-op thread count. Part of every run name and stage cache key (scalecl.schema.numerics_key).
+# CPU, torch's intra-op thread count. Part of every run name and stage cache key (scalecl.common.schema.numerics_key).
 
 
 def run_numerics(compute: Any, device: torch.device, apply: bool = False) -> dict[str, Any]:
@@ -166,8 +166,8 @@ def recorded_numerics(record: dict[str, Any] | None) -> dict[str, Any] | None:
 def check_numerics(record: dict[str, Any] | None, ours: dict[str, Any], what: str, remedy: str) -> None:
     """One ScaleclError when `what` (a finished run, a cached stage, a checkpoint) was made with other numerics
     than this run's: its numbers are not the ones this run would compute. Records that cannot tell pass."""
-    from scalecl.errors import ScaleclError
-    from scalecl.schema import numerics_tag
+    from scalecl.common.errors import ScaleclError
+    from scalecl.common.schema import numerics_tag
 
     theirs = recorded_numerics(record)
     if theirs is None or theirs == ours:

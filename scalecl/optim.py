@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from scalecl.schema import opt
+from scalecl.common.schema import opt
 
 SCHEDULES = ("constant", "cosine", "linear")
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 
 # Dense (no structured sparsity) peak TFLOP/s from NVIDIA's datasheets (their sparsity figures halved).
 # H200 SXM has the H100 SXM's compute; "NVL" are the PCIe-card variants of the same chips.

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from scalecl.consoles import make_console
+from scalecl.common.consoles import make_console
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 

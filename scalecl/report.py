@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from scalecl.errors import ScaleclError  # noqa: E402
-from scalecl.files import OwnedFiles  # noqa: E402
+from scalecl.common.errors import ScaleclError  # noqa: E402
+from scalecl.common.files import OwnedFiles  # noqa: E402
+from scalecl.common.readers import read_json, read_jsonl  # noqa: E402
 from scalecl.methods.base import METHOD_ORDER  # noqa: E402
-from scalecl.readers import read_json, read_jsonl  # noqa: E402
 from scalecl.stats import LEVEL, binomial_se, interval_note, t_interval, t_quantile  # noqa: E402
 
 # Every figure has a `draw_*` function that builds it from the results files and yields (file stem, Figure)
@@ -323,7 +323,7 @@ _BATCH: list[OwnedFiles] = []  # plot_all's one deferred writer: every output is
 
 
 def _owned(out: Path) -> OwnedFiles:
-    """The figures folder: plot replaces only files it wrote there itself (scalecl.files.OwnedFiles). Inside
+    """The figures folder: plot replaces only files it wrote there itself (scalecl.common.files.OwnedFiles). Inside
     plot_all, its deferred writer: nothing is written until every figure and table has been checked."""
     if _BATCH and _BATCH[0].folder == Path(out):
         return _BATCH[0]

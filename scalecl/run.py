@@ -17,7 +17,7 @@ guarantees, once for all of them:
   into place when complete, so a process killed at any moment leaves either the previous checkpoints or
   the new one, never half of one; temporaries of killed processes are removed when the run starts again.
 - **Data.** Nothing is deleted or replaced that the run did not write, and ownership is proven, not named
-  (scalecl.files): the run's files in `out_dir` are recorded with their fingerprints in
+  (scalecl.common.files): the run's files in `out_dir` are recorded with their fingerprints in
   `out_dir/.scalecl-run-files.json`, every checkpoint lists its files' fingerprints in `scalecl-checkpoint.json`,
   and every temporary folder holds the suite's mark. A file in the run folder the run would write but cannot
   prove it wrote (a user's `result.json`, `metrics.jsonl`, ...) is refused with one line before training;
@@ -43,9 +43,8 @@ from typing import Any
 
 from torch import nn
 
-from scalecl.crash import crash_point
-from scalecl.errors import ScaleclError
-from scalecl.files import (
+from scalecl.common.errors import ScaleclError
+from scalecl.common.files import (
     TMP_MARK,
     TMP_PREFIX,
     OwnedFiles,
@@ -55,8 +54,9 @@ from scalecl.files import (
     unowned_entries,
     write_json,
 )
+from scalecl.common.readers import read_json
+from scalecl.crash import crash_point
 from scalecl.machine import check_numerics
-from scalecl.readers import read_json
 from scalecl.state import JSON_NAME, load_state, save_state
 
 STEP_DIR = re.compile(r"^step-(\d{7,})$")

@@ -26,9 +26,9 @@ import numpy as np
 import safetensors.torch as st
 import torch
 
-from scalecl.errors import ScaleclError
-from scalecl.readers import read_json, safetensors_header
-from scalecl.schema import show_value
+from scalecl.common.errors import ScaleclError
+from scalecl.common.readers import read_json, safetensors_header
+from scalecl.common.schema import show_value
 
 JSON_NAME, TENSORS_NAME = "trainer_state.json", "trainer_state.safetensors"
 _TAGS = ("__tensor__", "__ndarray__", "__tuple__", "__items__", "__float__")

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import show_text
 from scalecl.config import load_preset
-from scalecl.errors import ScaleclError
 from scalecl.processes import say
-from scalecl.schema import show_text
 from scalecl.sweep import Paths, SweepOptions, check, sweep
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
@@ -169,8 +169,8 @@ def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     """The result.json in `target` when it is this run's (same experiment, name, method and config hash -- the
     hash covers the config, seeds and method options -- and the same numerics), else None. Read only: the
     study never writes there, so a committed run without the writer's manifest counts too."""
+    from scalecl.common.readers import read_json
     from scalecl.machine import check_numerics
-    from scalecl.readers import read_json
 
     f = target / "result.json"
     if not f.is_file() or f.is_symlink():
@@ -191,7 +191,7 @@ def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
     """The result of a finished main run with this value's name, referenced from the study's folder instead of
     trained again; None when the study's own folder has the run, or no such main run has finished (then the
     value trains as an ordinary run). A main run this layer cannot prove finished is never referenced."""
-    from scalecl.files import OwnedFiles
+    from scalecl.common.files import OwnedFiles
     from scalecl.processes import Dist
 
     run = exp.run_of(method, Dist())

@@ -84,8 +84,8 @@ def _finished_fft(out: Path, base: tuple) -> list[dict[str, Any]]:
     """The finished FFT runs of `base` in the folder `out` (none when it does not exist)."""
     found: list[dict[str, Any]] = []
     if out.is_dir():
-        from scalecl.errors import ScaleclError
-        from scalecl.readers import read_json
+        from scalecl.common.errors import ScaleclError
+        from scalecl.common.readers import read_json
 
         for f in out.glob("*fft*/result.json"):
             try:

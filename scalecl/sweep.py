@@ -19,10 +19,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from scalecl.errors import Busy, ScaleclError
-from scalecl.files import check_writable_dir
+from scalecl.common.errors import Busy, ScaleclError
+from scalecl.common.files import check_writable_dir
+from scalecl.common.locks import locked
 from scalecl.fit import Fit, Runtime, TrainPlan, fit
-from scalecl.locks import locked
 from scalecl.machine import pick_device, run_numerics
 from scalecl.methods import Method, get_method, method_names
 from scalecl.processes import Dist, distributed, say
@@ -53,7 +53,7 @@ class SweepOptions:
     device: str | None = None
 
     def __post_init__(self) -> None:
-        from scalecl.schema import MAX_STEPS
+        from scalecl.common.schema import MAX_STEPS
         from scalecl.trackers import check_report_to
 
         if self.stop_after is not None and not 1 <= self.stop_after <= MAX_STEPS:
@@ -79,7 +79,7 @@ def parse_seeds(text: str | None, key: str) -> list[int] | None:
     when not given. Each is checked like a config seed; repeats are dropped."""
     if text is None:
         return None
-    from scalecl.schema import check_seed
+    from scalecl.common.schema import check_seed
 
     lo, dots, hi = text.partition("..")
     try:
@@ -273,7 +273,7 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
 
 @contextlib.contextmanager
 def hold(target: Path, rt: Runtime, *, wait: bool, what: str) -> Iterator[None]:
-    """The lock of a run folder or cache entry (scalecl.locks), taken by rank 0 for every process: a lock
+    """The lock of a run folder or cache entry (scalecl.common.locks), taken by rank 0 for every process: a lock
     another process holds is one Busy error on every process (wait=False) or a wait (wait=True)."""
     with contextlib.ExitStack() as stack:
         refused = None

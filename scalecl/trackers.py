@@ -6,7 +6,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 
 REPORT_TO = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}  # -> module
 

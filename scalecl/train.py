@@ -50,7 +50,7 @@ from transformers.optimization import (
     get_linear_schedule_with_warmup,
 )
 
-from scalecl.errors import TrainingDiverged
+from scalecl.common.errors import TrainingDiverged
 from scalecl.optim import OptimConfig
 from scalecl.parallel import is_fsdp, load_optimizer_state, local, optimizer_state
 from scalecl.perf import ModelFlops

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
-    ["errors", "version", "presets", "consoles", "hub"],
-    ["schema", "modeling", "crash", "processes", "files", "readers", "locks", "data.biography", "stats",
+    ["common", "version", "presets"],
+    ["common.schema", "modeling", "crash", "processes", "common.files", "common.readers", "common.locks", "data.biography", "stats",
      "data.packaged"],
     ["optim", "state", "base_models", "gguf", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data",
      "summary"],

@@ -18,8 +18,8 @@ import scalecl.checkpoint as ckpt
 from scalecl import save_model
 from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
-from scalecl.errors import ScaleclError
-from scalecl.files import make_temporary
+from scalecl.common.errors import ScaleclError
+from scalecl.common.files import make_temporary
 from scalecl.methods import get_method
 
 runner = CliRunner()

@@ -56,7 +56,7 @@ def test_flags_show_no_value_type():
 def test_redirected_output_keeps_lines_whole():
     """Off a terminal (a pipe here) a long path is printed on one line, not wrapped at 80 columns."""
     path = "/runs/" + "a-long-folder-name/" * 12 + "result.json"
-    res = _python(f"from scalecl.consoles import make_console; make_console().print('wrote {path}', "
+    res = _python(f"from scalecl.common.consoles import make_console; make_console().print('wrote {path}', "
                   f"highlight=False); make_console(stderr=True).print('error: {path}')")
     assert res.stdout == f"wrote {path}\n" and res.stderr == f"error: {path}\n"
 
@@ -96,7 +96,7 @@ def test_hub_misses_of_datasets_and_tokenizers_are_one_quick_line(tmp_path, loca
 
 
 def test_error_causes_keep_urls_whole():
-    from scalecl.errors import cause
+    from scalecl.common.errors import cause
 
     url = "'https://huggingface.co/docs/transformers/installation#offline-mode'"
     e = OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
@@ -187,7 +187,7 @@ def test_overwrite_error_names_the_flag_on_the_cli_and_the_argument_in_the_libra
     import pytest
 
     from scalecl.checkpoint import check_checkpoint_dest
-    from scalecl.errors import ScaleclError
+    from scalecl.common.errors import ScaleclError
 
     out = tmp_path / "ck"
     args = ["upscale", "--random-config", "gpt_neox", "--hidden-up", "16", "--ffn-up", "16", "--out", str(out)]

@@ -139,8 +139,8 @@ def test_encode_qa_equals_tokenising_each_string(tiny_qa):
 def test_cached_encoding_reads_back_what_it_encoded(tiny_qa, tmp_path):
     """The pre-training encoding cache: a miss encodes (rendering the texts) and writes; a hit reads the same ids
     without rendering; a damaged entry is one error naming it."""
+    from scalecl.common.errors import ScaleclError
     from scalecl.data.tokenizer import cached_encoding, encode_plain
-    from scalecl.errors import ScaleclError
 
     tok, _ = tiny_qa
     texts = [" Ann Lee was born in Paris.", " Bo Chan works for Acme.", ""]

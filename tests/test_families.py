@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from scalecl import load_model, save_model
 from scalecl.base_models import ARCHS, model_from_config, tiny_config
 from scalecl.cli import app
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 from scalecl.methods import get_method, trainable_parameters
 
 FAMILIES = ("mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3_text")

@@ -29,11 +29,11 @@ from typer.testing import CliRunner
 
 from scalecl import sweep
 from scalecl.cli import app
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import INT64_MAX, INT64_MIN, MAX_SEED, MAX_SIZE, Raw, check_seed, coerce
 from scalecl.config import BioRunConfig, CptRunConfig, load_preset
 from scalecl.data.biography import BioConfig
-from scalecl.errors import ScaleclError
 from scalecl.methods import REGISTRY, method_names
-from scalecl.schema import INT64_MAX, INT64_MIN, MAX_SEED, MAX_SIZE, Raw, check_seed, coerce
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -358,7 +358,7 @@ _json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.float
 
 
 def _one_line_error_naming(exc: Exception, path: Path) -> None:
-    from scalecl.errors import ScaleclError
+    from scalecl.common.errors import ScaleclError
 
     assert isinstance(exc, ScaleclError), repr(exc)
     assert len(str(exc).splitlines()) == 1 and str(path) in str(exc)
@@ -368,7 +368,7 @@ def _one_line_error_naming(exc: Exception, path: Path) -> None:
 @given(data=st.one_of(st.binary(max_size=64), _json_values.map(lambda v: json.dumps(v).encode()),
                       st.text(max_size=40).map(str.encode)))
 def test_any_bytes_as_a_json_file(tmp_path, data):
-    from scalecl.readers import read_json
+    from scalecl.common.readers import read_json
 
     path = tmp_path / "scalecl.json"
     path.write_bytes(data)
@@ -386,7 +386,7 @@ def test_any_bytes_as_a_json_file(tmp_path, data):
 def test_any_bytes_as_a_safetensors_file(tmp_path, header, length, tail):
     import struct
 
-    from scalecl.readers import safetensors_header
+    from scalecl.common.readers import safetensors_header
 
     path = tmp_path / "model.safetensors"
     path.write_bytes(struct.pack("<Q", len(header) if length is None else length) + header + tail)

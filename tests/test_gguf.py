@@ -133,8 +133,8 @@ def test_packaged_name_is_the_wheels_file(smol):
 ])
 def test_packaged_model_missing_or_other_version_is_one_line(monkeypatch, tmp_path, found, says):
     from scalecl import gguf
+    from scalecl.common.errors import ScaleclError
     from scalecl.data import packaged
-    from scalecl.errors import ScaleclError
 
     answer = None if found is None else (tmp_path, "0.1.2" if found == "empty" else found)
     monkeypatch.setattr(packaged, "package_folder", lambda package: answer)

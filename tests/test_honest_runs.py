@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 from scalecl.base_models import model_from_config, tiny_config
 from scalecl.bio import BioExperiment
 from scalecl.cli import app
+from scalecl.common.errors import Busy, ScaleclError, TrainingDiverged
+from scalecl.common.locks import lock_path, locked
 from scalecl.config import load_preset
 from scalecl.data.corpus import CorpusSpec, check_corpus, eval_chunks
-from scalecl.errors import Busy, ScaleclError, TrainingDiverged
 from scalecl.fit import Runtime, fit
-from scalecl.locks import lock_path, locked
 from scalecl.methods import get_method
 from scalecl.optim import OptimConfig
 from scalecl.processes import Dist

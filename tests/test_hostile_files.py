@@ -1,5 +1,5 @@
 """Hostile files (issue 19, items 1, 2 and 6): every file the suite reads is checked by one reader
-(scalecl.readers), every path it writes follows one ownership rule (scalecl.files), and OS errors are user
+(scalecl.common.readers), every path it writes follows one ownership rule (scalecl.common.files), and OS errors are user
 errors. Each case is exit code 1 or 2 with exactly one `error:` line, and the user's files stay as they were.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import scalecl.files as files
+import scalecl.common.files as files
 from scalecl.cli import app
-from scalecl.errors import ScaleclError
-from scalecl.readers import read_json, read_jsonl, safetensors_header
+from scalecl.common.errors import ScaleclError
+from scalecl.common.readers import read_json, read_jsonl, safetensors_header
 
 runner = CliRunner()
 PREPARE = ["prepare", "--method", "fft", "--random-config", "llama"]
@@ -291,8 +291,8 @@ def test_damaged_tokenizer_cache_is_one_line(tmp_path, monkeypatch, garbage):
     from dataclasses import asdict
 
     from scalecl.bio import TEXT_FORMAT, bio_config
+    from scalecl.common.schema import config_hash
     from scalecl.config import load_preset
-    from scalecl.schema import config_hash
 
     monkeypatch.chdir(tmp_path)
     entry = Path("cache") / "bio" / f"tokenizer-{config_hash(asdict(bio_config(load_preset('bio', 'tiny', []))), TEXT_FORMAT)}"

@@ -18,8 +18,8 @@ from test_hostile_files import _copy, tree
 from typer.testing import CliRunner
 
 from scalecl.cli import app
-from scalecl.errors import ScaleclError
-from scalecl.files import OwnedFiles, check_writable_dir
+from scalecl.common.errors import ScaleclError
+from scalecl.common.files import OwnedFiles, check_writable_dir
 
 runner = CliRunner()
 PREPARE = ["prepare", "--method", "fft", "--random-config", "llama"]
@@ -64,7 +64,7 @@ def test_a_folder_where_nothing_can_be_created_is_bad_input():
 def test_a_read_only_empty_output_folder_is_refused_not_replaced(tmp_path, monkeypatch):
     """An empty folder the user cannot write into (e.g. chmod 555 for a non-root user) was replaced by renaming
     a filled sibling onto it: now the folder itself is tried first."""
-    import scalecl.files as files
+    import scalecl.common.files as files
 
     out = tmp_path / "ro"
     out.mkdir()
@@ -193,7 +193,7 @@ def test_a_result_json_the_run_did_not_write_is_not_a_finished_run(tmp_path, loc
 
 
 def test_a_released_lock_leaves_no_file_and_no_folder_it_made(tmp_path):
-    from scalecl.locks import lock_path, locked
+    from scalecl.common.locks import lock_path, locked
 
     target = tmp_path / "a" / "b" / "run"
     with locked(target, wait=False, what="run"):
@@ -211,7 +211,7 @@ def test_a_lock_removed_while_waited_on_is_taken_afresh(tmp_path):
     it holds the lock (filelock re-checks the link count), and two holders never overlap."""
     import threading
 
-    from scalecl.locks import locked
+    from scalecl.common.locks import locked
 
     target, inside, overlaps = tmp_path / "run", [], []
 
@@ -305,7 +305,7 @@ def test_a_damaged_parquet_or_json_dataset_is_one_line(local, tmp_path):
 
 def test_safetensors_header_helper_matches_the_real_format(tmp_path):
     """Sanity of this file's fixtures: a header written by safetensors reads back through the suite's reader."""
-    from scalecl.readers import model_weights_header
+    from scalecl.common.readers import model_weights_header
 
     save_file({"w": torch.zeros(2, 3)}, str(tmp_path / "m.safetensors"))
     h = model_weights_header(tmp_path / "m.safetensors")

@@ -19,12 +19,12 @@ from typer.testing import CliRunner
 
 from scalecl.bio import BioExperiment
 from scalecl.cli import app
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import LEGACY_NUMERICS, numerics_key
 from scalecl.config import load_preset
-from scalecl.errors import ScaleclError
 from scalecl.methods import get_method
 from scalecl.processes import Dist
 from scalecl.run import Run
-from scalecl.schema import LEGACY_NUMERICS, numerics_key
 from scalecl.sweep import Paths, SweepOptions, check
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from scalecl.bio import BioExperiment
+from scalecl.common.schema import merge
 from scalecl.config import BioRunConfig, CptRunConfig
 from scalecl.cpt import CptExperiment
 from scalecl.methods import get_method
 from scalecl.processes import Dist
-from scalecl.schema import merge
 from scalecl.sweep import Paths
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

@@ -73,7 +73,7 @@ def outcome(root: Path) -> dict:
 def leftovers(root: Path) -> list[str]:
     """Temporary (hidden) files and folders and partial files anywhere under root. The hidden `.<name>.lock`
     files of runs and cache entries are no temporaries: they stay, empty, beside what they lock; nor is a run
-    folder's record of the files it wrote (`.scalecl-run-files.json`, scalecl.files.OwnedFiles)."""
+    folder's record of the files it wrote (`.scalecl-run-files.json`, scalecl.common.files.OwnedFiles)."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if (p.name.startswith(".") and not
                   (p.name.endswith(".lock") and p.is_file() and p.stat().st_size == 0)
                   and p.name != ".scalecl-run-files.json") or p.name.endswith(".partial"))

@@ -12,7 +12,7 @@ import torch
 from conftest import make_base, random_batch, snapshot, split_threshold, train_steps
 
 from scalecl import ScaleConfig, load_model, routing_fractions, save_model, scale_path, upscale
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 from scalecl.methods.scale.layers import UpLinear
 
 TOL = dict(atol=1e-5, rtol=0.0)

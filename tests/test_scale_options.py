@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from scalecl import ScaleConfig, scale_path, upscale
 from scalecl.cli import app
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 from scalecl.methods import get_method
 
 TOL = dict(atol=1e-5, rtol=0.0)

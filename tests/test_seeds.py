@@ -12,8 +12,8 @@ from conftest import local_sets, records, run
 from typer.testing import CliRunner
 
 from scalecl.cli import app
-from scalecl.errors import ScaleclError
-from scalecl.schema import run_stream_seed, seed_tag
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import run_stream_seed, seed_tag
 from scalecl.sweep import parse_seeds, replicate_sets
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
+from scalecl.common.errors import ScaleclError
 from scalecl.config import load_preset
-from scalecl.errors import ScaleclError
 from scalecl.study import study_values
 
 runner = CliRunner()

@@ -238,7 +238,7 @@ def train_bpe_tokenizer(texts, vocab_size: int = 2048):
 def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Path:
     """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept.
     One process writes it at a time (a second one waits for the first, then finds it complete)."""
-    from scalecl.locks import locked
+    from scalecl.common.locks import locked
 
     root = Path(root)
     if (root / "corpus.json").exists():
@@ -250,7 +250,7 @@ def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Pa
 
 
 def _write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int) -> None:
-    from scalecl.files import atomic_dir, remove_temporaries, write_atomic, write_json
+    from scalecl.common.files import atomic_dir, remove_temporaries, write_atomic, write_json
     for folder in (root, *(root / f for f in (*LANGUAGES, "base"))):  # a killed earlier attempt's temporaries
         remove_temporaries(folder)
 

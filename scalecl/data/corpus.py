@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from scalecl.common.errors import ScaleclError
 from scalecl.data.packaged import is_packaged, load_packaged
-from scalecl.errors import ScaleclError
 
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".text": "text", ".parquet": "parquet",
                   ".csv": "csv", ".arrow": "arrow"}
@@ -87,7 +87,7 @@ def _load(spec: CorpusSpec):
                     raise ScaleclError(f"dataset file {spec.path} has only the split 'train' (got {spec.split!r})")
                 return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=True)
             return datasets.load_dataset(str(p), name=name, split=spec.split, streaming=True)
-        from scalecl.hub import before_hub_load
+        from scalecl.common.hub import before_hub_load
 
         before_hub_load(path)  # no network: one line at once instead of a minute of retries
         return datasets.load_dataset(path, name=name, split=spec.split, streaming=True)
@@ -100,7 +100,7 @@ def _load(spec: CorpusSpec):
     except (ValueError, KeyError) as e:  # bad split or config name
         raise ScaleclError(f"dataset {spec.describe()}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     except (OSError, ConnectionError, datasets.exceptions.DatasetNotFoundError) as e:
-        from scalecl.hub import miss_reason
+        from scalecl.common.hub import miss_reason
 
         first = miss_reason(spec.path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise ScaleclError(f"cannot open dataset {spec.path}: {first}") from None

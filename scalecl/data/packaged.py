@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 
 PREFIX = "pkg"
 SPLITS = ("train", "test")

@@ -258,9 +258,9 @@ def cached_encoding(
     second, and take 8 bytes a token instead of a Python int's 36.
     A damaged entry is one error naming it.
     """
-    from scalecl.errors import ScaleclError
-    from scalecl.files import TMP_PREFIX, atomic_dir, remove_temporaries
-    from scalecl.locks import locked
+    from scalecl.common.errors import ScaleclError
+    from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
+    from scalecl.common.locks import locked
 
     def load() -> list[np.ndarray]:
         try:

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 from torch import nn
 from transformers import PreTrainedModel
 
-from scalecl.errors import ScaleclError
-from scalecl.schema import coerce, show_text
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import coerce, show_text
 
 REGISTRY: dict[str, type[Method]] = {}
 

@@ -12,9 +12,9 @@ from typing import ClassVar
 from transformers import PretrainedConfig, PreTrainedModel
 
 from scalecl.base_models import arch_of, decoder_layers
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
-from scalecl.schema import MAX_SIZE, show_bound, show_value
 
 
 @register

@@ -15,9 +15,9 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from scalecl.base_models import arch_of, decoder_layers, set_submodule
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
-from scalecl.schema import MAX_SIZE, show_bound, show_value
 
 
 @register

@@ -12,9 +12,9 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PretrainedConfig, PreTrainedModel
 
 from scalecl.base_models import arch_of, head_dim, kv_heads
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
-from scalecl.schema import MAX_SIZE, show_bound, show_value
 
 
 def lora_target_regex(config: PretrainedConfig) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import MAX_SIZE, show_bound, show_text, show_value
 from scalecl.modeling.scale_spec import (
     COLLAB_MODULES,
     EMBED_INITS,
@@ -22,7 +23,6 @@ from scalecl.modeling.scale_spec import (
     option_help,
     resolve_l_fp,
 )
-from scalecl.schema import MAX_SIZE, show_bound, show_text, show_value
 
 __all__ = ["COLLAB_MODULES", "EMBED_INITS", "INITS", "ROUTERS", "VARIANTS", "ScaleConfig", "option_help"]
 

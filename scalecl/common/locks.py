@@ -15,7 +15,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from scalecl.errors import Busy
+from scalecl.common.errors import Busy
 
 
 def lock_path(target: Path) -> Path:

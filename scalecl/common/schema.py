@@ -18,7 +18,7 @@ import unicodedata
 from dataclasses import asdict, field, fields, is_dataclass
 from typing import Any
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 
 # Representable ranges, checked before any work (issue 19):
 # - every integer of a config fits a signed 64-bit integer (torch and numpy hold sizes and steps in int64);

@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 
 # safetensors dtypes and their sizes in bytes (sub-byte float types are packed; their sizes are rounded up)
 SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scalecl.errors import ScaleclError
+from scalecl.common.errors import ScaleclError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -210,7 +210,7 @@ def fingerprint(path: Path, size: int | None = None) -> str:
 
 
 def fingerprint_bytes(data: bytes) -> str:
-    """The fingerprint a file holding exactly `data` has (scalecl.files.fingerprint)."""
+    """The fingerprint a file holding exactly `data` has (scalecl.common.files.fingerprint)."""
     size, h = len(data), hashlib.blake2b(digest_size=16)
     if size <= _SAMPLED_ABOVE:
         h.update(data)
