@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from scalecl import ScaleConfig, upscale
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.machine import provenance
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.perf import configure_device, model_flops, peak_tflops
 from scalecl.train import Hooks, OptimConfig, TrainPlan, train
 

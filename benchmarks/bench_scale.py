@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 import torch
 
 from scalecl import ScaleConfig, upscale
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.machine import tune_cpu_allocator
+from scalecl.models.build import model_from_config, tiny_config
 
 
 def make_models(arch: str, hidden: int, layers: int, vocab: int, hu: int, fu: int):

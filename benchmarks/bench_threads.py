@@ -40,8 +40,8 @@ def worker(a: argparse.Namespace) -> None:
     """One training job at the thread settings in its environment; prints JSON (or 'ready' and loops)."""
     import torch
 
-    from scalecl.base_models import model_from_config, tiny_config
     from scalecl.machine import tune_cpu_allocator
+    from scalecl.models.build import model_from_config, tiny_config
 
     tune_cpu_allocator()  # as the `scalecl` command does
     config = tiny_config("gpt_neox", vocab_size=a.vocab, hidden_size=128, num_hidden_layers=4,

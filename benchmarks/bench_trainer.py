@@ -102,9 +102,9 @@ def trainer_block(model, batches, optim, out_dir) -> tuple[list[float], list[flo
 def stage1_case(rc, cache: Path):
     """(model, batches, optimizer settings) of the biography pre-training case."""
     import scalecl.bio as bio
-    from scalecl.base_models import model_from_config
     from scalecl.data.biography import ranges
     from scalecl.data.tokenizer import encode_plain
+    from scalecl.models.build import model_from_config
     from scalecl.optim import OptimConfig
 
     data = bio.prepare_data(rc, cache)

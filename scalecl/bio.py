@@ -34,7 +34,6 @@ import numpy as np
 import torch
 from rich.table import Table
 
-from scalecl.base_models import model_from_config, shape_config
 from scalecl.checkpoint import load_model, read_meta
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError, cause
@@ -49,6 +48,7 @@ from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_to
 from scalecl.fit import Runtime, TrainPlan, fit
 from scalecl.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
+from scalecl.models.build import model_from_config, shape_config
 from scalecl.optim import OptimConfig
 from scalecl.perf import autocast_dtype
 from scalecl.processes import Dist
@@ -579,7 +579,7 @@ class BioExperiment:
         """The end-of-run table: a row per run (labelled by `labels`, default its method), the FFT run of the
         same cached stages when one exists (this sweep's, or a finished one in --out or, for a study, among the
         main runs) and the chance floor."""
-        from scalecl.summary import chance_floor, fft_reference
+        from scalecl.models.summary import chance_floor, fft_reference
 
         table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices "
                             "during training, full ranges at the end)")

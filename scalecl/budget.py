@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
 
-from scalecl.base_models import shape_config
 from scalecl.config import load_preset
 from scalecl.methods import count_parameters, get_method
+from scalecl.models.build import shape_config
 
 
 def pythia_160m_config() -> GPTNeoXConfig:
@@ -178,8 +178,8 @@ class FamilyRow(NamedTuple):
 
 def smallest_hidden_up(config: PretrainedConfig, at_least: int, ffn_up: int) -> int:
     """The smallest multiple of head_dim x GQA group that is >= at_least and gives a config transformers builds."""
-    from scalecl.base_models import head_dim, kv_heads
     from scalecl.methods.scale.upscale import widened_config_refusal
+    from scalecl.models.build import head_dim, kv_heads
 
     unit = head_dim(config) * (config.num_attention_heads // kv_heads(config))
     k = max(1, -(-at_least // unit))
@@ -192,7 +192,7 @@ def paper_like_methods(config: PretrainedConfig) -> list[tuple[str, dict[str, An
     """The Korean CPT setting's methods scaled to a model: SCALE +d/8 hidden (rounded up to a legal width) and
     +ffn/8, l_fp = 3; LoRA r = 256 (or the smallest targeted side, if smaller); Freeze k = 3; LLaMA Pro's n the
     divisor of L nearest L/4."""
-    from scalecl.base_models import head_dim, kv_heads
+    from scalecl.models.build import head_dim, kv_heads
 
     layers, ffn_up = config.num_hidden_layers, config.intermediate_size // 8
     scale = {"hidden_up": smallest_hidden_up(config, config.hidden_size // 8, ffn_up), "ffn_up": ffn_up}
@@ -204,7 +204,7 @@ def paper_like_methods(config: PretrainedConfig) -> list[tuple[str, dict[str, An
 
 def family_budgets() -> list[FamilyRow]:
     """One row per supported family (meta device: no weights, no download)."""
-    from scalecl.base_models import head_dim, kv_heads
+    from scalecl.models.build import head_dim, kv_heads
 
     rows = []
     for model, make in FAMILY_MODELS.items():
@@ -331,7 +331,7 @@ def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, 
 def gated_mlp(cfg: PretrainedConfig) -> bool:
     """Whether the family's MLP is gated (a gate projection beside the up projection: Llama's SwiGLU, Gemma's
     GeGLU, Phi-3's fused gate_up), from the architecture table; else the activation (silu: gated, as before)."""
-    from scalecl.base_models import ARCHS
+    from scalecl.models.build import ARCHS
 
     arch = ARCHS.get(getattr(cfg, "model_type", None))
     if arch is not None:

@@ -274,8 +274,8 @@ def prepare_checkpoint(
     destination is checked first, then every size on the base's config, all before the weights load; `seed`
     seeds random bases and random initialisation.
     """
-    from scalecl.base_models import resolve_base
-    from scalecl.summary import param_counts
+    from scalecl.models.build import resolve_base
+    from scalecl.models.summary import param_counts
 
     check_checkpoint_dest(out_dir, overwrite)
     base = resolve_base(model, random_config, seed)
@@ -345,7 +345,7 @@ def _write_scale(model: PreTrainedModel, folder: Path) -> None:
 
 def _lora_base_source(base_model: str | None, out: Path) -> str | None:
     """The LoRA base as peft should record it (hub id or absolute folder), or None if it must be stored."""
-    from scalecl.base_models import _HUB_ID
+    from scalecl.models.build import _HUB_ID
 
     if not base_model:
         return None
@@ -444,7 +444,7 @@ def _check_meta(meta: dict[str, Any], p: Path) -> None:
 
 def _base_config(meta: dict[str, Any], p: Path):
     """The recorded base config as a transformers config, its sizes checked, or one error naming the file."""
-    from scalecl.base_models import check_config_sizes
+    from scalecl.models.build import check_config_sizes
 
     where = f"checkpoint record {p / META_FILE}"
     check_config_sizes(meta["base_config"], where)
@@ -461,7 +461,7 @@ def check_model_files(path: str | os.PathLike) -> dict[str, Any] | None:
 
     A damaged scalecl.json, an empty or truncated safetensors file, a folder with only pickled weights: one
     ScaleclError naming the file, before any weights load (and before anything could be unpickled)."""
-    from scalecl.base_models import read_config
+    from scalecl.models.build import read_config
 
     p = Path(path)
     if not p.is_dir():
@@ -522,7 +522,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
 
 def _load_plain(p: Path, dtype: torch.dtype | None) -> PreTrainedModel:
     """A plain transformers folder (its weights already checked), or one error naming it."""
-    from scalecl.base_models import load_plain_strict
+    from scalecl.models.build import load_plain_strict
 
     try:
         return load_plain_strict(str(p), dtype or torch.float32)

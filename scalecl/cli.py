@@ -184,8 +184,8 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
     """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
     from scalecl.checkpoint import prepare_checkpoint
     from scalecl.common.schema import check_seed
-    from scalecl.gguf import resolve_model
     from scalecl.methods import get_method
+    from scalecl.models.gguf import resolve_model
 
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
@@ -197,7 +197,7 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
 
 def _print_params(method, source: str, base_total, model) -> None:
     """The per-module parameter table (base, added, trainable) and the method's one-line description."""
-    from scalecl.summary import param_counts, param_rows
+    from scalecl.models.summary import param_counts, param_rows
 
     total, train = param_counts(model)
     table = Table(title=f"{method.name} on {source}")
@@ -458,8 +458,8 @@ def eval_harness(
     cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the dequantized copy of a .gguf --model."),
 ) -> None:
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
-    from scalecl.gguf import resolve_model
     from scalecl.harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
+    from scalecl.models.gguf import resolve_model
 
     model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
 
@@ -568,7 +568,7 @@ def eval_ppl(
     if out is not None:
         check_record_out(out)  # replace only a record this command wrote
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
-    from scalecl.gguf import resolve_model
+    from scalecl.models.gguf import resolve_model
 
     r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
     if out is not None:

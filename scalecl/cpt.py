@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from scalecl.base_models import load_base_config, load_base_model, model_from_config, tiny_config
 from scalecl.checkpoint import load_model, read_meta
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
@@ -54,6 +53,7 @@ from scalecl.data.tokenizer import load_tokenizer
 from scalecl.fit import Runtime, TrainPlan, fit
 from scalecl.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
+from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
 from scalecl.optim import OptimConfig
 from scalecl.perf import autocast_dtype
 from scalecl.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
@@ -166,8 +166,8 @@ class EvalSets:
 def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
     """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
     and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
-    from scalecl.base_models import load_base_config
     from scalecl.budget import phase
+    from scalecl.models.build import load_base_config
 
     builtin = rc.base == "builtin"
     cfg = builtin_model_config(rc, rc.builtin.vocab) if builtin else load_base_config(rc.base)
@@ -195,7 +195,7 @@ class CptExperiment:
     kind = "cpt"
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
-        from scalecl.gguf import is_gguf, resolve_model
+        from scalecl.models.gguf import is_gguf, resolve_model
 
         if is_gguf(rc.base):  # a .gguf base: its dequantized transformers folder, named by the file's sha256
             rc = replace(rc, base=resolve_model(rc.base, paths.cache))
@@ -437,7 +437,7 @@ def route_stats(at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
 def _print_summary(results: list[dict], labels: list[str] | None = None, folders: Sequence[Path] = ()) -> None:
     """A row per run (labelled by `labels`, default its method), the FFT run of the same base when one exists
     (this sweep's or a finished one in `folders`), and chance: a uniform guess's perplexity, the vocabulary size."""
-    from scalecl.summary import fft_reference
+    from scalecl.models.summary import fft_reference
 
     table = Table(title="continual pre-training: forgetting (old-domain PPL) vs learning (new-domain PPL)")
     table.add_column("run" if labels else "method", no_wrap=True)

@@ -9,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from scalecl.base_models import load_base_config, read_config
 from scalecl.checkpoint import check_model_files, load_model
 from scalecl.common.errors import NotFinite, ScaleclError
 from scalecl.common.files import OwnedFiles, check_path_length, check_writable_dir
@@ -27,6 +26,7 @@ from scalecl.data.corpus import check_corpus, eval_chunks
 from scalecl.data.tokenizer import load_tokenizer
 from scalecl.machine import pick_device, provenance
 from scalecl.methods import get_method
+from scalecl.models.build import load_base_config, read_config
 from scalecl.perplexity import perplexity
 
 WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves it is the folder's manifest)

@@ -73,7 +73,7 @@ def shard(model: nn.Module, device: torch.device) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from scalecl.base_models import decoder_layers
+    from scalecl.models.build import decoder_layers
 
     # The head of a SCALE model returns a view of its custom function's output, which FSDP2 warns about in
     # case the caller modifies it in place; the loss and evaluation only read logits.

@@ -183,7 +183,7 @@ def compile_blocks(model: nn.Module) -> None:
     Blocks, not the whole model: the model's own Python (masks, caches) stays eager, each block is one
     graph, and FSDP2 (which shards per block) and activation checkpointing wrap them unchanged.
     """
-    from scalecl.base_models import decoder_layers
+    from scalecl.models.build import decoder_layers
 
     for layer in decoder_layers(hf_model(model)):
         layer.compile()

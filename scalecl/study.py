@@ -53,7 +53,7 @@ class Study:
 def _layers(rc) -> int:
     if getattr(rc, "base", "builtin") == "builtin":
         return rc.model.layers
-    from scalecl.base_models import load_base_config
+    from scalecl.models.build import load_base_config
 
     return load_base_config(rc.base).num_hidden_layers
 

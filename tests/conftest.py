@@ -12,7 +12,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as `scalecl` sets it (cli.main), before transformers
 
-from scalecl.base_models import model_from_config, tiny_config
+from scalecl.models.build import model_from_config, tiny_config
 
 torch.set_num_threads(2)
 
@@ -178,7 +178,7 @@ def smol(tmp_path_factory):
     copy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from scalecl.gguf import resolve_model
+    from scalecl.models.gguf import resolve_model
 
     cache = tmp_path_factory.mktemp("gguf-cache")
     folder = Path(resolve_model(str(SMOLLM2_GGUF), cache))

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 import scalecl.bio as bio
 import scalecl.fit as fit_module
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.config import load_preset
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.optim import OptimConfig
 from scalecl.qa import encode_qa, qa_accuracy, qa_train_batch
 from scalecl.train import TrainPlan

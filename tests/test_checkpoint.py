@@ -23,9 +23,9 @@ from conftest import ARCH_CASES, make_base, random_batch, train_steps
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.methods import get_method
+from scalecl.models.build import model_from_config, tiny_config
 
 SCALE = {"hidden_up": 32, "ffn_up": 16}
 PLAIN_METHODS = {"fft": {}, "lora": {"rank": 4}, "freeze": {"k": 1}, "llama-pro": {"n": 3}}

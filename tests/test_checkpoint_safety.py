@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 import scalecl.checkpoint as ckpt
 from scalecl import save_model
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.files import make_temporary
 from scalecl.methods import get_method
+from scalecl.models.build import model_from_config, tiny_config
 
 runner = CliRunner()
 UPSCALE = ["upscale", "--random-config", "llama", "--hidden-up", "32", "--ffn-up", "16", "--variant", "adapt"]

@@ -42,7 +42,7 @@ def test_upscale_writes_a_loadable_checkpoint(tmp_path):
 
 
 def test_upscale_from_a_local_checkpoint_directory(tmp_path):
-    from scalecl.base_models import model_from_config, tiny_config
+    from scalecl.models.build import model_from_config, tiny_config
 
     model_from_config(tiny_config("gpt_neox")).save_pretrained(tmp_path / "base")
     res = runner.invoke(app, ["upscale", "--model", str(tmp_path / "base"), "--out", str(tmp_path / "up"),

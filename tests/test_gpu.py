@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from scalecl import ScaleConfig, scale_path, upscale
-from scalecl.base_models import model_from_config, tiny_config
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.train import OptimConfig, make_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -21,7 +21,6 @@ import torch
 from conftest import local_sets, run
 from typer.testing import CliRunner
 
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.bio import BioExperiment
 from scalecl.cli import app
 from scalecl.common.errors import Busy, ScaleclError, TrainingDiverged
@@ -30,6 +29,7 @@ from scalecl.config import load_preset
 from scalecl.data.corpus import CorpusSpec, check_corpus, eval_chunks
 from scalecl.fit import Runtime, fit
 from scalecl.methods import get_method
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.optim import OptimConfig
 from scalecl.processes import Dist
 from scalecl.run import Run

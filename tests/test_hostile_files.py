@@ -428,9 +428,9 @@ def test_plot_skips_runs_with_missing_or_malformed_files(tmp_path):
 @pytest.fixture(scope="module")
 def ppl_model(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny checkpoint with a tokenizer, and a small jsonl corpus for eval-ppl."""
-    from scalecl.base_models import model_from_config, tiny_config
     from scalecl.checkpoint import save_model
     from scalecl.data.bilingual import BilingualConfig, english_biographies, train_bpe_tokenizer
+    from scalecl.models.build import model_from_config, tiny_config
 
     root = tmp_path_factory.mktemp("ppl")
     texts = english_biographies(BilingualConfig(people=20, heldout=4, texts=1))

@@ -317,8 +317,8 @@ def test_safetensors_header_helper_matches_the_real_format(tmp_path):
 @pytest.mark.parametrize("variant", ["preserve", "adapt", "route"])
 def test_ffn_up_zero_is_a_valid_attention_only_widening(variant):
     """--ffn-up 0 is accepted on purpose (the probe flagged it): the model keeps the base's logits exactly."""
-    from scalecl.base_models import model_from_config, tiny_config
     from scalecl.methods import get_method
+    from scalecl.models.build import model_from_config, tiny_config
 
     base = model_from_config(tiny_config("llama"), seed=0).eval()
     x = torch.randint(0, base.config.vocab_size, (2, 12))

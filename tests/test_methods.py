@@ -14,11 +14,11 @@ import torch
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
-from scalecl.base_models import ARCHS, head_dim, kv_heads, model_from_config, tiny_config
 from scalecl.budget import llama_32_1b_config, paper_budgets, pythia_160m_config, trainable_counts
 from scalecl.cli import app
 from scalecl.methods import count_parameters, get_method, trainable_parameters
 from scalecl.methods.lora import merge_lora
+from scalecl.models.build import ARCHS, head_dim, kv_heads, model_from_config, tiny_config
 
 ARCH_KINDS = ("gpt_neox", "llama")
 SCALE_OPTS = {"hidden_up": 32, "ffn_up": 16}  # 32 = Llama GQA group (4) x head_dim (8); GPT-NeoX head_dim 16

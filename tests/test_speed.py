@@ -18,9 +18,9 @@ from conftest import local_sets, make_base, random_batch, records, run, split_th
 from typer.testing import CliRunner
 
 from scalecl import get_method, load_model, save_model
-from scalecl.base_models import model_from_config, tiny_config
 from scalecl.cli import app
 from scalecl.config import ComputeConfig
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.perf import (
     PEAK_TFLOPS,
     ModelFlops,

@@ -11,10 +11,10 @@ from typing import ClassVar
 
 from transformers import PretrainedConfig, PreTrainedModel
 
-from scalecl.base_models import arch_of, decoder_layers
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
+from scalecl.models.build import arch_of, decoder_layers
 
 
 @register

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from scalecl.base_models import arch_of, decoder_layers, set_submodule
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
+from scalecl.models.build import arch_of, decoder_layers, set_submodule
 
 
 @register

@@ -11,10 +11,10 @@ from typing import ClassVar
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PretrainedConfig, PreTrainedModel
 
-from scalecl.base_models import arch_of, head_dim, kv_heads
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
+from scalecl.models.build import arch_of, head_dim, kv_heads
 
 
 def lora_target_regex(config: PretrainedConfig) -> str:

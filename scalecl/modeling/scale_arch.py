@@ -1,7 +1,7 @@
 """Where things live inside the supported Hugging Face decoder families (transformers 5.x names).
 
 Standalone (torch + transformers only): this file is copied verbatim into every SCALE checkpoint, next to
-`modeling_scale.py`, and `scalecl.base_models` imports its table from here, so there is one copy of these facts.
+`modeling_scale.py`, and `scalecl.models.build` imports its table from here, so there is one copy of these facts.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ import copy
 from torch import nn
 from transformers import PreTrainedModel
 
-from scalecl.base_models import arch_of, head_dim, kv_heads
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE
 from scalecl.methods.scale.config import ScaleConfig
@@ -32,6 +31,7 @@ from scalecl.modeling.scale_surgery import (  # noqa: F401  (re-exported: the hi
     widen,
     widened_sizes,
 )
+from scalecl.models.build import arch_of, head_dim, kv_heads
 
 # The most elements one widened matrix may hold: 2**31 (8 GiB in float32). The largest matrix of the paper's
 # biggest setting (Llama-3.2-1B's 128,256 x 2,304 embedding after +256 hidden) holds 0.14 x 2**31. A larger one
