@@ -4,7 +4,7 @@ OpenMP reads OMP_WAIT_POLICY once, when torch loads it, and importing the `scale
 So this module lives outside the package and touches only the environment before handing over to
 `scalecl.cli`. Any variable the user set wins; SCALECL_CPU_DEFAULTS=0 leaves the environment alone.
 `python -m scalecl_launch ...` is the same as `scalecl ...`. `python -m scalecl.cli ...` (what torchrun
-runs) imports torch first, so there only the runtime part applies (see scalecl.machine.note_cpu_defaults).
+runs) imports torch first, so there only the runtime part applies (see scalecl.compute.machine.note_cpu_defaults).
 Measurements behind the defaults: benchmarks/README.md, "CPU threads".
 """
 
@@ -36,7 +36,7 @@ def main() -> int | None:
     applied = {} if "torch" in sys.modules else cpu_thread_defaults(os.environ)
     os.environ.update(applied)
     from scalecl.cli import main as cli_main
-    from scalecl.machine import note_cpu_defaults
+    from scalecl.compute.machine import note_cpu_defaults
 
     note_cpu_defaults(applied)
     return cli_main()

@@ -39,10 +39,10 @@ def main() -> None:
 
     import scalecl.bio as bio
     from scalecl.common.schema import config_hash
+    from scalecl.compute.machine import provenance
     from scalecl.config import load_preset
     from scalecl.data.biography import ranges
     from scalecl.data.tokenizer import cached_encoding
-    from scalecl.machine import provenance
 
     lap("import")
     rc = load_preset("bio", args.preset, ["tokenizer=local"])

@@ -64,9 +64,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import scalecl.bio as bio
+    from scalecl.compute.machine import provenance, tune_cpu_allocator
     from scalecl.config import load_preset
     from scalecl.fit import Runtime
-    from scalecl.machine import provenance, tune_cpu_allocator
     from scalecl.methods import get_method
     from scalecl.qa import qa_accuracy
     from scalecl.sweep import Paths

@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from scalecl import ScaleConfig, upscale
-from scalecl.machine import provenance
+from scalecl.compute.machine import provenance
+from scalecl.compute.perf import configure_device, model_flops, peak_tflops
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.perf import configure_device, model_flops, peak_tflops
 from scalecl.train import Hooks, OptimConfig, TrainPlan, train
 
 # Llama-3.2-1B: d 2048, 16 layers, 32 heads of 64, 8 KV heads, SwiGLU 8192, vocab 128,256, tied embeddings

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scalecl.machine import tune_cpu_allocator
+from scalecl.compute.machine import tune_cpu_allocator
 from scalecl.methods.scale.layers import PathState, UpHead
 
 

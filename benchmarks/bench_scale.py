@@ -10,7 +10,7 @@ than right after another model's step. Medians are reported.
     python benchmarks/bench_scale.py --arch llama --reps 11 --allocator default
 
 --allocator tuned (the default) applies what the `scalecl` command applies at start-up
-(`scalecl.machine.tune_cpu_allocator`); `default` leaves glibc's thresholds alone.
+(`scalecl.compute.machine.tune_cpu_allocator`); `default` leaves glibc's thresholds alone.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 import torch
 
 from scalecl import ScaleConfig, upscale
-from scalecl.machine import tune_cpu_allocator
+from scalecl.compute.machine import tune_cpu_allocator
 from scalecl.models.build import model_from_config, tiny_config
 
 

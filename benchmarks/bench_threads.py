@@ -40,7 +40,7 @@ def worker(a: argparse.Namespace) -> None:
     """One training job at the thread settings in its environment; prints JSON (or 'ready' and loops)."""
     import torch
 
-    from scalecl.machine import tune_cpu_allocator
+    from scalecl.compute.machine import tune_cpu_allocator
     from scalecl.models.build import model_from_config, tiny_config
 
     tune_cpu_allocator()  # as the `scalecl` command does

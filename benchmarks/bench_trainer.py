@@ -161,8 +161,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
+    from scalecl.compute.machine import provenance, tune_cpu_allocator
     from scalecl.config import load_preset
-    from scalecl.machine import provenance, tune_cpu_allocator
 
     tune_cpu_allocator()  # as the scalecl command does; Trainer's steps run in the same process, so both get it
     rc = load_preset("bio", "cpu", [f"seed={args.seed}"])

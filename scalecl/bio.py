@@ -41,17 +41,17 @@ from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
 from scalecl.common.hub import before_hub_load, miss_reason
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
+from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.compute.perf import autocast_dtype
+from scalecl.compute.processes import Dist
 from scalecl.config import BioRunConfig, StageConfig
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
 from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
 from scalecl.fit import Runtime, TrainPlan, fit
-from scalecl.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import model_from_config, shape_config
 from scalecl.optim import OptimConfig
-from scalecl.perf import autocast_dtype
-from scalecl.processes import Dist
 from scalecl.qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from scalecl.run import Run
 from scalecl.sweep import Paths, hold

@@ -238,10 +238,10 @@ GPU_MFU = 0.3  # assumed fraction of the GPU's dense peak
 
 def train_logit_copies() -> int:
     """float32 copies of a training forward's logits the process holds at its peak: 4 alive at once (measured:
-    4.1 after one step). With the allocator the `scalecl` command tunes (scalecl.machine.tune_cpu_allocator: freed
+    4.1 after one step). With the allocator the `scalecl` command tunes (scalecl.compute.machine.tune_cpu_allocator: freed
     memory stays in the process) 6, as measured after the second step of a 50,304-row head (2.34 GiB over
     0.38 GiB copies), where a step's buffers no longer fit the holes the last one left."""
-    from scalecl.machine import allocator_tuned
+    from scalecl.compute.machine import allocator_tuned
 
     return 6 if allocator_tuned() else 4
 
@@ -381,7 +381,7 @@ def estimate(phases: list[Phase], device: torch.device, world: int = 1, autocast
     peak_phase = max(phases, key=Phase.bytes)
     flops = sum(p.flops() for p in phases)
     if device.type == "cuda":
-        from scalecl.perf import peak_tflops
+        from scalecl.compute.perf import peak_tflops
 
         peak = peak_tflops(device, autocast).get("tflops")
         seconds = flops / (peak * 1e12 * GPU_MFU) if peak else None
@@ -435,6 +435,6 @@ def check_fits(e: Estimate) -> None:
 def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: int) -> Estimate:
     """The estimate of an experiment of the sweep (scalecl.sweep) for the methods it will train: its phases
     (`exp.budget_phases`, each experiment's own list) on this device."""
-    from scalecl.perf import autocast_dtype
+    from scalecl.compute.perf import autocast_dtype
 
     return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device))

@@ -622,7 +622,7 @@ def study(
 
 
 def main() -> None:
-    from scalecl.machine import tune_cpu_allocator
+    from scalecl.compute.machine import tune_cpu_allocator
 
     tune_cpu_allocator()  # before any tensor exists; see its docstring (SCALECL_TUNE_MALLOC=0 turns it off)
     # transformers' per-load "Loading weights" bars would fill logs and stderr (where only an error line

@@ -38,6 +38,9 @@ from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
+from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.compute.perf import autocast_dtype
+from scalecl.compute.processes import Dist
 from scalecl.config import CorpusConfig, CptRunConfig
 from scalecl.corpora import (
     BUILTIN,
@@ -51,13 +54,10 @@ from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
 from scalecl.data.tokenizer import load_tokenizer
 from scalecl.fit import Runtime, TrainPlan, fit
-from scalecl.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
 from scalecl.optim import OptimConfig
-from scalecl.perf import autocast_dtype
 from scalecl.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
-from scalecl.processes import Dist
 from scalecl.qa import value_summary
 from scalecl.run import Run
 from scalecl.sweep import Paths

@@ -2,7 +2,7 @@
 
 `fit` joins the run's files (scalecl.run.Run: checkpoints, logs, resumption) to the training loop
 (scalecl.train.train) under a TrainPlan: it starts from step 0 or the run's latest checkpoint, moves and
-prepares the model for the device and the processes (scalecl.parallel), evaluates at the plan's steps,
+prepares the model for the device and the processes (scalecl.compute.parallel), evaluates at the plan's steps,
 checkpoints, sends logs to the trackers and summarises the speed of what it trained.
 """
 
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalecl.common.errors import TrainingDiverged
-from scalecl.processes import Dist, say
+from scalecl.compute.processes import Dist, say
 from scalecl.run import Run
 from scalecl.state import load_state
 from scalecl.trackers import open_trackers
@@ -46,7 +46,7 @@ class Fit:
 
     `model` is what every process evaluates (sharded under FSDP); `export` is the full model to save: the
     model itself, or under FSDP rank 0's host copy holding the gathered weights (None on other ranks).
-    `speed` summarises the steps this process trained (tokens/s, model TFLOP/s, MFU; scalecl.perf) and how
+    `speed` summarises the steps this process trained (tokens/s, model TFLOP/s, MFU; scalecl.compute.perf) and how
     the run was spread over processes.
     """
 
@@ -103,7 +103,7 @@ class _Clock:
 
 def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, evaluate, d: Dist) -> Hooks:
     """Evaluation, checkpoint and log callbacks of one run."""
-    from scalecl.parallel import gather, reshard
+    from scalecl.compute.parallel import gather, reshard
 
     def on_step(step: int, loss: float) -> None:
         clock.lap("train_s")
@@ -134,8 +134,8 @@ def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, ev
 
 def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, rt: Runtime) -> dict[str, Any]:
     """tokens/s, model TFLOP/s and MFU of the steps this process trained, and how the run was spread."""
-    from scalecl.parallel import describe
-    from scalecl.perf import speed_provenance
+    from scalecl.compute.parallel import describe
+    from scalecl.compute.perf import speed_provenance
 
     t, d = clock.totals, rt.d
     sec = t["seconds"]
@@ -143,7 +143,7 @@ def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, 
     speed = {
         "steps_timed": t["steps"], "tokens": t["tokens"], "seconds": round(sec, 3),
         "tokens_per_s": round(t["tokens"] / sec, 1) if sec > 0 else None,
-        "model_flops_per_token": {"definition": "6N + 12 L H Q T (scalecl.perf)", **flops.to_dict()},
+        "model_flops_per_token": {"definition": "6N + 12 L H Q T (scalecl.compute.perf)", **flops.to_dict()},
         "model_tflops": None if tflops is None else float(f"{tflops:.4g}"),
         "mfu": float(f"{tflops / (peak['tflops'] * d.world):.4g}") if tflops is not None and peak["tflops"] else None,
         "sync_every": plan.sync_every,
@@ -169,11 +169,11 @@ def fit(
     loaded instead (checked to be of the run's method and options). evaluate(model, step, loss) returns one
     record; it runs on every process (under FSDP every process must run the same forwards). The model is
     moved to rt.device and prepared by plan.compute (activation checkpointing, compile, DDP or FSDP2 across
-    rt.d.world processes; scalecl.parallel.prepare).
+    rt.d.world processes; scalecl.compute.parallel.prepare).
     """
-    from scalecl.parallel import gather, host_copy, prepare
-    from scalecl.perf import model_flops, peak_tflops
-    from scalecl.perf import sync_every as auto_sync
+    from scalecl.compute.parallel import gather, host_copy, prepare
+    from scalecl.compute.perf import model_flops, peak_tflops
+    from scalecl.compute.perf import sync_every as auto_sync
 
     rt = rt or Runtime()
     d = rt.d

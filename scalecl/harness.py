@@ -585,7 +585,7 @@ def run_harness(
     """
     from scalecl.checkpoint import load_model, read_meta
     from scalecl.common.schema import config_hash
-    from scalecl.machine import pick_device, provenance
+    from scalecl.compute.machine import pick_device, provenance
 
     s = _check_settings(settings or HarnessSettings(), dtype)  # cheap checks first: nothing heavy runs on bad input
     path = Path(model_path).expanduser()

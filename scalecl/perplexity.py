@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from scalecl.parallel import local, lockstep_padding
+from scalecl.compute.parallel import local, lockstep_padding
 
 
 def _dist() -> tuple[int, int]:

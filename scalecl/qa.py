@@ -177,7 +177,7 @@ def qa_accuracy(
         stats = lambda mask: method.metrics(model, mask)  # noqa: E731
     was_training = model.training
     model.eval()
-    from scalecl.parallel import is_fsdp
+    from scalecl.compute.parallel import is_fsdp
 
     # inference_mode, except under FSDP: its gathered parameters are made in the first forward and reused by
     # training, which may not update a tensor made in inference mode

@@ -55,8 +55,8 @@ from scalecl.common.files import (
     write_json,
 )
 from scalecl.common.readers import read_json
+from scalecl.compute.machine import check_numerics
 from scalecl.crash import crash_point
-from scalecl.machine import check_numerics
 from scalecl.state import JSON_NAME, load_state, save_state
 
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
@@ -141,7 +141,7 @@ class Run:
     `method` is the method the run trains (None: a plain model, e.g. a cached stage); `save_kw` what every
     saved model carries besides its weights (tokenizer, base model; scalecl.checkpoint.save_model)."""
 
-    identity: dict[str, Any]  # experiment, name, method, options, config_hash, numerics (scalecl.machine)
+    identity: dict[str, Any]  # experiment, name, method, options, config_hash, numerics (scalecl.compute.machine)
     out_dir: Path | None
     ckpt_root: Path
     final_dir: Path | None = None

@@ -33,8 +33,8 @@ from typing import Any
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import show_text
+from scalecl.compute.processes import say
 from scalecl.config import load_preset
-from scalecl.processes import say
 from scalecl.sweep import Paths, SweepOptions, check, sweep
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
@@ -170,7 +170,7 @@ def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     hash covers the config, seeds and method options -- and the same numerics), else None. Read only: the
     study never writes there, so a committed run without the writer's manifest counts too."""
     from scalecl.common.readers import read_json
-    from scalecl.machine import check_numerics
+    from scalecl.compute.machine import check_numerics
 
     f = target / "result.json"
     if not f.is_file() or f.is_symlink():
@@ -192,7 +192,7 @@ def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
     trained again; None when the study's own folder has the run, or no such main run has finished (then the
     value trains as an ordinary run). A main run this layer cannot prove finished is never referenced."""
     from scalecl.common.files import OwnedFiles
-    from scalecl.processes import Dist
+    from scalecl.compute.processes import Dist
 
     run = exp.run_of(method, Dist())
     if run.result() is not None:  # the study holds its own copy (an older study, or --force): the sweep reads it

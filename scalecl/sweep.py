@@ -22,10 +22,10 @@ from torch import nn
 from scalecl.common.errors import Busy, ScaleclError
 from scalecl.common.files import check_writable_dir
 from scalecl.common.locks import locked
+from scalecl.compute.machine import pick_device, run_numerics
+from scalecl.compute.processes import Dist, distributed, say
 from scalecl.fit import Fit, Runtime, TrainPlan, fit
-from scalecl.machine import pick_device, run_numerics
 from scalecl.methods import Method, get_method, method_names
-from scalecl.processes import Dist, distributed, say
 from scalecl.run import Run, WallClock
 
 
@@ -111,7 +111,7 @@ class Experiment(Protocol):
 
     rc: Any
     paths: Paths
-    numerics: dict[str, Any]  # the device and CPU threads its runs compute with (scalecl.machine.run_numerics)
+    numerics: dict[str, Any]  # the device and CPU threads its runs compute with (scalecl.compute.machine.run_numerics)
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         """Every check of the experiment's own that writes nothing (sizes, data, each method's options)."""
@@ -165,7 +165,7 @@ def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | Non
           ) -> tuple[torch.device, dict[str, Method]]:
     """Every check that writes nothing: method names, device, compute options, folders, the experiment's own
     checks and each method's options against the model. Returns (device, methods by name, in order)."""
-    from scalecl.perf import check_compute
+    from scalecl.compute.perf import check_compute
 
     d = d or Dist()
     order = order_methods(methods)
@@ -246,7 +246,7 @@ def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOpti
 def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
                opts: SweepOptions, dev: torch.device, d: Dist,
                clock: WallClock | None = None) -> list[dict[str, Any]]:
-    from scalecl.perf import configure_device
+    from scalecl.compute.perf import configure_device
     from scalecl.train import progress_bar
 
     if dev.type == "cuda":

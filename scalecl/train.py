@@ -11,9 +11,9 @@ The host reads the device only at sync points (every `sync_every` steps, evaluat
 the last step): on a GPU the loss and gradient norm of the steps in between stay on the device, so the
 loop never waits for the GPU to finish a step before queueing the next one.
 
-The model may also be FSDP2-sharded (scalecl.parallel): gradients are then reduce-scattered after every
+The model may also be FSDP2-sharded (scalecl.compute.parallel): gradients are then reduce-scattered after every
 micro-batch, the gradient norm is the global one, and the optimizer state handed to `on_save` is the full
-state gathered to rank 0. With `flops` (scalecl.perf.ModelFlops) every logged step also carries the model
+state gathered to rank 0. With `flops` (scalecl.compute.perf.ModelFlops) every logged step also carries the model
 TFLOP/s it achieved and, when the device's peak is known, its model FLOPs utilisation (MFU).
 """
 
@@ -51,9 +51,9 @@ from transformers.optimization import (
 )
 
 from scalecl.common.errors import TrainingDiverged
+from scalecl.compute.parallel import is_fsdp, load_optimizer_state, local, optimizer_state
+from scalecl.compute.perf import ModelFlops
 from scalecl.optim import OptimConfig
-from scalecl.parallel import is_fsdp, load_optimizer_state, local, optimizer_state
-from scalecl.perf import ModelFlops
 
 
 @dataclass

@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
     ["common", "version", "presets"],
-    ["common.schema", "modeling", "crash", "processes", "common.files", "common.readers", "common.locks", "data.biography", "stats",
+    ["common.schema", "modeling", "crash", "common.files", "common.readers", "common.locks", "data.biography", "stats",
      "data.packaged"],
     ["optim", "state", "models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data",
      "models.summary"],
-    ["perf", "machine", "methods"],
-    ["parallel", "checkpoint"],
+    ["compute", "methods"],
+    ["checkpoint"],
     ["config", "train", "run", "harness", "perplexity", "qa"],
     ["fit", "corpora", "budget", "report"],
     ["sweep", "eval_ppl"],

@@ -85,7 +85,7 @@ def test_missing_model_path_and_unsupported_architecture(tmp_path):
 
 _ALLOC_PROBE = """
 import os, resource, sys, torch
-from scalecl.machine import provenance, tune_cpu_allocator
+from scalecl.compute.machine import provenance, tune_cpu_allocator
 tuned = tune_cpu_allocator()
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

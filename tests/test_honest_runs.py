@@ -25,13 +25,13 @@ from scalecl.bio import BioExperiment
 from scalecl.cli import app
 from scalecl.common.errors import Busy, ScaleclError, TrainingDiverged
 from scalecl.common.locks import lock_path, locked
+from scalecl.compute.processes import Dist
 from scalecl.config import load_preset
 from scalecl.data.corpus import CorpusSpec, check_corpus, eval_chunks
 from scalecl.fit import Runtime, fit
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.optim import OptimConfig
-from scalecl.processes import Dist
 from scalecl.run import Run
 from scalecl.sweep import Paths
 from scalecl.train import TrainPlan, train

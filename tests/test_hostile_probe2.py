@@ -239,7 +239,7 @@ def test_a_lock_removed_while_waited_on_is_taken_afresh(tmp_path):
 @pytest.mark.parametrize("name, phrase", [("cpu:99", "one CPU device"), ("", "--device is empty"),
                                           ("  ", "--device is empty")])
 def test_devices_that_do_not_exist_are_refused(name, phrase):
-    from scalecl.machine import pick_device
+    from scalecl.compute.machine import pick_device
 
     with pytest.raises(ScaleclError, match=phrase):
         pick_device(name)
@@ -333,10 +333,10 @@ def test_a_users_file_where_a_run_will_write_is_refused_before_any_data_or_stage
     saw a cache filled, then the refusal at the end of training)."""
     from conftest import local_sets, run
 
+    from scalecl.compute.processes import Dist
     from scalecl.config import load_preset
     from scalecl.cpt import CptExperiment
     from scalecl.methods import get_method
-    from scalecl.processes import Dist
     from scalecl.sweep import Paths
 
     sets = local_sets(local, "llama", "train.steps=2", "eval.every=2")

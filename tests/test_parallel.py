@@ -73,8 +73,8 @@ def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local):
 def test_position_keyed_optimizer_state_loads_by_name():
     """A 1-process / DDP checkpoint's optimizer state (keyed by position) resumes where states are keyed by
     name (FSDP), and the other way round: the moments land on the same parameters."""
+    from scalecl.compute.parallel import _by_name, load_optimizer_state
     from scalecl.models.build import model_from_config, tiny_config
-    from scalecl.parallel import _by_name, load_optimizer_state
     from scalecl.train import OptimConfig, make_optimizer
 
     def stepped():

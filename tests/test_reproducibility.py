@@ -21,9 +21,9 @@ from scalecl.bio import BioExperiment
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import LEGACY_NUMERICS, numerics_key
+from scalecl.compute.processes import Dist
 from scalecl.config import load_preset
 from scalecl.methods import get_method
-from scalecl.processes import Dist
 from scalecl.run import Run
 from scalecl.sweep import Paths, SweepOptions, check
 

@@ -10,10 +10,10 @@ import pytest
 
 from scalecl.bio import BioExperiment
 from scalecl.common.schema import merge
+from scalecl.compute.processes import Dist
 from scalecl.config import BioRunConfig, CptRunConfig
 from scalecl.cpt import CptExperiment
 from scalecl.methods import get_method
-from scalecl.processes import Dist
 from scalecl.sweep import Paths
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

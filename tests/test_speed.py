@@ -19,9 +19,7 @@ from typer.testing import CliRunner
 
 from scalecl import get_method, load_model, save_model
 from scalecl.cli import app
-from scalecl.config import ComputeConfig
-from scalecl.models.build import model_from_config, tiny_config
-from scalecl.perf import (
+from scalecl.compute.perf import (
     PEAK_TFLOPS,
     ModelFlops,
     device_kind,
@@ -29,6 +27,8 @@ from scalecl.perf import (
     peak_tflops,
     sync_every,
 )
+from scalecl.config import ComputeConfig
+from scalecl.models.build import model_from_config, tiny_config
 from scalecl.train import Hooks, OptimConfig, TrainPlan, train
 
 TOL = dict(rtol=1e-5, atol=1e-5)

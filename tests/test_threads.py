@@ -28,7 +28,7 @@ try:
 except SystemExit as e:
     assert e.code in (0, None), e.code
 import torch
-from scalecl.machine import cpu_thread_settings
+from scalecl.compute.machine import cpu_thread_settings
 torch.set_num_threads(2)
 x = torch.ones(1 << 20)
 c0 = time.process_time()
@@ -64,7 +64,7 @@ def test_console_script_is_the_launcher_and_provenance_records_threads():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["scalecl"] == "scalecl_launch:main"
     assert Path(scalecl_launch.__file__).resolve().parent == REPO  # top level: importing it loads no torch
-    from scalecl.machine import provenance
+    from scalecl.compute.machine import provenance
 
     machine = provenance()["machine"]
     assert {"threads", "omp_num_threads", "omp_wait_policy", "thread_defaults_by_scalecl"} <= set(machine)

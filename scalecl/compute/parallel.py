@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalecl.perf import compile_blocks, enable_activation_checkpointing, ensure_sdpa, hf_model
+from scalecl.compute.perf import compile_blocks, enable_activation_checkpointing, ensure_sdpa, hf_model
 
 
 def is_fsdp(model: nn.Module) -> bool:
