@@ -66,11 +66,11 @@ def main() -> None:
     import scalecl.bio as bio
     from scalecl.compute.machine import provenance, tune_cpu_allocator
     from scalecl.config import load_preset
-    from scalecl.fit import Runtime
     from scalecl.methods import get_method
     from scalecl.qa import qa_accuracy
     from scalecl.sweep import Paths
-    from scalecl.train import TrainPlan, train
+    from scalecl.training.fit import Runtime
+    from scalecl.training.loop import TrainPlan, train
 
     tune_cpu_allocator()
     rc = load_preset("bio", "cpu", [f"seed={args.seed}"])

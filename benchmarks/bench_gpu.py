@@ -1,7 +1,7 @@
 """GPU step measurements of issue #14: SCALE's step costs at Llama-3.2-1B shapes, our step against
 transformers.Trainer's, MFU, and block against concatenated products. Random-init models, no downloads.
 
-Every configuration is trained by scalecl.train.train (the loop every experiment uses: bf16 autocast,
+Every configuration is trained by scalecl.training.loop.train (the loop every experiment uses: bf16 autocast,
 fused AdamW, TF32, pinned batches, host reads every `--steps` steps) on one fixed batch: `--steps` warm-up
 steps, then `--steps` timed steps whose wall time, divided by the steps, is the step time (the GPU runs
 ahead of the host inside a window, so this is the device's step time). Configurations run one after
@@ -35,7 +35,7 @@ from scalecl import ScaleConfig, upscale
 from scalecl.compute.machine import provenance
 from scalecl.compute.perf import configure_device, model_flops, peak_tflops
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.train import Hooks, OptimConfig, TrainPlan, train
+from scalecl.training.loop import Hooks, OptimConfig, TrainPlan, train
 
 # Llama-3.2-1B: d 2048, 16 layers, 32 heads of 64, 8 KV heads, SwiGLU 8192, vocab 128,256, tied embeddings
 LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -93,7 +93,7 @@ def sync(device: torch.device) -> None:
 
 
 def our_step(model, batch: dict, steps: int, device: torch.device, autocast) -> dict:
-    """Step time of scalecl.train.train: `steps` warm-up steps, then `steps` timed in one host window."""
+    """Step time of scalecl.training.loop.train: `steps` warm-up steps, then `steps` timed in one host window."""
     rows: list[dict] = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

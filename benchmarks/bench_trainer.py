@@ -1,4 +1,4 @@
-"""The suite's training loop (`scalecl.train.train`) against `transformers.Trainer`, same work on both sides.
+"""The suite's training loop (`scalecl.training.loop.train`) against `transformers.Trainer`, same work on both sides.
 
 Usage (from the repository root; case `route` needs the cached stage 2 of `--seed`, case `stage1` nothing):
     OMP_NUM_THREADS=1 python3 benchmarks/bench_trainer.py --blocks 5 --steps 30 \
@@ -53,8 +53,8 @@ def _tokens(b: dict[str, torch.Tensor]) -> int:
 
 
 def suite_block(model, batches, optim, threads) -> tuple[list[float], list[float]]:
-    """Step end times and losses of one block trained by scalecl.train.train."""
-    from scalecl.train import Hooks, TrainPlan, train
+    """Step end times and losses of one block trained by scalecl.training.loop.train."""
+    from scalecl.training.loop import Hooks, TrainPlan, train
 
     ends: list[float] = []
     rows: list[dict] = []
@@ -105,7 +105,7 @@ def stage1_case(rc, cache: Path):
     from scalecl.data.biography import ranges
     from scalecl.data.tokenizer import encode_plain
     from scalecl.models.build import model_from_config
-    from scalecl.optim import OptimConfig
+    from scalecl.training.optim import OptimConfig
 
     data = bio.prepare_data(rc, cache)
     cfg = bio.base_model_config(rc, data.tokenizer)
@@ -127,11 +127,11 @@ def stage1_case(rc, cache: Path):
 def route_case(rc, cache: Path):
     """(model, batches, optimizer settings) of SCALE-Route's stage 3 on the cached stage-2 model."""
     import scalecl.bio as bio
-    from scalecl.fit import Runtime
     from scalecl.methods import get_method
-    from scalecl.optim import OptimConfig
     from scalecl.qa import qa_batches
     from scalecl.sweep import Paths
+    from scalecl.training.fit import Runtime
+    from scalecl.training.optim import OptimConfig
 
     real = bio.cached_stage
 

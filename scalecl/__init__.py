@@ -14,7 +14,7 @@ from scalecl.version import __version__
 
 # public name -> the module that defines it
 _LAZY = {
-    "load_model": "scalecl.checkpoint", "save_model": "scalecl.checkpoint",
+    "load_model": "scalecl.training.checkpoint", "save_model": "scalecl.training.checkpoint",
     "get_method": "scalecl.methods", "method_names": "scalecl.methods",
     "ScaleConfig": "scalecl.methods.scale", "routing_fractions": "scalecl.methods.scale", "scale_path": "scalecl.methods.scale",
     "upscale": "scalecl.methods.scale",
@@ -26,9 +26,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from scalecl.checkpoint import load_model, save_model
     from scalecl.methods import get_method, method_names
     from scalecl.methods.scale import ScaleConfig, routing_fractions, scale_path, upscale
+    from scalecl.training.checkpoint import load_model, save_model
 
 
 def __getattr__(name: str) -> Any:

@@ -4,7 +4,7 @@ Stage 1 pre-trains a random-init GPT-NeoX on biographies, stage 2 fine-tunes it 
 applies a method and fine-tunes on Task 1 QA of new people while first-token accuracy on held-out Task 0
 people and on Task 1 people is tracked. Stages 1 and 2 do not depend on the method: each is cached under a
 hash of everything it depends on and reused by every method. `BioExperiment` is what the sweep
-(scalecl.sweep) runs; every stage is a run (scalecl.run, trained by scalecl.fit): checkpointed, resumable,
+(scalecl.sweep) runs; every stage is a run (scalecl.training.run, trained by scalecl.training.fit): checkpointed, resumable,
 guarded against divergence; a finished method run is found before any stage is built.
 
 Protocol details that follow the reference code (zzz47zzz/spurious-forgetting): every biography text
@@ -34,7 +34,6 @@ import numpy as np
 import torch
 from rich.table import Table
 
-from scalecl.checkpoint import load_model, read_meta
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError, cause
 from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
@@ -48,14 +47,15 @@ from scalecl.config import BioRunConfig, StageConfig
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
 from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
-from scalecl.fit import Runtime, TrainPlan, fit
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import model_from_config, shape_config
-from scalecl.optim import OptimConfig
 from scalecl.qa import QATensors, encode_qa, qa_accuracy, qa_batches
-from scalecl.run import Run
 from scalecl.sweep import Paths, hold
-from scalecl.train import eval_progress
+from scalecl.training.checkpoint import load_model, read_meta
+from scalecl.training.fit import Runtime, TrainPlan, fit
+from scalecl.training.loop import eval_progress
+from scalecl.training.optim import OptimConfig
+from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 # Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
@@ -275,7 +275,7 @@ def stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist, tokenizer,
 def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, desc: str, *, exact: bool = False,
                method: Method | None = None, quiet: bool = False) -> dict[str, dict[str, float]]:
     """qa_accuracy on each named QA set, shown as one evaluation (`desc`, counted in questions) on the progress
-    display in use (scalecl.train.eval_progress); the numbers are qa_accuracy's."""
+    display in use (scalecl.training.loop.eval_progress); the numbers are qa_accuracy's."""
     with eval_progress(desc, sum(len(qa) for qa in sets.values()), "questions", quiet=quiet) as advance:
         return {name: qa_accuracy(model, qa, batch, exact=exact, method=method, progress=advance)
                 for name, qa in sets.items()}

@@ -169,8 +169,8 @@ def upscale(
 
     The same as `scalecl prepare --method scale-<variant>`, with SCALE's options as flags.
     """
-    from scalecl.checkpoint import check_checkpoint_dest
     from scalecl.methods.scale.config import ScaleConfig
+    from scalecl.training.checkpoint import check_checkpoint_dest
 
     check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
@@ -182,10 +182,10 @@ def upscale(
 def _prepare(method_name: str, options: dict, out: Path, model: str | None, random_config: str | None,
              seed: int, overwrite: bool, cache: Path) -> None:
     """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
-    from scalecl.checkpoint import prepare_checkpoint
     from scalecl.common.schema import check_seed
     from scalecl.methods import get_method
     from scalecl.models.gguf import resolve_model
+    from scalecl.training.checkpoint import prepare_checkpoint
 
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
@@ -242,8 +242,8 @@ def prepare(
                                    "(never a folder holding anything else)."),
 ) -> None:
     """Apply any method to a base model and write the checkpoint ready to train (safetensors + scalecl.json)."""
-    from scalecl.checkpoint import check_checkpoint_dest
     from scalecl.methods import REGISTRY, get_method
+    from scalecl.training.checkpoint import check_checkpoint_dest
 
     check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     if method_name not in REGISTRY:
@@ -266,7 +266,7 @@ def merge(
     (split norms, new heads) and is refused: its checkpoint already loads with
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
     """
-    from scalecl.checkpoint import merge_model
+    from scalecl.training.checkpoint import merge_model
 
     path = merge_model(model, out, overwrite=overwrite)
     console.print(f"wrote {path}")

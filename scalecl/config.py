@@ -20,7 +20,7 @@ from scalecl.common.schema import (  # noqa: F401
     parse_sets,
     parse_value,
 )
-from scalecl.optim import SCHEDULES, AdamWConfig
+from scalecl.training.optim import SCHEDULES, AdamWConfig
 
 # ---------------------------------------------------------------------------------------------------------
 # Experiment configs: presets are TOML files of overrides on these dataclasses. One typed schema: every key

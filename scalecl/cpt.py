@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from scalecl.checkpoint import load_model, read_meta
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
 from scalecl.common.locks import locked
@@ -53,15 +52,16 @@ from scalecl.corpora import (
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
 from scalecl.data.tokenizer import load_tokenizer
-from scalecl.fit import Runtime, TrainPlan, fit
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
-from scalecl.optim import OptimConfig
 from scalecl.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from scalecl.qa import value_summary
-from scalecl.run import Run
 from scalecl.sweep import Paths
-from scalecl.train import eval_progress
+from scalecl.training.checkpoint import load_model, read_meta
+from scalecl.training.fit import Runtime, TrainPlan, fit
+from scalecl.training.loop import eval_progress
+from scalecl.training.optim import OptimConfig
+from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 

@@ -9,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from scalecl.checkpoint import check_model_files, load_model
 from scalecl.common.errors import NotFinite, ScaleclError
 from scalecl.common.files import OwnedFiles, check_path_length, check_writable_dir
 from scalecl.compute.machine import pick_device, provenance
@@ -28,6 +27,7 @@ from scalecl.data.tokenizer import load_tokenizer
 from scalecl.methods import get_method
 from scalecl.models.build import load_base_config, read_config
 from scalecl.perplexity import perplexity
+from scalecl.training.checkpoint import check_model_files, load_model
 
 WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves it is the folder's manifest)
 
@@ -110,7 +110,7 @@ def eval_ppl(
     model = load_model(model_path).to(dev)
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
-    from scalecl.train import eval_progress, progress_bar
+    from scalecl.training.loop import eval_progress, progress_bar
 
     # a log or a pipe: progress lines on stderr, so stdout keeps the record (--json) or the summary line
     with progress_bar(stderr=True), eval_progress("eval-ppl", len(chunks), "sequences") as advance:

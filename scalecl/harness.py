@@ -583,9 +583,9 @@ def run_harness(
     `settings` (default ``HarnessSettings()``) says how lm-eval runs; `dtype` is the dtype the checkpoint is
     loaded in (float32, bfloat16 or float16) and `metric_overrides` maps a task to the metric reported for it.
     """
-    from scalecl.checkpoint import load_model, read_meta
     from scalecl.common.schema import config_hash
     from scalecl.compute.machine import pick_device, provenance
+    from scalecl.training.checkpoint import load_model, read_meta
 
     s = _check_settings(settings or HarnessSettings(), dtype)  # cheap checks first: nothing heavy runs on bad input
     path = Path(model_path).expanduser()

@@ -38,7 +38,7 @@ def perplexity(
     routing fractions) and its numbers are averaged weighted by scored tokens. Under torch.distributed each
     process scores every world-th batch and the sums are all-reduced, so every process returns the same.
     progress(n) is called after every batch with its number of chunks, the batches other processes score
-    included (so one process's count is the job's; scalecl.train.eval_progress makes one); it reads nothing
+    included (so one process's count is the job's; scalecl.training.loop.eval_progress makes one); it reads nothing
     back and changes no number.
     """
     was_training = model.training

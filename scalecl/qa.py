@@ -171,7 +171,7 @@ def qa_accuracy(
     per-row values are put back in the QA set's order before they are summarised.
 
     progress(n) is called after every forward with the number of questions it scored (every question is
-    counted once; scalecl.train.eval_progress makes one); it reads nothing back and changes no number.
+    counted once; scalecl.training.loop.eval_progress makes one); it reads nothing back and changes no number.
     """
     if method is not None and stats is None:
         stats = lambda mask: method.metrics(model, mask)  # noqa: E731

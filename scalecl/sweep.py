@@ -5,7 +5,7 @@ An experiment (the biography protocol, continual pre-training) says what is part
 starts from, how a method's model is built, its batches, its TrainPlan, its evaluation and its result.
 The sweep owns everything else, once: the process group, the device, the method order (the registry's),
 the checks before anything is written, finding finished runs before any expensive work, the progress
-display, training each run with scalecl.fit, writing its files, and the summary.
+display, training each run with scalecl.training.fit, writing its files, and the summary.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from scalecl.common.files import check_writable_dir
 from scalecl.common.locks import locked
 from scalecl.compute.machine import pick_device, run_numerics
 from scalecl.compute.processes import Dist, distributed, say
-from scalecl.fit import Fit, Runtime, TrainPlan, fit
 from scalecl.methods import Method, get_method, method_names
-from scalecl.run import Run, WallClock
+from scalecl.training.fit import Fit, Runtime, TrainPlan, fit
+from scalecl.training.run import Run, WallClock
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SweepOptions:
 
     def __post_init__(self) -> None:
         from scalecl.common.schema import MAX_STEPS
-        from scalecl.trackers import check_report_to
+        from scalecl.training.trackers import check_report_to
 
         if self.stop_after is not None and not 1 <= self.stop_after <= MAX_STEPS:
             raise ScaleclError(f"--stop-after must be a step in 1..{MAX_STEPS:,}, got {self.stop_after}")
@@ -247,7 +247,7 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
                opts: SweepOptions, dev: torch.device, d: Dist,
                clock: WallClock | None = None) -> list[dict[str, Any]]:
     from scalecl.compute.perf import configure_device
-    from scalecl.train import progress_bar
+    from scalecl.training.loop import progress_bar
 
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -88,7 +88,6 @@ def one_thread():
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     """Local text (English and Korean biographies as jsonl folders) and tiny random bases saved with a tokenizer."""
-    from scalecl.checkpoint import save_model
     from scalecl.data.bilingual import (
         BilingualConfig,
         english_biographies,
@@ -96,6 +95,7 @@ def local(tmp_path_factory):
         split_documents,
         train_bpe_tokenizer,
     )
+    from scalecl.training.checkpoint import save_model
 
     root = tmp_path_factory.mktemp("cpt_local")
     cfg = BilingualConfig(people=60, heldout=12, texts=2)

@@ -18,15 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
-    ["common", "version", "presets"],
-    ["common.schema", "modeling", "crash", "common.files", "common.readers", "common.locks", "data.biography", "stats",
-     "data.packaged"],
-    ["optim", "state", "models", "trackers", "data.tokenizer", "data.corpus", "data.bilingual", "data",
-     "models.summary"],
+    ["common", "version", "presets", "modeling", "stats"],
+    ["data"],
+    ["models"],
     ["compute", "methods"],
-    ["checkpoint"],
-    ["config", "train", "run", "harness", "perplexity", "qa"],
-    ["fit", "corpora", "budget", "report"],
+    ["training"],
+    ["config", "harness", "perplexity", "qa"],
+    ["corpora", "budget", "report"],
     ["sweep", "eval_ppl"],
     ["bio", "cpt"],
     ["study"],

@@ -15,11 +15,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from scalecl.checkpoint import save_model
 from scalecl.cli import app
 from scalecl.data.bilingual import BilingualConfig, english_biographies, split_documents, train_bpe_tokenizer
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
+from scalecl.training.checkpoint import save_model
 
 runner = CliRunner()
 NO_CUDA = not torch.cuda.is_available()

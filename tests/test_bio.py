@@ -10,15 +10,15 @@ import torch
 from typer.testing import CliRunner
 
 import scalecl.bio as bio
-import scalecl.fit as fit_module
+import scalecl.training.fit as fit_module
 from scalecl.cli import app
 from scalecl.config import load_preset
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.optim import OptimConfig
 from scalecl.qa import encode_qa, qa_accuracy, qa_train_batch
-from scalecl.train import TrainPlan
+from scalecl.training.loop import TrainPlan
+from scalecl.training.optim import OptimConfig
 
 runner = CliRunner()
 FAST = ["--set", "stage1.steps=30", "--set", "stage2.steps=5", "--set", "stage3.steps=12",
@@ -197,7 +197,7 @@ def test_same_seed_same_stage1(tmp_path):
         torch.manual_seed(rc.seed)
         m = model_from_config(bio.base_model_config(rc, data.tokenizer), seed=rc.seed)
         from scalecl.qa import qa_batches
-        from scalecl.train import train
+        from scalecl.training.loop import train
 
         train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), TrainPlan(3, OptimConfig.of(rc.stage1, rc.stage1.lr)))
         blobs.append(b"".join(p.detach().numpy().tobytes() for p in m.parameters()))

@@ -18,8 +18,8 @@ from scalecl.config import load_preset
 from scalecl.data.biography import generate_people, preset, ranges
 from scalecl.data.tokenizer import encode_plain, train_bio_tokenizer
 from scalecl.methods import METHOD_ORDER, get_method
-from scalecl.optim import OptimConfig
-from scalecl.train import make_optimizer
+from scalecl.training.loop import make_optimizer
+from scalecl.training.optim import OptimConfig
 
 
 def test_paper_preset_uses_the_pythia_tokenizer_and_its_padded_vocabulary():

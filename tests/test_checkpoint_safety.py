@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import scalecl.checkpoint as ckpt
+import scalecl.training.checkpoint as ckpt
 from scalecl import save_model
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError

@@ -186,8 +186,8 @@ def test_captions_say_what_l_fp_none_means():
 def test_overwrite_error_names_the_flag_on_the_cli_and_the_argument_in_the_library(tmp_path):
     import pytest
 
-    from scalecl.checkpoint import check_checkpoint_dest
     from scalecl.common.errors import ScaleclError
+    from scalecl.training.checkpoint import check_checkpoint_dest
 
     out = tmp_path / "ck"
     args = ["upscale", "--random-config", "gpt_neox", "--hidden-up", "16", "--ffn-up", "16", "--out", str(out)]

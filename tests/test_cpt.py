@@ -23,7 +23,7 @@ from scalecl.config import PAPER_CPT_LR, load_preset
 from scalecl.data.corpus import CorpusSpec, PackedChunks, RankBatches, iter_texts
 from scalecl.methods import METHOD_ORDER
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.train import OptimConfig, TrainPlan, train
+from scalecl.training.loop import OptimConfig, TrainPlan, train
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def test_two_process_run_builds_the_builtin_base_on_rank_0(tmp_path):
 def test_tiny_preset_end_to_end_with_builtin_corpus_and_eval_ppl(tmp_path, monkeypatch):
     """The offline command: stand-in corpus, cached base, metrics.jsonl + result.json, skip, eval-ppl."""
     descs: list[str] = []
-    import scalecl.fit as fit_module
+    import scalecl.training.fit as fit_module
 
     real = fit_module.train
     monkeypatch.setattr(fit_module, "train", lambda *a, **k: descs.append(a[2].desc) or real(*a, **k))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import scalecl.train as train_module
+import scalecl.training.loop as train_module
 from scalecl.cli import app
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
@@ -17,7 +17,7 @@ from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.perplexity import perplexity
 from scalecl.qa import encode_qa, qa_accuracy
-from scalecl.train import LineProgress, eval_progress, progress_bar
+from scalecl.training.loop import LineProgress, eval_progress, progress_bar
 
 runner = CliRunner()
 # the fast biography run of tests/test_runlayer.py

@@ -16,7 +16,7 @@ import torch
 
 from scalecl import ScaleConfig, scale_path, upscale
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.train import OptimConfig, make_optimizer
+from scalecl.training.loop import OptimConfig, make_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -20,11 +20,11 @@ import torch
 from typer.testing import CliRunner
 
 from scalecl import harness
-from scalecl.checkpoint import load_model, save_model
 from scalecl.cli import app
 from scalecl.data.tokenizer import train_tokenizer
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
+from scalecl.training.checkpoint import load_model, save_model
 
 runner = CliRunner()
 KOBEST_DIR = Path(lm_eval.__file__).parent / "tasks" / "kobest"

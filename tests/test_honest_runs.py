@@ -28,13 +28,13 @@ from scalecl.common.locks import lock_path, locked
 from scalecl.compute.processes import Dist
 from scalecl.config import load_preset
 from scalecl.data.corpus import CorpusSpec, check_corpus, eval_chunks
-from scalecl.fit import Runtime, fit
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.optim import OptimConfig
-from scalecl.run import Run
 from scalecl.sweep import Paths
-from scalecl.train import TrainPlan, train
+from scalecl.training.fit import Runtime, fit
+from scalecl.training.loop import TrainPlan, train
+from scalecl.training.optim import OptimConfig
+from scalecl.training.run import Run
 
 runner = CliRunner()
 

@@ -223,7 +223,7 @@ def test_pickled_weights_are_refused_before_torch_load(ckpt, tmp_path, monkeypat
 def test_damaged_training_state_is_one_line(tmp_path):
     import torch
 
-    from scalecl.state import JSON_NAME, TENSORS_NAME, load_state, save_state
+    from scalecl.training.state import JSON_NAME, TENSORS_NAME, load_state, save_state
 
     save_state(tmp_path, {"step": 3, "w": torch.ones(4)})
     assert load_state(tmp_path)["step"] == 3
@@ -247,7 +247,7 @@ STATE_DAMAGE = {
 
 
 def _damage_state(folder: Path, change: dict) -> None:
-    from scalecl.state import JSON_NAME
+    from scalecl.training.state import JSON_NAME
 
     doc = json.loads((folder / JSON_NAME).read_text())
     doc["state"] = {k: v for k, v in (doc["state"] | change).items() if v is not ...}
@@ -258,7 +258,7 @@ def _damage_state(folder: Path, change: dict) -> None:
 def test_wrongly_typed_training_state_is_one_line(tmp_path, damage):
     import torch
 
-    from scalecl.state import JSON_NAME, load_state, save_state
+    from scalecl.training.state import JSON_NAME, load_state, save_state
 
     state = {"step": 3, "losses": [1.0, 0.5, float("nan")], "records": [{"step": 0}], "optimizer": {"state": {}},
              "scheduler": {}, "rng": {"torch": torch.ones(2)}, "data": None, "timing": {"train_s": 1, "eval_s": 0.5},
@@ -428,9 +428,9 @@ def test_plot_skips_runs_with_missing_or_malformed_files(tmp_path):
 @pytest.fixture(scope="module")
 def ppl_model(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny checkpoint with a tokenizer, and a small jsonl corpus for eval-ppl."""
-    from scalecl.checkpoint import save_model
     from scalecl.data.bilingual import BilingualConfig, english_biographies, train_bpe_tokenizer
     from scalecl.models.build import model_from_config, tiny_config
+    from scalecl.training.checkpoint import save_model
 
     root = tmp_path_factory.mktemp("ppl")
     texts = english_biographies(BilingualConfig(people=20, heldout=4, texts=1))
@@ -523,7 +523,7 @@ def test_temporaries_are_removed_only_with_the_suites_mark(tmp_path, ckpt):
     import subprocess
     import sys
 
-    from scalecl.checkpoint import load_model, save_model
+    from scalecl.training.checkpoint import load_model, save_model
 
     user = tmp_path / ".tmp-mine"
     user.mkdir()

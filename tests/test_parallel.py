@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import local_sets, records, run
 
-from scalecl.checkpoint import load_model
 from scalecl.config import CorpusConfig
 from scalecl.eval_ppl import eval_ppl
-from scalecl.state import load_state
+from scalecl.training.checkpoint import load_model
+from scalecl.training.state import load_state
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -75,7 +75,7 @@ def test_position_keyed_optimizer_state_loads_by_name():
     name (FSDP), and the other way round: the moments land on the same parameters."""
     from scalecl.compute.parallel import _by_name, load_optimizer_state
     from scalecl.models.build import model_from_config, tiny_config
-    from scalecl.train import OptimConfig, make_optimizer
+    from scalecl.training.loop import OptimConfig, make_optimizer
 
     def stepped():
         m = model_from_config(tiny_config("llama"), seed=0)

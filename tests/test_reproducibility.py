@@ -24,8 +24,8 @@ from scalecl.common.schema import LEGACY_NUMERICS, numerics_key
 from scalecl.compute.processes import Dist
 from scalecl.config import load_preset
 from scalecl.methods import get_method
-from scalecl.run import Run
 from scalecl.sweep import Paths, SweepOptions, check
+from scalecl.training.run import Run
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--preset", "tiny", "--set", "stage1.steps=6", "--set", "stage2.steps=2", "--set", "stage3.steps=2",

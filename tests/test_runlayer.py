@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
-from scalecl.state import load_state
+from scalecl.training.state import load_state
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -29,7 +29,7 @@ from scalecl.compute.perf import (
 )
 from scalecl.config import ComputeConfig
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.train import Hooks, OptimConfig, TrainPlan, train
+from scalecl.training.loop import Hooks, OptimConfig, TrainPlan, train
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -15,7 +15,7 @@ What a sharded model changes elsewhere:
   wrote them): every process takes part in gathering the full state dict, which only rank 0 receives (on
   the CPU) and loads into a host copy of the model it kept before sharding; that copy is what it saves.
 - **Optimizer state.** Saved as the full, name-keyed state dict (`get_optimizer_state_dict` with
-  full_state_dict and cpu_offload), which scalecl.state stores as safetensors + JSON; on resume each process
+  full_state_dict and cpu_offload), which scalecl.training.state stores as safetensors + JSON; on resume each process
   loads it and keeps its shard (`set_optimizer_state_dict`). A single-process or DDP checkpoint (keyed by
   position) resumes under FSDP too, and the other way round.
 - **Evaluation.** Every forward all-gathers each block's parameters, so every process must run the same

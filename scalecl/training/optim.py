@@ -3,7 +3,7 @@
 `AdamWConfig` holds the settings every training stage shares; the experiments' config sections (a
 biography stage, continual pre-training) extend it with their own steps and batch, so their keys stay
 flat (`stage1.beta2`, `train.clip`). `OptimConfig` is what one run's optimizer is built from: those
-settings plus the run's learning rate and warm-up in steps (scalecl.train.make_optimizer).
+settings plus the run's learning rate and warm-up in steps (scalecl.training.loop.make_optimizer).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from transformers.optimization import (
 from scalecl.common.errors import TrainingDiverged
 from scalecl.compute.parallel import is_fsdp, load_optimizer_state, local, optimizer_state
 from scalecl.compute.perf import ModelFlops
-from scalecl.optim import OptimConfig
+from scalecl.training.optim import OptimConfig
 
 
 @dataclass
@@ -64,7 +64,7 @@ class TrainPlan:
     autocast: a dtype to autocast forwards to (None: full precision); eval_steps: steps after which the
     run is evaluated (step 0 always; None: every step); save_every: steps between checkpoints (0: none);
     stop_at: stop after this step with a checkpoint; sync_every: steps between host reads of the loss
-    (None: compute.sync_every resolved for the device, else 1). The rest is the run layer's (scalecl.fit):
+    (None: compute.sync_every resolved for the device, else 1). The rest is the run layer's (scalecl.training.fit):
     resume ("auto": when a checkpoint exists) and force, compute (a ComputeConfig: activation
     checkpointing, compile, DDP or FSDP2), trackers and their config, and the progress bar's label.
     """

@@ -1,7 +1,7 @@
 """One training run's files: what makes a run finished, its checkpoints, its logs.
 
 Every training run of the suite (a biography stage or method, a continual pre-training run, each value
-of a study, the pre-training of a cached base) is a `Run`, trained by `scalecl.fit.fit`. What it
+of a study, the pre-training of a cached base) is a `Run`, trained by `scalecl.training.fit.fit`. What it
 guarantees, once for all of them:
 
 - **Naming and skipping.** A run is named by a hash of its resolved config; a finished run (its
@@ -11,7 +11,7 @@ guarantees, once for all of them:
   model, then `metrics.jsonl`, `train_log.jsonl`, and `result.json` last: a run is finished exactly when
   `result.json` exists. A diverged run (non-finite loss) records nothing as finished.
 - **Checkpoints that resume exactly and safely.** `checkpoints/<experiment>/<run>/step-N/` holds the model
-  (a suite checkpoint) and the training state as safetensors + JSON (`scalecl.state`, no pickle), plus the
+  (a suite checkpoint) and the training state as safetensors + JSON (`scalecl.training.state`, no pickle), plus the
   run's identity (experiment, name, method, options, config hash): `--resume` refuses a checkpoint of
   another method or configuration. A checkpoint is written into a hidden temporary sibling and renamed
   into place when complete, so a process killed at any moment leaves either the previous checkpoints or
@@ -56,8 +56,8 @@ from scalecl.common.files import (
 )
 from scalecl.common.readers import read_json
 from scalecl.compute.machine import check_numerics
-from scalecl.crash import crash_point
-from scalecl.state import JSON_NAME, load_state, save_state
+from scalecl.training.crash import crash_point
+from scalecl.training.state import JSON_NAME, load_state, save_state
 
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
 RUN_WRITER = "scalecl run"  # the run folder's manifest: out_dir/.scalecl-run-files.json
@@ -139,7 +139,7 @@ class Run:
     `final_dir` (default ckpt_root/final). `identity` is recorded in every checkpoint and the result.
 
     `method` is the method the run trains (None: a plain model, e.g. a cached stage); `save_kw` what every
-    saved model carries besides its weights (tokenizer, base model; scalecl.checkpoint.save_model)."""
+    saved model carries besides its weights (tokenizer, base model; scalecl.training.checkpoint.save_model)."""
 
     identity: dict[str, Any]  # experiment, name, method, options, config_hash, numerics (scalecl.compute.machine)
     out_dir: Path | None
@@ -186,7 +186,7 @@ class Run:
             return
         self.check_out_files()
         if self.final_dir is not None and (self.final_dir.exists() or self.final_dir.is_symlink()):
-            from scalecl.checkpoint import check_checkpoint_dest
+            from scalecl.training.checkpoint import check_checkpoint_dest
 
             check_checkpoint_dest(self.final_dir, overwrite=True)
 
@@ -285,7 +285,7 @@ class Run:
 
     def save_checkpoint(self, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
         """step-N/model + step-N/trainer_state.*, written into a temporary folder renamed when complete."""
-        from scalecl.checkpoint import save_model
+        from scalecl.training.checkpoint import save_model
 
         dest = self.ckpt_root / f"step-{step:07d}"
         self.check_free([step])
@@ -304,7 +304,7 @@ class Run:
 
     def load_checkpoint_model(self, path: Path) -> nn.Module:
         """The model of a checkpoint, checked to be of this run's method and options."""
-        from scalecl.checkpoint import load_model, read_meta
+        from scalecl.training.checkpoint import load_model, read_meta
 
         method = self.method
         meta = read_meta(path / "model") or {}
@@ -371,7 +371,7 @@ class Run:
         if not self.main:
             return
         if model is not None:
-            from scalecl.checkpoint import save_model
+            from scalecl.training.checkpoint import save_model
 
             save_model(model, self.final_dir, self.method, overwrite=True, **(self.save_kw | save_extra))
             crash_point("final-model-written")

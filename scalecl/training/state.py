@@ -125,7 +125,7 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-# what a run's training state holds (scalecl.train's on_save state plus fit's records, timing and run) and the
+# what a run's training state holds (scalecl.training.loop's on_save state plus fit's records, timing and run) and the
 # test of each field's type; every field present is checked, and a run's state (one with "run") has them all
 _STATE_FIELDS: dict[str, tuple[str, Any]] = {
     "step": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),

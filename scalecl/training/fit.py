@@ -1,7 +1,7 @@
 """Training one run: `fit(run, plan, build=..., batches=..., evaluate=...)`.
 
-`fit` joins the run's files (scalecl.run.Run: checkpoints, logs, resumption) to the training loop
-(scalecl.train.train) under a TrainPlan: it starts from step 0 or the run's latest checkpoint, moves and
+`fit` joins the run's files (scalecl.training.run.Run: checkpoints, logs, resumption) to the training loop
+(scalecl.training.loop.train) under a TrainPlan: it starts from step 0 or the run's latest checkpoint, moves and
 prepares the model for the device and the processes (scalecl.compute.parallel), evaluates at the plan's steps,
 checkpoints, sends logs to the trackers and summarises the speed of what it trained.
 """
@@ -21,10 +21,10 @@ from torch import nn
 
 from scalecl.common.errors import TrainingDiverged
 from scalecl.compute.processes import Dist, say
-from scalecl.run import Run
-from scalecl.state import load_state
-from scalecl.trackers import open_trackers
-from scalecl.train import Hooks, TrainPlan, train
+from scalecl.training.loop import Hooks, TrainPlan, train
+from scalecl.training.run import Run
+from scalecl.training.state import load_state
+from scalecl.training.trackers import open_trackers
 
 __all__ = ["Fit", "Runtime", "TrainPlan", "fit"]
 
@@ -73,7 +73,7 @@ def _start(run: Run, plan: TrainPlan, rt: Runtime) -> tuple[Path, dict] | None:
 
 
 def _save_steps(plan: TrainPlan, start: int) -> list[int]:
-    """The steps after `start` at which training will save a checkpoint (scalecl.train.train)."""
+    """The steps after `start` at which training will save a checkpoint (scalecl.training.loop.train)."""
     last = plan.steps if plan.stop_at is None else min(plan.steps, max(plan.stop_at, start + 1))
     every = [s for s in range(start + 1, last + 1) if plan.save_every and s % plan.save_every == 0]
     return sorted(set(every) | ({last} if plan.stop_at is not None and last >= plan.stop_at else set()))
