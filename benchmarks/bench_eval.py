@@ -66,8 +66,8 @@ def main() -> None:
     import scalecl.bio as bio
     from scalecl.compute.machine import provenance, tune_cpu_allocator
     from scalecl.config import load_preset
+    from scalecl.evaluation.qa import qa_accuracy
     from scalecl.methods import get_method
-    from scalecl.qa import qa_accuracy
     from scalecl.sweep import Paths
     from scalecl.training.fit import Runtime
     from scalecl.training.loop import TrainPlan, train

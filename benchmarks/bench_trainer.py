@@ -127,8 +127,8 @@ def stage1_case(rc, cache: Path):
 def route_case(rc, cache: Path):
     """(model, batches, optimizer settings) of SCALE-Route's stage 3 on the cached stage-2 model."""
     import scalecl.bio as bio
+    from scalecl.evaluation.qa import qa_batches
     from scalecl.methods import get_method
-    from scalecl.qa import qa_batches
     from scalecl.sweep import Paths
     from scalecl.training.fit import Runtime
     from scalecl.training.optim import OptimConfig

@@ -47,9 +47,9 @@ from scalecl.config import BioRunConfig, StageConfig
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
 from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
+from scalecl.evaluation.qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import model_from_config, shape_config
-from scalecl.qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from scalecl.sweep import Paths, hold
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit

@@ -458,7 +458,7 @@ def eval_harness(
     cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the dequantized copy of a .gguf --model."),
 ) -> None:
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
-    from scalecl.harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
+    from scalecl.evaluation.harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
     from scalecl.models.gguf import resolve_model
 
     model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder

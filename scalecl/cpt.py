@@ -52,10 +52,10 @@ from scalecl.corpora import (
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
 from scalecl.data.tokenizer import load_tokenizer
+from scalecl.evaluation.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
+from scalecl.evaluation.qa import value_summary
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
-from scalecl.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
-from scalecl.qa import value_summary
 from scalecl.sweep import Paths
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit

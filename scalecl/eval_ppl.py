@@ -24,9 +24,9 @@ from scalecl.corpora import (
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import check_corpus, eval_chunks
 from scalecl.data.tokenizer import load_tokenizer
+from scalecl.evaluation.perplexity import perplexity
 from scalecl.methods import get_method
 from scalecl.models.build import load_base_config, read_config
-from scalecl.perplexity import perplexity
 from scalecl.training.checkpoint import check_model_files, load_model
 
 WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves it is the folder's manifest)

@@ -886,7 +886,7 @@ def cpt_table(results: Path) -> pd.DataFrame:
 
 def table2(results: Path) -> pd.DataFrame:
     """Harness scores per evaluated checkpoint, with the language averages and the paper's averages beside."""
-    from scalecl.harness import PAPER_ROWS
+    from scalecl.evaluation.harness import PAPER_ROWS
 
     rows = []
     for f in sorted(f for root in _roots(results) for f in find_files(root, "run.json")):

@@ -15,8 +15,8 @@ from scalecl.cli import app
 from scalecl.config import load_preset
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
+from scalecl.evaluation.qa import encode_qa, qa_accuracy, qa_train_batch
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.qa import encode_qa, qa_accuracy, qa_train_batch
 from scalecl.training.loop import TrainPlan
 from scalecl.training.optim import OptimConfig
 
@@ -196,7 +196,7 @@ def test_same_seed_same_stage1(tmp_path):
     for _ in range(2):
         torch.manual_seed(rc.seed)
         m = model_from_config(bio.base_model_config(rc, data.tokenizer), seed=rc.seed)
-        from scalecl.qa import qa_batches
+        from scalecl.evaluation.qa import qa_batches
         from scalecl.training.loop import train
 
         train(m, qa_batches(data.qa["task0_train"], 8, rc.seed), TrainPlan(3, OptimConfig.of(rc.stage1, rc.stage1.lr)))
@@ -232,9 +232,9 @@ def test_a_given_tokenizer_directory_is_used(tmp_path):
 def test_routing_at_the_answer_position_matches_two_explicit_paths(tiny_qa):
     """answer/route_preserve and the router-score quantiles are those of cos(Z_preserve, Z_adapt) at the scored
     position (the last prompt token), computed here from the two paths' full logits."""
+    from scalecl.evaluation.qa import QUANTILES
     from scalecl.methods import get_method
     from scalecl.methods.scale import scale_path
-    from scalecl.qa import QUANTILES
 
     tok, _, qa = tiny_qa
     method = get_method("scale-route", hidden_up=32, ffn_up=32, l_fp=1)

@@ -363,7 +363,7 @@ def _lm_eval_cli(env: dict, model_args: str, name: str) -> dict:
 
 def _lls(env: dict, name: str) -> torch.Tensor:
     """(docs, choices) log-likelihoods of a checkpoint, through lm-eval in this process."""
-    from scalecl import harness
+    from scalecl.evaluation import harness
 
     sel, tm = harness.resolve_tasks("local_mc", [env["tasks"]])
     r = harness.evaluate_model(load_model(env["paths"][name]), env["tok"], sel, tm,

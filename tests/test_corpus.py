@@ -29,8 +29,8 @@ from scalecl.data.corpus import (
     iter_texts,
 )
 from scalecl.data.tokenizer import encode_plain, train_tokenizer
+from scalecl.evaluation.perplexity import perplexity
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.perplexity import perplexity
 
 TEXTS = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(i % 11)) for i in range(40)]
 TEXTS[5] = ""  # an empty document still contributes its EOS

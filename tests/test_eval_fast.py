@@ -9,9 +9,9 @@ import torch
 
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
+from scalecl.evaluation.qa import encode_qa, eval_batches, qa_accuracy, qa_train_batch
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.qa import encode_qa, eval_batches, qa_accuracy, qa_train_batch
 
 SCALE_OPTS = {"hidden_up": 32, "ffn_up": 16, "l_fp": 1}  # 32: Llama GQA group (4) x head_dim (8)
 METHODS = {

@@ -13,10 +13,10 @@ import scalecl.training.loop as train_module
 from scalecl.cli import app
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
+from scalecl.evaluation.perplexity import perplexity
+from scalecl.evaluation.qa import encode_qa, qa_accuracy
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.perplexity import perplexity
-from scalecl.qa import encode_qa, qa_accuracy
 from scalecl.training.loop import LineProgress, eval_progress, progress_bar
 
 runner = CliRunner()

@@ -19,9 +19,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from scalecl import harness
 from scalecl.cli import app
 from scalecl.data.tokenizer import train_tokenizer
+from scalecl.evaluation import harness
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.checkpoint import load_model, save_model

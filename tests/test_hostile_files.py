@@ -492,7 +492,7 @@ def test_eval_ppl_replaces_no_record_edited_by_hand_nor_writes_through_a_hard_li
 
 def _fake_lm_eval(monkeypatch) -> None:
     """eval-harness without lm-eval's evaluation (ownership is about the files it writes)."""
-    from scalecl import harness
+    from scalecl.evaluation import harness
 
     monkeypatch.setattr(harness, "evaluate_model", lambda *a, **k: {"results": {}, "versions": {}})
     monkeypatch.setattr(harness, "score_rows", lambda *a, **k: [])

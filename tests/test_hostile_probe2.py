@@ -264,7 +264,12 @@ def test_lora_alpha_must_be_positive():
 
 
 def test_harness_bootstrap_and_metric_overrides_are_checked():
-    from scalecl.harness import HarnessSettings, TaskSelection, _check_settings, check_metric_overrides
+    from scalecl.evaluation.harness import (
+        HarnessSettings,
+        TaskSelection,
+        _check_settings,
+        check_metric_overrides,
+    )
 
     with pytest.raises(ScaleclError, match="--bootstrap-iters"):
         _check_settings(HarnessSettings(bootstrap_iters=-1), "float32")

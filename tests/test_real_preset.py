@@ -17,8 +17,8 @@ from conftest import SMOLLM2_GGUF, needs_smollm2, run
 
 from scalecl.config import load_preset
 from scalecl.cpt import route_stats
+from scalecl.evaluation.qa import QUANTILES
 from scalecl.methods import METHOD_ORDER, get_method
-from scalecl.qa import QUANTILES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,0 +1,1 @@
+"""Measurements of a model: first-token QA accuracy, perplexity and forgetting, lm-evaluation-harness benchmarks."""
