@@ -26,7 +26,7 @@ from scalecl.report import (
     paired_table,
     plot_all,
 )
-from scalecl.stats import binomial_se, interval_note, t_interval, t_quantile
+from scalecl.report.stats import binomial_se, interval_note, t_interval, t_quantile
 
 runner = CliRunner()
 T2 = 4.302653  # t_{0.975, 2}, from tables

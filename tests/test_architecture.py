@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent / "scalecl"
 
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = [
-    ["common", "version", "presets", "modeling", "stats"],
+    ["common", "version", "presets", "modeling"],
     ["data"],
     ["models"],
     ["compute", "methods"],

@@ -23,7 +23,7 @@ from scalecl.common.errors import ScaleclError  # noqa: E402
 from scalecl.common.files import OwnedFiles  # noqa: E402
 from scalecl.common.readers import read_json, read_jsonl  # noqa: E402
 from scalecl.methods.base import METHOD_ORDER  # noqa: E402
-from scalecl.stats import LEVEL, binomial_se, interval_note, t_interval, t_quantile  # noqa: E402
+from scalecl.report.stats import LEVEL, binomial_se, interval_note, t_interval, t_quantile  # noqa: E402
 
 # Every figure has a `draw_*` function that builds it from the results files and yields (file stem, Figure)
 # pairs, open and unsaved, so its content can be inspected; the `fig*` function beside it saves each one.
