@@ -37,12 +37,12 @@ def main() -> None:
         steps[name] = round(steps.get(name, 0.0) + now - clock[0], 2)
         clock[0] = now
 
-    import scalecl.bio as bio
+    import scalecl.experiments.bio as bio
     from scalecl.common.schema import config_hash
     from scalecl.compute.machine import provenance
-    from scalecl.config import load_preset
     from scalecl.data.biography import ranges
     from scalecl.data.tokenizer import cached_encoding
+    from scalecl.experiments.config import load_preset
 
     lap("import")
     rc = load_preset("bio", args.preset, ["tokenizer=local"])

@@ -63,12 +63,12 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    import scalecl.bio as bio
+    import scalecl.experiments.bio as bio
     from scalecl.compute.machine import provenance, tune_cpu_allocator
-    from scalecl.config import load_preset
     from scalecl.evaluation.qa import qa_accuracy
+    from scalecl.experiments.config import load_preset
+    from scalecl.experiments.sweep import Paths
     from scalecl.methods import get_method
-    from scalecl.sweep import Paths
     from scalecl.training.fit import Runtime
     from scalecl.training.loop import TrainPlan, train
 

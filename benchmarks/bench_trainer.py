@@ -101,7 +101,7 @@ def trainer_block(model, batches, optim, out_dir) -> tuple[list[float], list[flo
 
 def stage1_case(rc, cache: Path):
     """(model, batches, optimizer settings) of the biography pre-training case."""
-    import scalecl.bio as bio
+    import scalecl.experiments.bio as bio
     from scalecl.data.biography import ranges
     from scalecl.data.tokenizer import encode_plain
     from scalecl.models.build import model_from_config
@@ -126,10 +126,10 @@ def stage1_case(rc, cache: Path):
 
 def route_case(rc, cache: Path):
     """(model, batches, optimizer settings) of SCALE-Route's stage 3 on the cached stage-2 model."""
-    import scalecl.bio as bio
+    import scalecl.experiments.bio as bio
     from scalecl.evaluation.qa import qa_batches
+    from scalecl.experiments.sweep import Paths
     from scalecl.methods import get_method
-    from scalecl.sweep import Paths
     from scalecl.training.fit import Runtime
     from scalecl.training.optim import OptimConfig
 
@@ -162,7 +162,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from scalecl.compute.machine import provenance, tune_cpu_allocator
-    from scalecl.config import load_preset
+    from scalecl.experiments.config import load_preset
 
     tune_cpu_allocator()  # as the scalecl command does; Trainer's steps run in the same process, so both get it
     rc = load_preset("bio", "cpu", [f"seed={args.seed}"])

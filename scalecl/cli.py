@@ -277,7 +277,7 @@ def merge(
 def budgets() -> None:
     """Trainable parameters of every method at the paper's two settings, and the supported decoder families: their
     widening constraints and budgets in a paper-like setting (meta-device models, no weights)."""
-    from scalecl.budget import family_budgets, paper_budgets
+    from scalecl.experiments.budget import family_budgets, paper_budgets
 
     rows = paper_budgets()
     for setting in dict.fromkeys(r.setting for r in rows):  # one table per setting, in order
@@ -363,9 +363,9 @@ def train_bio(
     run_seeds: str | None = typer.Option(None, "--run-seeds", help=BIO_RUN_SEEDS),
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
-    from scalecl.bio import BioExperiment
-    from scalecl.config import load_preset
-    from scalecl.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
+    from scalecl.experiments.bio import BioExperiment
+    from scalecl.experiments.config import load_preset
+    from scalecl.experiments.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
     if tokenizer is not None and not tokenizer.strip():
@@ -519,9 +519,9 @@ def train_cpt(
     run_seeds: str | None = typer.Option(None, "--run-seeds", help=CPT_RUN_SEEDS),
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
-    from scalecl.config import load_preset
-    from scalecl.cpt import CptExperiment
-    from scalecl.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
+    from scalecl.experiments.config import load_preset
+    from scalecl.experiments.cpt import CptExperiment
+    from scalecl.experiments.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
     exps = [CptExperiment(load_preset("cpt", preset, rep), preset, Paths(out, cache, checkpoints))
@@ -559,9 +559,9 @@ def eval_ppl(
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
 ) -> None:
     """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
-    from scalecl.config import CorpusConfig
-    from scalecl.eval_ppl import check_record_out, write_record
-    from scalecl.eval_ppl import eval_ppl as run_eval
+    from scalecl.experiments.config import CorpusConfig
+    from scalecl.experiments.eval_ppl import check_record_out, write_record
+    from scalecl.experiments.eval_ppl import eval_ppl as run_eval
 
     if skip < 0 or take < 0 or batch < 1:
         raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
@@ -611,8 +611,8 @@ def study(
                                          "the same base (see train-bio / train-cpt --help)."),
 ) -> None:
     """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
-    from scalecl.study import run_study
-    from scalecl.sweep import Paths, SweepOptions, replicate_sets
+    from scalecl.experiments.study import run_study
+    from scalecl.experiments.sweep import Paths, SweepOptions, replicate_sets
 
     opts = SweepOptions(force, resume, None, report_to, device)
     results = run_study(name, preset, values, replicate_sets(sets, seeds, run_seeds), Paths(out, cache, checkpoints),

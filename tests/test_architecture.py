@@ -24,11 +24,8 @@ LAYERS = [
     ["compute", "methods"],
     ["training"],
     ["evaluation"],
-    ["config"],
-    ["corpora", "budget", "report"],
-    ["sweep", "eval_ppl"],
-    ["bio", "cpt"],
-    ["study"],
+    ["report"],
+    ["experiments"],
     ["cli"],
     [""],  # the package itself (its public names): nothing inside imports it
 ]

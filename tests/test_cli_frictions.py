@@ -115,8 +115,8 @@ def _bio_result(method: str, name: str, t0: float, base_loss: float = 0.5) -> di
 
 
 def test_bio_summary_shows_chance_floor_and_fft_of_the_same_base(tmp_path, capsys):
-    from scalecl.bio import BioExperiment
-    from scalecl.sweep import Paths
+    from scalecl.experiments.bio import BioExperiment
+    from scalecl.experiments.sweep import Paths
 
     for name, loss in (("tiny-fft-aaaa", 0.5), ("tiny-fft-bbbb", 0.9)):  # the second is of another base
         (tmp_path / name).mkdir()
@@ -133,9 +133,9 @@ def test_bio_summary_shows_chance_floor_and_fft_of_the_same_base(tmp_path, capsy
 
 def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys):
     """A study writes into <out>/<study>/; its table finds the FFT run among the main runs, <out>/../bio."""
-    from scalecl.bio import BioExperiment
-    from scalecl.study import experiments
-    from scalecl.sweep import Paths
+    from scalecl.experiments.bio import BioExperiment
+    from scalecl.experiments.study import experiments
+    from scalecl.experiments.sweep import Paths
 
     main = tmp_path / "bio"
     for name, loss in (("tiny-fft-aaaa", 0.5), ("tiny-fft-bbbb", 0.9)):  # the second is of another base
@@ -154,12 +154,12 @@ def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys
 
 def test_study_prints_one_table_labelled_by_value(monkeypatch, capsys, tmp_path):
     """One table for the whole study, a row per value (not one table per value, each labelled `scale-route`)."""
-    from scalecl import study
+    from scalecl.experiments import study
 
     class Exp:
-        from scalecl.sweep import Paths
+        from scalecl.experiments.sweep import Paths
         paths = Paths(tmp_path)
-        from scalecl.bio import BioExperiment
+        from scalecl.experiments.bio import BioExperiment
         summary = BioExperiment.summary
 
     values = ["-1", "0.9"]

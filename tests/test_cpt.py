@@ -19,8 +19,8 @@ from conftest import local_sets, records, run
 from typer.testing import CliRunner
 
 from scalecl.cli import app
-from scalecl.config import PAPER_CPT_LR, load_preset
 from scalecl.data.corpus import CorpusSpec, PackedChunks, RankBatches, iter_texts
+from scalecl.experiments.config import PAPER_CPT_LR, load_preset
 from scalecl.methods import METHOD_ORDER
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.loop import OptimConfig, TrainPlan, train
@@ -210,7 +210,7 @@ def test_presets_and_paper_numbers():
     assert paper.method_options("scale-preserve") == {"hidden_up": 256, "ffn_up": 1024}
     assert paper.method_options("scale-route") == {"hidden_up": 256, "ffn_up": 1024, "l_fp": 3}
     assert [paper.method_options(m) for m in ("lora", "freeze", "llama-pro")] == [{"rank": 256}, {"k": 3}, {"n": 4}]
-    from scalecl.budget import llama_32_1b_config
+    from scalecl.experiments.budget import llama_32_1b_config
     from scalecl.methods import get_method
 
     for name in METHOD_ORDER:  # every paper option fits Llama-3.2-1B

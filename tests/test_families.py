@@ -365,13 +365,13 @@ PUBLISHED_TOTALS = {
 
 @pytest.fixture(scope="module")
 def family_rows():
-    from scalecl.budget import family_budgets
+    from scalecl.experiments.budget import family_budgets
 
     return family_budgets()
 
 
 def test_family_budgets(family_rows):
-    from scalecl.budget import paper_budgets
+    from scalecl.experiments.budget import paper_budgets
 
     rows = {r.model: r for r in family_rows}
     assert {r.family for r in family_rows} == set(ARCHS) - {"gpt_neox"}
@@ -393,8 +393,8 @@ def test_family_budgets(family_rows):
 
 
 def test_cli_budgets_lists_the_families(family_rows, monkeypatch):
-    monkeypatch.setattr("scalecl.budget.family_budgets", lambda: family_rows)
-    monkeypatch.setattr("scalecl.budget.paper_budgets", lambda: [])
+    monkeypatch.setattr("scalecl.experiments.budget.family_budgets", lambda: family_rows)
+    monkeypatch.setattr("scalecl.experiments.budget.paper_budgets", lambda: [])
     res = CliRunner().invoke(app, ["budgets"], env={"COLUMNS": "240"})
     assert res.exit_code == 0, res.output
     for text in ("gemma3_text", "Qwen/Qwen3-0.6B", "2,614,341,888", "fused qkv", "sqrt(d)", "448"):

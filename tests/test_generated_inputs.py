@@ -27,12 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from scalecl import sweep
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import INT64_MAX, INT64_MIN, MAX_SEED, MAX_SIZE, Raw, check_seed, coerce
-from scalecl.config import BioRunConfig, CptRunConfig, load_preset
 from scalecl.data.biography import BioConfig
+from scalecl.experiments import sweep
+from scalecl.experiments.config import BioRunConfig, CptRunConfig, load_preset
 from scalecl.methods import REGISTRY, method_names
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,

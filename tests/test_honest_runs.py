@@ -21,16 +21,16 @@ import torch
 from conftest import local_sets, run
 from typer.testing import CliRunner
 
-from scalecl.bio import BioExperiment
 from scalecl.cli import app
 from scalecl.common.errors import Busy, ScaleclError, TrainingDiverged
 from scalecl.common.locks import lock_path, locked
 from scalecl.compute.processes import Dist
-from scalecl.config import load_preset
 from scalecl.data.corpus import CorpusSpec, check_corpus, eval_chunks
+from scalecl.experiments.bio import BioExperiment
+from scalecl.experiments.config import load_preset
+from scalecl.experiments.sweep import Paths
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.sweep import Paths
 from scalecl.training.fit import Runtime, fit
 from scalecl.training.loop import TrainPlan, train
 from scalecl.training.optim import OptimConfig
@@ -150,7 +150,7 @@ def test_a_held_lock_stops_a_run_or_makes_a_cache_wait(tmp_path):
 def held_cpt_run(tmp_path: Path, local: Path, seconds: float) -> tuple[list[str], str, Path, subprocess.Popen]:
     """A tiny CPT fft run (its --set values, name and checkpoint folder, holding another process's checkpoint)
     whose lock a separate process holds for `seconds`."""
-    from scalecl.cpt import CptExperiment
+    from scalecl.experiments.cpt import CptExperiment
 
     sets = local_sets(local, "llama", "train.steps=2", "checkpoint.every=1")
     rc = load_preset("cpt", "tiny", sets)
@@ -188,7 +188,7 @@ def test_a_corpus_of_blank_or_null_texts_is_refused(tmp_path, local):
 
 
 def test_bio_batches_larger_than_the_data_are_refused(tmp_path, monkeypatch):
-    # the memory estimate (scalecl.budget) would refuse a batch of 100,000 first; here the data check is tested
+    # the memory estimate (scalecl.experiments.budget) would refuse a batch of 100,000 first; here the data check is tested
     monkeypatch.setenv("SCALECL_MEMORY_CHECK", "0")
     common = ["train-bio", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"), "--cache",
               str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck")]

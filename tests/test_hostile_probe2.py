@@ -247,7 +247,7 @@ def test_devices_that_do_not_exist_are_refused(name, phrase):
 
 
 def test_stop_after_beyond_any_run_is_refused():
-    from scalecl.sweep import SweepOptions
+    from scalecl.experiments.sweep import SweepOptions
 
     with pytest.raises(ScaleclError, match="--stop-after"):
         SweepOptions(stop_after=2**63)
@@ -339,10 +339,10 @@ def test_a_users_file_where_a_run_will_write_is_refused_before_any_data_or_stage
     from conftest import local_sets, run
 
     from scalecl.compute.processes import Dist
-    from scalecl.config import load_preset
-    from scalecl.cpt import CptExperiment
+    from scalecl.experiments.config import load_preset
+    from scalecl.experiments.cpt import CptExperiment
+    from scalecl.experiments.sweep import Paths
     from scalecl.methods import get_method
-    from scalecl.sweep import Paths
 
     sets = local_sets(local, "llama", "train.steps=2", "eval.every=2")
     name = CptExperiment(load_preset("cpt", "tiny", sets), "tiny", Paths(tmp_path / "out")).run_of(

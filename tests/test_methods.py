@@ -14,8 +14,8 @@ import torch
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
-from scalecl.budget import llama_32_1b_config, paper_budgets, pythia_160m_config, trainable_counts
 from scalecl.cli import app
+from scalecl.experiments.budget import llama_32_1b_config, paper_budgets, pythia_160m_config, trainable_counts
 from scalecl.methods import count_parameters, get_method, trainable_parameters
 from scalecl.methods.lora import merge_lora
 from scalecl.models.build import ARCHS, head_dim, kv_heads, model_from_config, tiny_config
@@ -212,8 +212,8 @@ def test_cli_prepare_bad_input(args, tmp_path):
 
 
 def test_cli_budgets(budget_rows, monkeypatch):
-    monkeypatch.setattr("scalecl.budget.paper_budgets", lambda: budget_rows)  # computed once
-    monkeypatch.setattr("scalecl.budget.family_budgets", lambda: [])  # test_families checks that table
+    monkeypatch.setattr("scalecl.experiments.budget.paper_budgets", lambda: budget_rows)  # computed once
+    monkeypatch.setattr("scalecl.experiments.budget.family_budgets", lambda: [])  # test_families checks that table
     res = runner.invoke(app, ["budgets"])
     assert res.exit_code == 0, res.output
     assert "llama-pro" in res.output and "1,235,814,400" in res.output

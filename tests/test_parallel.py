@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import local_sets, records, run
 
-from scalecl.config import CorpusConfig
-from scalecl.eval_ppl import eval_ppl
+from scalecl.experiments.config import CorpusConfig
+from scalecl.experiments.eval_ppl import eval_ppl
 from scalecl.training.checkpoint import load_model
 from scalecl.training.state import load_state
 

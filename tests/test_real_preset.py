@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import SMOLLM2_GGUF, needs_smollm2, run
 
-from scalecl.config import load_preset
-from scalecl.cpt import route_stats
 from scalecl.evaluation.qa import QUANTILES
+from scalecl.experiments.config import load_preset
+from scalecl.experiments.cpt import route_stats
 from scalecl.methods import METHOD_ORDER, get_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,9 +73,9 @@ def test_never_rows_measure_only(tmp_path):
             for path in ("preserve", "adapt"):
                 assert 0 <= b[f"{split}/never_share_{path}/mean"] <= 1
     # the never rows, recomputed from the tokenised training split
-    from scalecl.corpora import builtin_root, corpus_spec
     from scalecl.data.corpus import iter_texts
     from scalecl.data.tokenizer import load_tokenizer
+    from scalecl.experiments.corpora import builtin_root, corpus_spec
 
     rc = load_preset("cpt", "tiny", sets)
     root = builtin_root(rc, tmp_path / "b" / "cache")
@@ -104,8 +104,8 @@ def test_real_preset_end_to_end_on_smollm2(smol, tmp_path):
     """The real preset, shrunk to a few tokens, on the real model and real text: SCALE-Route starts at the
     base's perplexity exactly (both domains) and records its router quantiles and never-row shares; about 49k of
     the 49,152 rows never occur in the Korean text under SmolLM2's English-centred tokenizer."""
-    import scalecl.cpt as cpt
-    from scalecl.sweep import Paths, sweep
+    import scalecl.experiments.cpt as cpt
+    from scalecl.experiments.sweep import Paths, sweep
 
     cache = smol[0]
     rc = load_preset("cpt", "real", ["train.steps=2", "train.batch=2", "train.seq_len=32", "eval.every=2",

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 import scalecl.data.packaged as packaged
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
-from scalecl.config import CorpusConfig, load_preset
-from scalecl.corpora import corpus_spec
 from scalecl.data.corpus import CorpusSpec, check_corpus, iter_texts
+from scalecl.experiments.config import CorpusConfig, load_preset
+from scalecl.experiments.corpora import corpus_spec
 
 runner = CliRunner()
 

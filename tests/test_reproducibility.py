@@ -17,14 +17,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from scalecl.bio import BioExperiment
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import LEGACY_NUMERICS, numerics_key
 from scalecl.compute.processes import Dist
-from scalecl.config import load_preset
+from scalecl.experiments.bio import BioExperiment
+from scalecl.experiments.config import load_preset
+from scalecl.experiments.sweep import Paths, SweepOptions, check
 from scalecl.methods import get_method
-from scalecl.sweep import Paths, SweepOptions, check
 from scalecl.training.run import Run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,8 +176,8 @@ def test_memory_estimate_is_within_1_5x_of_the_measured_peak(tmp_path):
 
 
 def test_a_run_that_cannot_fit_is_refused_before_training_naming_the_keys(tmp_path, monkeypatch):
-    import scalecl.budget as budget
-    from scalecl.bio import bio_phases
+    import scalecl.experiments.budget as budget
+    from scalecl.experiments.bio import bio_phases
 
     monkeypatch.setattr(budget, "available_memory", lambda: 2**28)  # 256 MiB
     res = _bio(tmp_path, "--method", "fft", "--set", "model.vocab=50304", "--set", "eval.batch=16")  # a training peak
@@ -193,8 +193,8 @@ def test_a_run_that_cannot_fit_is_refused_before_training_naming_the_keys(tmp_pa
 
 
 def test_the_paper_preset_is_refused_on_a_24_gb_machine_and_paper_smoke_fits():
-    from scalecl.bio import bio_phases
-    from scalecl.budget import check_fits, estimate
+    from scalecl.experiments.bio import bio_phases
+    from scalecl.experiments.budget import check_fits, estimate
 
     paper = bio_phases(load_preset("bio", "paper"), ["scale-route"], 1, vocab=50_304, qa_len=40)
     e = estimate(paper, torch.device("cpu"), rate=1e11)._replace(available=24 * 10**9)
@@ -212,7 +212,7 @@ def test_the_paper_preset_is_refused_on_a_24_gb_machine_and_paper_smoke_fits():
 @pytest.mark.usefixtures("one_thread")
 def test_cached_stages_are_left_out_of_the_estimate(tmp_path, monkeypatch):
     """Stages 1-2 already in the cache will not run: the estimate (memory and time) counts only what will."""
-    import scalecl.budget as budget
+    import scalecl.experiments.budget as budget
 
     seen: list[list[str]] = []
     real = budget.estimate

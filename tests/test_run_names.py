@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from scalecl.bio import BioExperiment
 from scalecl.common.schema import merge
 from scalecl.compute.processes import Dist
-from scalecl.config import BioRunConfig, CptRunConfig
-from scalecl.cpt import CptExperiment
+from scalecl.experiments.bio import BioExperiment
+from scalecl.experiments.config import BioRunConfig, CptRunConfig
+from scalecl.experiments.cpt import CptExperiment
+from scalecl.experiments.sweep import Paths
 from scalecl.methods import get_method
-from scalecl.sweep import Paths
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 RUNS = sorted(p for p in RESULTS.rglob("result.json") if json.loads(p.read_text()).get("experiment") in ("bio", "cpt"))

@@ -285,7 +285,7 @@ def test_config_errors(kw, msg):
 
 def test_string_options_from_the_command_line():
     """`--set methods.scale.collab=attn` arrives as a bare string: it means ("attn",), not its letters."""
-    from scalecl.config import load_preset
+    from scalecl.experiments.config import load_preset
     from scalecl.methods import get_method
 
     assert ScaleConfig(collab="attn").collab == ("attn",)

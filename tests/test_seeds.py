@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import run_stream_seed, seed_tag
-from scalecl.sweep import parse_seeds, replicate_sets
+from scalecl.experiments.sweep import parse_seeds, replicate_sets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 runner = CliRunner()

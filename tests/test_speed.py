@@ -27,7 +27,7 @@ from scalecl.compute.perf import (
     peak_tflops,
     sync_every,
 )
-from scalecl.config import ComputeConfig
+from scalecl.experiments.config import ComputeConfig
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.loop import Hooks, OptimConfig, TrainPlan, train
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
-from scalecl.config import load_preset
-from scalecl.study import study_values
+from scalecl.experiments.config import load_preset
+from scalecl.experiments.study import study_values
 
 runner = CliRunner()
 

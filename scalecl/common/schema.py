@@ -3,7 +3,7 @@
 Every config of the suite is a dataclass. A field declares its type (the annotation) and, with `opt`, its
 valid range or choices. `merge` applies a nested dict of overrides (a preset file, `--set` pairs) to an
 instance: unknown keys, wrong types and values out of range are one clear ScaleclError before any work.
-This module knows no experiment: scalecl.config declares the experiments' sections on top of it, and
+This module knows no experiment: scalecl.experiments.config declares the experiments' sections on top of it, and
 methods type their options with `coerce`.
 """
 

@@ -65,7 +65,7 @@ def tune_cpu_allocator() -> bool:
 
 
 def allocator_tuned() -> bool:
-    """Whether tune_cpu_allocator is in force in this process (freed memory stays in it: scalecl.budget)."""
+    """Whether tune_cpu_allocator is in force in this process (freed memory stays in it: scalecl.experiments.budget)."""
     return _ALLOCATOR["tuned"]
 
 

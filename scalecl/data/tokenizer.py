@@ -251,7 +251,7 @@ def cached_encoding(
 ) -> list[np.ndarray]:
     """Token ids of each text (as `encode_plain`), read from `folder` when an earlier run cached them there.
 
-    `folder` is named by a hash of everything the texts and the tokenizer depend on (scalecl.bio keys it like
+    `folder` is named by a hash of everything the texts and the tokenizer depend on (scalecl.experiments.bio keys it like
     the stage caches). The texts are rendered only on a miss. A miss encodes them (`encode_flat`) and, when
     `write`, caches them (one process at a time, written to a temporary sibling and renamed). Each text comes
     back as a 1-D int64 view into one array: the paper preset's 500,000 biographies (34M tokens) load in a

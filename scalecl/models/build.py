@@ -88,7 +88,7 @@ def tiny_config(kind: str = "llama", **overrides) -> PretrainedConfig:
 
 
 def shape_config(shape, vocab_size: int, **overrides) -> PretrainedConfig:
-    """The config of a from-scratch decoder of `shape` (a scalecl.config.ModelShape: arch, hidden, layers,
+    """The config of a from-scratch decoder of `shape` (a scalecl.experiments.config.ModelShape: arch, hidden, layers,
     heads, ffn, context, rotary_pct) with `vocab_size` embedding and head rows; overrides (e.g. special
     token ids) are passed to the config."""
     if shape.hidden % shape.heads:

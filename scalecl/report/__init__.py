@@ -158,7 +158,7 @@ def find_files(root: Path, name: str) -> list[Path]:
 
 def _result_files(root: Path, study: str | None) -> list[Path]:
     """The result.json files of a study's runs (study=None: of the main runs) under root. A study's value whose
-    run lives among the main runs has a `reference.json` in its folder (scalecl.study) instead of a copy: its
+    run lives among the main runs has a `reference.json` in its folder (scalecl.experiments.study) instead of a copy: its
     target's result.json is returned (a folder holding its own result.json keeps that one)."""
     found = [f for f in find_files(root, "result.json") if _study_of(f) == study]
     if study is None:

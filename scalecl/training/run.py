@@ -95,7 +95,7 @@ class WallClock:
     """A partition of this process's real time into named phases, so that a run's `wall_s` adds up to the
     time from the process's start to its result.json (`total`).
 
-    The sweep (scalecl.sweep) starts one: `startup` is the process's age when the first sweep of the process
+    The sweep (scalecl.experiments.sweep) starts one: `startup` is the process's age when the first sweep of the process
     began (interpreter, imports, argument parsing), `earlier` what earlier sweeps of the process took
     (replicates, study values). It laps the shared phases (check, prepare, stages); `for_run` starts a run's
     own clock from them, counting what other runs of the sweep took meanwhile as `earlier_runs`; Run.finish

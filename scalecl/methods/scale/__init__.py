@@ -18,7 +18,7 @@ def never_shares(model: PreTrainedModel, st, mask) -> dict[str, Any]:
     """At the (B, T) mask positions of the last routed evaluation forward: for each path, the share of its
     original-channel logit vector's squared norm, sum_v Z_v^2, that lies on vocabulary rows never a training
     target (state.never_rows). A share near 1 means the router's raw-logit cosine is decided by rows the task
-    never uses. Empty unless the experiment set never_rows (scalecl.bio does for SCALE-Route)."""
+    never uses. Empty unless the experiment set never_rows (scalecl.experiments.bio does for SCALE-Route)."""
     never, hidden = getattr(st, "never_rows", None), getattr(st, "path_hidden", None)
     if never is None or hidden is None or hidden[0].shape[:2] != mask.shape:
         return {}

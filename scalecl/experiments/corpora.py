@@ -14,9 +14,9 @@ from pathlib import Path
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import config_hash
-from scalecl.config import CorpusConfig, CptRunConfig
 from scalecl.data.bilingual import FOLDERS, BilingualConfig
 from scalecl.data.corpus import CorpusSpec
+from scalecl.experiments.config import CorpusConfig, CptRunConfig
 
 BUILTIN = "builtin"
 

@@ -40,8 +40,13 @@ from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, se
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
-from scalecl.config import CorpusConfig, CptRunConfig
-from scalecl.corpora import (
+from scalecl.data.bilingual import write_corpus
+from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
+from scalecl.data.tokenizer import load_tokenizer
+from scalecl.evaluation.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
+from scalecl.evaluation.qa import value_summary
+from scalecl.experiments.config import CorpusConfig, CptRunConfig
+from scalecl.experiments.corpora import (
     BUILTIN,
     bilingual_config,
     builtin_root,
@@ -49,14 +54,9 @@ from scalecl.corpora import (
     corpus_spec,
     max_positions,
 )
-from scalecl.data.bilingual import write_corpus
-from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
-from scalecl.data.tokenizer import load_tokenizer
-from scalecl.evaluation.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
-from scalecl.evaluation.qa import value_summary
+from scalecl.experiments.sweep import Paths
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
-from scalecl.sweep import Paths
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
@@ -166,7 +166,7 @@ class EvalSets:
 def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
     """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
     and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
-    from scalecl.budget import phase
+    from scalecl.experiments.budget import phase
     from scalecl.models.build import load_base_config
 
     builtin = rc.base == "builtin"
@@ -208,7 +208,7 @@ class CptExperiment:
     # -- before anything is written ----------------------------------------------------------------------
 
     def budget_phases(self, methods: list[str], world: int) -> list:
-        """What the sweep will run, for scalecl.budget's estimate (held-out tokens once the data are ready)."""
+        """What the sweep will run, for scalecl.experiments.budget's estimate (held-out tokens once the data are ready)."""
         evals = getattr(self, "evals", None)
         return cpt_phases(self.rc, methods, world, evals.tokens("old") + evals.tokens("new") if evals else 0)
 

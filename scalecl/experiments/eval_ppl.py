@@ -12,8 +12,12 @@ from typing import Any
 from scalecl.common.errors import NotFinite, ScaleclError
 from scalecl.common.files import OwnedFiles, check_path_length, check_writable_dir
 from scalecl.compute.machine import pick_device, provenance
-from scalecl.config import CorpusConfig, CptRunConfig
-from scalecl.corpora import (
+from scalecl.data.bilingual import write_corpus
+from scalecl.data.corpus import check_corpus, eval_chunks
+from scalecl.data.tokenizer import load_tokenizer
+from scalecl.evaluation.perplexity import perplexity
+from scalecl.experiments.config import CorpusConfig, CptRunConfig
+from scalecl.experiments.corpora import (
     BUILTIN,
     bilingual_config,
     builtin_root,
@@ -21,10 +25,6 @@ from scalecl.corpora import (
     corpus_spec,
     max_positions,
 )
-from scalecl.data.bilingual import write_corpus
-from scalecl.data.corpus import check_corpus, eval_chunks
-from scalecl.data.tokenizer import load_tokenizer
-from scalecl.evaluation.perplexity import perplexity
 from scalecl.methods import get_method
 from scalecl.models.build import load_base_config, read_config
 from scalecl.training.checkpoint import check_model_files, load_model

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
 
-from scalecl.config import load_preset
+from scalecl.experiments.config import load_preset
 from scalecl.methods import count_parameters, get_method
 from scalecl.models.build import shape_config
 
@@ -433,7 +433,7 @@ def check_fits(e: Estimate) -> None:
 
 
 def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: int) -> Estimate:
-    """The estimate of an experiment of the sweep (scalecl.sweep) for the methods it will train: its phases
+    """The estimate of an experiment of the sweep (scalecl.experiments.sweep) for the methods it will train: its phases
     (`exp.budget_phases`, each experiment's own list) on this device."""
     from scalecl.compute.perf import autocast_dtype
 

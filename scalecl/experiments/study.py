@@ -34,8 +34,8 @@ from typing import Any
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import show_text
 from scalecl.compute.processes import say
-from scalecl.config import load_preset
-from scalecl.sweep import Paths, SweepOptions, check, sweep
+from scalecl.experiments.config import load_preset
+from scalecl.experiments.sweep import Paths, SweepOptions, check, sweep
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
 REFERENCE_WRITER = "scalecl study"
@@ -116,9 +116,9 @@ def experiments(study: str, preset: str, values: str | None, sets: list[str], pa
     """(study, [(value, experiment)]): one experiment per swept value, writing under <out>/<study>/."""
     s, vals, configs = study_configs(study, preset, values, sets)
     if s.experiment == "cpt":
-        from scalecl.cpt import CptExperiment as kind
+        from scalecl.experiments.cpt import CptExperiment as kind
     else:
-        from scalecl.bio import BioExperiment as kind
+        from scalecl.experiments.bio import BioExperiment as kind
     where = Paths(paths.out / study, paths.cache, paths.checkpoints, shared=(paths.out.parent / s.experiment,))
     return s, [(v, kind(cfg, preset, where)) for v, cfg in zip(vals, configs, strict=True)]
 
@@ -126,7 +126,7 @@ def experiments(study: str, preset: str, values: str | None, sets: list[str], pa
 def run_study(study: str, preset: str, values: str | None, sets: list[str] | list[list[str]], paths: Paths,
               opts: SweepOptions | None = None) -> list[dict[str, Any]]:
     """Run one run per swept value (after checking all of them); returns their result dicts. `sets` is one
-    --set list, or one list per replicate (scalecl.sweep.replicate_sets): every value runs in every replicate."""
+    --set list, or one list per replicate (scalecl.experiments.sweep.replicate_sets): every value runs in every replicate."""
     opts = opts or SweepOptions()
     replicas = sets if sets and isinstance(sets[0], list) else [sets]
     s, exps = None, []

@@ -4,7 +4,7 @@ Stage 1 pre-trains a random-init GPT-NeoX on biographies, stage 2 fine-tunes it 
 applies a method and fine-tunes on Task 1 QA of new people while first-token accuracy on held-out Task 0
 people and on Task 1 people is tracked. Stages 1 and 2 do not depend on the method: each is cached under a
 hash of everything it depends on and reused by every method. `BioExperiment` is what the sweep
-(scalecl.sweep) runs; every stage is a run (scalecl.training.run, trained by scalecl.training.fit): checkpointed, resumable,
+(scalecl.experiments.sweep) runs; every stage is a run (scalecl.training.run, trained by scalecl.training.fit): checkpointed, resumable,
 guarded against divergence; a finished method run is found before any stage is built.
 
 Protocol details that follow the reference code (zzz47zzz/spurious-forgetting): every biography text
@@ -43,14 +43,14 @@ from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, se
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
-from scalecl.config import BioRunConfig, StageConfig
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
 from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
 from scalecl.evaluation.qa import QATensors, encode_qa, qa_accuracy, qa_batches
+from scalecl.experiments.config import BioRunConfig, StageConfig
+from scalecl.experiments.sweep import Paths, hold
 from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
 from scalecl.models.build import model_from_config, shape_config
-from scalecl.sweep import Paths, hold
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
@@ -313,14 +313,14 @@ def _train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the memory and time estimate (scalecl.budget)
+# the memory and time estimate (scalecl.experiments.budget)
 
 
 def bio_phases(rc: Any, methods: list[str], world: int, vocab: int = 0, qa_len: int = 0) -> list:
     """The phases of a biography sweep: stages 1-2, then each method's stage 3 and its evaluations. `vocab`
     (head rows) and `qa_len` (the longest QA sequence) come from the prepared data; without them, from the
     preset (model.vocab; a rough count of the local tokenizer's words; QA_TOKENS)."""
-    from scalecl.budget import QA_TOKENS, phase
+    from scalecl.experiments.budget import QA_TOKENS, phase
 
     data = bio_config(rc)
     if not vocab:
@@ -371,7 +371,7 @@ class BioExperiment:
     # -- before anything is written ----------------------------------------------------------------------
 
     def budget_phases(self, methods: list[str], world: int) -> list:
-        """What the sweep will run, for scalecl.budget's estimate; from the prepared data when it is ready (the
+        """What the sweep will run, for scalecl.experiments.budget's estimate; from the prepared data when it is ready (the
         head's rows, the longest QA sequence), else from the preset."""
         data = self.data
         qa = max((q.ids.shape[1] for q in data.qa.values()), default=0) if data is not None else 0

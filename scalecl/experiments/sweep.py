@@ -217,9 +217,9 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
 
 
 def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist) -> None:
-    """Print the estimated peak memory and time of what the sweep will train (scalecl.budget), once its data
+    """Print the estimated peak memory and time of what the sweep will train (scalecl.experiments.budget), once its data
     is ready; a run that cannot fit is one error on every process before any training."""
-    from scalecl.budget import check_fits, describe, sweep_estimate
+    from scalecl.experiments.budget import check_fits, describe, sweep_estimate
 
     refused = None
     if d.main:
