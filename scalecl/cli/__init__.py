@@ -634,5 +634,3 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
