@@ -20,10 +20,12 @@ from typer.testing import CliRunner
 
 from scalecl.cli import app
 from scalecl.data.corpus import CorpusSpec, PackedChunks, RankBatches, iter_texts
-from scalecl.experiments.config import PAPER_CPT_LR, load_preset
+from scalecl.experiments import load_preset
+from scalecl.experiments.config import PAPER_CPT_LR
 from scalecl.methods import METHOD_ORDER
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.loop import OptimConfig, TrainPlan, train
+from scalecl.training.record import checkpoint_dir
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -145,7 +147,7 @@ def test_tiny_preset_end_to_end_with_builtin_corpus_and_eval_ppl(tmp_path, monke
     assert result["base"]["cached"] is False and result["provenance"]["torch"] == torch.__version__
     assert result["summary"]["new_ppl_end"] == recs[-1]["new/ppl"]
     corpus = next((tmp_path / "cache" / "cpt").glob("corpus-*"))
-    res = runner.invoke(app, ["eval-ppl", "--model", result["checkpoint"], "--dataset", str(corpus / "ko"),
+    res = runner.invoke(app, ["eval-ppl", "--model", str(checkpoint_dir(result, d)), "--dataset", str(corpus / "ko"),
                               "--split", "test", "--take", "30", "--seq-len", "64", "--json",
                               "--out", str(tmp_path / "ppl.json")])
     assert res.exit_code == 0, res.output
@@ -153,7 +155,7 @@ def test_tiny_preset_end_to_end_with_builtin_corpus_and_eval_ppl(tmp_path, monke
     assert json.loads(res.stdout) == json.loads(json.dumps(ppl, default=str))
     assert ppl["ppl"] == pytest.approx(recs[-1]["new/ppl"], rel=1e-6) and ppl["seq_len"] == 64
     assert ppl["tokens"] == result["data"]["new_eval"]["tokens"] and 0 <= ppl["route_preserve"] <= 1
-    res = runner.invoke(app, ["eval-ppl", "--model", result["checkpoint"], "--dataset", str(corpus / "ko"),
+    res = runner.invoke(app, ["eval-ppl", "--model", str(checkpoint_dir(result, d)), "--dataset", str(corpus / "ko"),
                               "--split", "test", "--take", "30", "--seq-len", "64"])
     assert res.exit_code == 0 and res.stdout.startswith(f"ppl {ppl['ppl']:.4f}"), res.output
 

@@ -21,6 +21,7 @@ from conftest import local_sets, records, run
 from scalecl.experiments.config import CorpusConfig
 from scalecl.experiments.eval_ppl import eval_ppl
 from scalecl.training.checkpoint import load_model
+from scalecl.training.record import checkpoint_dir
 from scalecl.training.state import load_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,9 @@ def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local):
     assert not list((two / "out").glob("*/result.json"))
     torchrun([*args, "--resume"], tmp_path)
     for method in single:
-        (res,) = [json.loads(p.read_text()) for p in (two / "out").glob(f"tiny-{method}-*/result.json")]
+        ((run_dir, res),) = [(p.parent, json.loads(p.read_text()))
+                             for p in (two / "out").glob(f"tiny-{method}-*/result.json")]
+        final = checkpoint_dir(res, run_dir)  # recorded relative to the run folder
         assert res["processes"] == 2 and res["resumed_from_step"] == 3
         assert res["speed"]["parallel"]["mode"] == "fsdp"
         for a, b in zip(records(two / "out", method), records(tmp_path / "one" / "out", method), strict=True):
@@ -58,14 +61,14 @@ def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local):
                 else:
                     assert a[key] == pytest.approx(b[key], rel=1e-4), (method, a["step"], key)
         # the checkpoint's optimizer state is the full, name-keyed state dict (gathered to rank 0)
-        ckpt = sorted((two / "runs" / "cpt" / Path(res["checkpoint"]).parent.name).glob("step-*"))[-1]
+        ckpt = sorted((two / "runs" / "cpt" / final.parent.name).glob("step-*"))[-1]
         opt = load_state(ckpt)["optimizer"]
         names = [n for g in opt["param_groups"] for n in g["params"]]
         assert names and all(isinstance(n, str) for n in names) and set(opt["state"]) == set(names)
         # the final model is a full checkpoint: loaded alone, it scores the last evaluation's new-domain PPL
-        model = load_model(res["checkpoint"])
+        model = load_model(final)
         assert sum(p.numel() for p in model.parameters() if p.requires_grad) == res["trainable_params"]
-        ppl = eval_ppl(res["checkpoint"], CorpusConfig(path=str(local / "corpus" / "ko"), split="test"), 32, 16,
+        ppl = eval_ppl(str(final), CorpusConfig(path=str(local / "corpus" / "ko"), split="test"), 32, 16,
                            tmp_path / "cache")
         assert ppl["ppl"] == pytest.approx(res["final"]["new/ppl"], rel=1e-5)
 
@@ -119,7 +122,7 @@ def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
     torchrun([*common, *ckpt, "--set", f"compute.parallel={parallel}", "--out", str(two / "out"), "--cache",
               str(two / "cache"), "--checkpoints", str(two / "ck")], tmp_path)
     (r1,) = [json.loads(p.read_text()) for p in (one / "out").glob("*/result.json")]
-    (r2,) = [json.loads(p.read_text()) for p in (two / "out").glob("*/result.json")]
+    ((r2_dir, r2),) = [(p.parent, json.loads(p.read_text())) for p in (two / "out").glob("*/result.json")]
     assert r1["speed"]["parallel"]["mode"] == "single" and r2["speed"]["parallel"]["mode"] == parallel
     assert r2["speed"]["parallel"]["activation_checkpointing"] is (parallel == "fsdp")
     assert r1["accumulation"] == {"stage1": 2, "stage2": 2, "stage3": 2}
@@ -131,7 +134,7 @@ def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
     for a, b in zip(m2, m1, strict=True):
         for key in ("loss", "task0/soft_acc", "task1/soft_acc", "task0/acc"):  # fp32 reduction order
             assert (a[key] is None and b[key] is None) or a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
-    model = load_model(r2["checkpoint"])  # the final model, gathered and saved by rank 0
+    model = load_model(checkpoint_dir(r2, r2_dir))  # the final model, gathered and saved by rank 0
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == r2["trainable_params"]
 
 

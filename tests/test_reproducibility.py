@@ -21,9 +21,10 @@ from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import LEGACY_NUMERICS, numerics_key
 from scalecl.compute.processes import Dist
+from scalecl.experiments import load_preset
+from scalecl.experiments.base import Paths
 from scalecl.experiments.bio import BioExperiment
-from scalecl.experiments.config import load_preset
-from scalecl.experiments.sweep import Paths, SweepOptions, check
+from scalecl.experiments.sweep import SweepOptions, check
 from scalecl.methods import get_method
 from scalecl.training.run import Run
 
@@ -77,8 +78,8 @@ def test_a_finished_run_of_another_thread_count_under_this_name_is_refused(tmp_p
     identity = {"experiment": "bio", "name": "run", "method": "fft", "options": {}, "config_hash": "h",
                 "numerics": LEGACY_NUMERICS}
     # a result an older version wrote at 2 threads: no "numerics" of its own, its provenance tells
-    old = {"run": {k: v for k, v in identity.items() if k != "numerics"},
-           "provenance": {"device": "cpu", "machine": {"threads": 2, "gpu": None}}}
+    old = {"run": {k: v for k, v in identity.items() if k != "numerics"}, "experiment": "bio", "preset": "cpu",
+           "method": "fft", "provenance": {"device": "cpu", "machine": {"threads": 2, "gpu": None}}}
     run = Run(identity, out, tmp_path / "ck")
     run._owned().write("result.json", json.dumps(old))  # written as a run writes it (its fingerprint recorded)
     with pytest.raises(ScaleclError, match="made with CPU, 2 threads, this run computes with CPU, 1 thread") as e:

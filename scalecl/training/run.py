@@ -54,15 +54,15 @@ from scalecl.common.files import (
     unowned_entries,
     write_json,
 )
-from scalecl.common.readers import read_json
 from scalecl.compute.machine import check_numerics
 from scalecl.training.crash import crash_point
+from scalecl.training.record import RESULT_FILE, read_record, record_text
 from scalecl.training.state import JSON_NAME, load_state, save_state
 
 STEP_DIR = re.compile(r"^step-(\d{7,})$")
 RUN_WRITER = "scalecl run"  # the run folder's manifest: out_dir/.scalecl-run-files.json
 PARTIALS = ("metrics.jsonl.partial", "train_log.jsonl.partial")
-FINALS = ("metrics.jsonl", "train_log.jsonl", "result.json")
+FINALS = ("metrics.jsonl", "train_log.jsonl", RESULT_FILE)
 CKPT_MANIFEST = "scalecl-checkpoint.json"  # in every step folder: the fingerprint of each file in it
 
 
@@ -196,17 +196,14 @@ class Run:
         """The finished run's result, or None. An unreadable result.json is an error, not a silent rerun."""
         if self.out_dir is None:
             return None
-        f = self.out_dir / "result.json"
+        f = self.out_dir / RESULT_FILE
         if not f.exists() and not f.is_symlink():
             return None
-        self._owned().check("result.json")  # only a result this layer wrote, unchanged, marks a finished run
+        self._owned().check(RESULT_FILE)  # only a result this layer wrote, unchanged, marks a finished run
         try:
-            result = read_json(f, "finished run's result")
+            result = read_record(f, "finished run's result")
         except ScaleclError as e:
             raise ScaleclError(f"{e}; remove it or use --force to rerun") from None
-        if not isinstance(result.get("run"), dict):
-            raise ScaleclError(f"{f} records no run identity (`run`), so it is not a finished run's result; remove it "
-                               f"or use --force to rerun")
         if "numerics" in self.identity:  # a run of another thread count or device is not this run
             check_numerics(result, self.identity["numerics"], f"the finished run {self.out_dir}",
                            "--force makes it again with this run's")
@@ -260,7 +257,7 @@ class Run:
         if force and self.main:
             self.remove_checkpoints()
             if self.out_dir is not None:
-                self._owned().remove("result.json")
+                self._owned().remove(RESULT_FILE)
             found = []
         if not found:
             if resume and resume != "auto":
@@ -386,13 +383,13 @@ class Run:
         if self.wall is not None:  # every second of the process up to this file, in phases (WallClock)
             self.wall.lap("write")
             result["wall_s"] = dict(result.get("wall_s") or {}) | self.wall.record()
-        owned.write("result.json", json.dumps({"run": self.identity} | result, indent=2, default=str) + "\n")
+        owned.write(RESULT_FILE, record_text(self.identity, result, self.out_dir, self.final_dir))
         self.tidy()
         self.close_trackers()
 
     def tidy(self) -> None:
         """Remove what only an unfinished run needs (partial files, temporaries) once result.json exists."""
-        if self.main and self.out_dir is not None and (self.out_dir / "result.json").exists():
+        if self.main and self.out_dir is not None and (self.out_dir / RESULT_FILE).exists():
             for name in PARTIALS:  # only the run's own (a user's file so named stays)
                 self._owned().remove(name, grown=name == PARTIALS[1])
             remove_temporaries(self.out_dir)

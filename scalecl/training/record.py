@@ -1,0 +1,142 @@
+"""The result record of a finished run, `<run>/result.json`: its declared shape, the one writer and the one
+reader, and what end-of-run tables compare a run with (the FFT run of the same base, the chance floor).
+
+Every experiment's record carries the `Envelope` keys plus its own (the biography: stages, priors, vocabulary
+rows; continual pre-training: the base, the corpora). `run` is the identity the run was named by
+(scalecl.training.run.Run.identity). A record names no folder of the machine that wrote it: `checkpoint` is
+the final model's folder relative to the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalecl.common.errors import ScaleclError
+from scalecl.common.readers import read_json
+
+RESULT_FILE = "result.json"
+# what makes a file a scalecl result at all; the rest is each reader's to require
+REQUIRED = {"run": dict, "experiment": str, "preset": str, "method": str}
+
+
+@dataclass
+class Envelope:
+    """The keys every experiment's result.json carries, declared once."""
+
+    experiment: str  # the experiment's registered name (scalecl.experiments.EXPERIMENTS)
+    preset: str
+    method: str
+    method_options: dict[str, Any]
+    description: str  # the method's one-line description (Method.describe)
+    lr: float  # the rate the method trained at (after any per-method scale)
+    seeds: dict[str, int]  # {"base": ..., "run": ...}
+    trainable_params: int
+    total_params: int
+    config: dict[str, Any]  # the whole resolved config (asdict)
+    provenance: dict[str, Any]  # scalecl.compute.machine.provenance at the start, plus "finished"
+    processes: int
+    speed: dict[str, Any]
+    summary: dict[str, Any] = field(default_factory=dict)  # the end-of-run table's numbers
+    final: dict[str, Any] = field(default_factory=dict)  # the last evaluation
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def params(model) -> dict[str, int]:
+    """Trainable and total parameter counts of a trained model, as the envelope records them."""
+    return {"trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "total_params": sum(p.numel() for p in model.parameters())}
+
+
+def record_text(identity: dict[str, Any], result: dict[str, Any], out_dir: Path, final_dir: Path | None) -> str:
+    """The text of result.json: the run's identity, then the result, with the final model's folder relative to
+    the run folder (the caller's dict keeps the path it can open)."""
+    doc = {"run": identity} | result
+    if final_dir is not None and "checkpoint" in result:
+        doc["checkpoint"] = Path(os.path.relpath(Path(final_dir).absolute(), Path(out_dir).absolute())).as_posix()
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+def read_record(f: Path, what: str = "run result") -> dict[str, Any]:
+    """A result.json as a dict, or one ScaleclError naming the file: unreadable, not an object, or lacking a key
+    every result has (REQUIRED)."""
+    r = read_json(f, what)
+    if not isinstance(r, dict):
+        raise ScaleclError(f"{what} {f}: not a scalecl result (a JSON object is expected)")
+    for key, kind in REQUIRED.items():
+        if not isinstance(r.get(key), kind):
+            raise ScaleclError(f"{what} {f}: not a scalecl result (no {key!r})")
+    return r
+
+
+def checkpoint_dir(result: dict[str, Any], run_dir: Path) -> Path | None:
+    """The final model's folder a record names (relative to its run folder, or as older records wrote it)."""
+    ck = result.get("checkpoint")
+    if not isinstance(ck, str) or not ck:
+        return None
+    return Path(ck) if Path(ck).is_absolute() else Path(os.path.normpath(run_dir / ck))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what a result is compared with
+
+
+def base_identity(result: dict[str, Any]) -> tuple | None:
+    """What a finished run started from, read from what it recorded: a base model (`base.source`, continual
+    pre-training), or cached stages 1-2 (the base seed and the stages' final losses, which differ between any
+    two cache entries; the biography). None if the record says neither."""
+    base = result.get("base")
+    if isinstance(base, dict) and base.get("source"):
+        return ("model", base["source"])
+    stages = [result.get(s) for s in ("stage1", "stage2")]
+    if not all(isinstance(s, dict) and "final_loss" in s for s in stages):
+        return None
+    seeds = result.get("seeds") if isinstance(result.get("seeds"), dict) else {}
+    return ("stages", result.get("preset"), seeds.get("base", 0), *(s["final_loss"] for s in stages))
+
+
+def fft_reference(results: list[dict[str, Any]], folders: Sequence[Path]) -> dict[str, Any] | None:
+    """The FFT run of the same base as the sweep's runs: among them, else a finished one in the first of
+    `folders` that has one (the newest there); None when there is none or the runs do not share one base."""
+    bases = {base_identity(r) for r in results}
+    if len(bases) != 1 or None in bases:
+        return None
+    base = bases.pop()
+    found = [r for r in results if r.get("method") == "fft"]
+    for folder in folders:
+        if found:
+            break
+        found = _finished_fft(folder, base)
+    return max(found, key=_finished) if found else None
+
+
+def _finished_fft(out: Path, base: tuple) -> list[dict[str, Any]]:
+    """The finished FFT runs of `base` in the folder `out` (none when it does not exist)."""
+    found: list[dict[str, Any]] = []
+    if out.is_dir():
+        for f in out.glob(f"*fft*/{RESULT_FILE}"):
+            try:
+                r = read_record(f)
+            except ScaleclError:  # a damaged result is `scalecl plot`'s to report, not the summary's
+                continue
+            if r.get("method") == "fft" and base_identity(r) == base:
+                found.append(r)
+    return found
+
+
+def _finished(result: dict[str, Any]) -> str:
+    prov = result.get("provenance") if isinstance(result.get("provenance"), dict) else {}
+    return str(prov.get("finished") or prov.get("date") or "")
+
+
+def chance_floor(results: list[dict[str, Any]], part: str) -> float | None:
+    """The accuracy of always answering an attribute's most common first token (`priors`, pooled over attributes)
+    on `part` (task0_heldout, task1), if the runs record one and agree on it."""
+    floors = {r.get("priors", {}).get(part, {}).get("pooled") for r in results}
+    return floors.pop() if len(floors) == 1 and None not in floors else None
