@@ -42,7 +42,7 @@ def main() -> None:
     from scalecl.compute.machine import provenance
     from scalecl.data.biography import ranges
     from scalecl.data.tokenizer import cached_encoding
-    from scalecl.experiments.config import load_preset
+    from scalecl.experiments import load_preset
 
     lap("import")
     rc = load_preset("bio", args.preset, ["tokenizer=local"])

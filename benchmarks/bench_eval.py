@@ -66,8 +66,8 @@ def main() -> None:
     import scalecl.experiments.bio as bio
     from scalecl.compute.machine import provenance, tune_cpu_allocator
     from scalecl.evaluation.qa import qa_accuracy
-    from scalecl.experiments.config import load_preset
-    from scalecl.experiments.sweep import Paths
+    from scalecl.experiments import load_preset
+    from scalecl.experiments.base import Paths
     from scalecl.methods import get_method
     from scalecl.training.fit import Runtime
     from scalecl.training.loop import TrainPlan, train

@@ -128,7 +128,7 @@ def route_case(rc, cache: Path):
     """(model, batches, optimizer settings) of SCALE-Route's stage 3 on the cached stage-2 model."""
     import scalecl.experiments.bio as bio
     from scalecl.evaluation.qa import qa_batches
-    from scalecl.experiments.sweep import Paths
+    from scalecl.experiments.base import Paths
     from scalecl.methods import get_method
     from scalecl.training.fit import Runtime
     from scalecl.training.optim import OptimConfig
@@ -162,7 +162,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from scalecl.compute.machine import provenance, tune_cpu_allocator
-    from scalecl.experiments.config import load_preset
+    from scalecl.experiments import load_preset
 
     tune_cpu_allocator()  # as the scalecl command does; Trainer's steps run in the same process, so both get it
     rc = load_preset("bio", "cpu", [f"seed={args.seed}"])

@@ -122,8 +122,9 @@ def local_sets(local: Path, arch: str = "llama", *extra: str) -> list[str]:
 def run(tmp: Path, sets: list[str], methods: list[str], **kw) -> list[dict]:
     """Sweep the tiny cpt preset (with `sets`) over `methods` in one process, everything written under `tmp`."""
     import scalecl.experiments.cpt as cpt
-    from scalecl.experiments.config import load_preset
-    from scalecl.experiments.sweep import Paths, SweepOptions, sweep
+    from scalecl.experiments import load_preset
+    from scalecl.experiments.base import Paths
+    from scalecl.experiments.sweep import SweepOptions, sweep
 
     rc = load_preset("cpt", "tiny", sets)
     return sweep(cpt.CptExperiment(rc, "tiny", Paths(tmp / "out", tmp / "cache", tmp / "runs")), methods,

@@ -15,7 +15,7 @@ from scalecl.cli import app
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.data.tokenizer import train_bio_tokenizer
 from scalecl.evaluation.qa import encode_qa, qa_accuracy, qa_train_batch
-from scalecl.experiments.config import load_preset
+from scalecl.experiments import load_preset
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.loop import TrainPlan
 from scalecl.training.optim import OptimConfig

@@ -16,7 +16,7 @@ import scalecl.experiments.bio as bio
 from scalecl.cli import app
 from scalecl.data.biography import generate_people, preset, ranges
 from scalecl.data.tokenizer import encode_plain, train_bio_tokenizer
-from scalecl.experiments.config import load_preset
+from scalecl.experiments import load_preset
 from scalecl.methods import METHOD_ORDER, get_method
 from scalecl.training.loop import make_optimizer
 from scalecl.training.optim import OptimConfig

@@ -115,14 +115,14 @@ def _bio_result(method: str, name: str, t0: float, base_loss: float = 0.5) -> di
 
 
 def test_bio_summary_shows_chance_floor_and_fft_of_the_same_base(tmp_path, capsys):
+    from scalecl.experiments.base import Paths
     from scalecl.experiments.bio import BioExperiment
-    from scalecl.experiments.sweep import Paths
 
     for name, loss in (("tiny-fft-aaaa", 0.5), ("tiny-fft-bbbb", 0.9)):  # the second is of another base
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(json.dumps(_bio_result("fft", name, 0.25 if loss == 0.5 else 0.75,
                                                                             loss)))
-    exp = SimpleNamespace(paths=Paths(tmp_path))
+    exp = SimpleNamespace(paths=Paths(tmp_path), end_table=BioExperiment.end_table)
     BioExperiment.summary(exp, [_bio_result("scale-route", "tiny-scale-route-cccc", 0.5)])
     out = capsys.readouterr().out
     assert "fft (same base: tiny-fft-aaaa)" in out and "tiny-fft-bbbb" not in out and "0.250" in out
@@ -133,9 +133,9 @@ def test_bio_summary_shows_chance_floor_and_fft_of_the_same_base(tmp_path, capsy
 
 def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys):
     """A study writes into <out>/<study>/; its table finds the FFT run among the main runs, <out>/../bio."""
+    from scalecl.experiments.base import Paths
     from scalecl.experiments.bio import BioExperiment
     from scalecl.experiments.study import experiments
-    from scalecl.experiments.sweep import Paths
 
     main = tmp_path / "bio"
     for name, loss in (("tiny-fft-aaaa", 0.5), ("tiny-fft-bbbb", 0.9)):  # the second is of another base
@@ -148,7 +148,8 @@ def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys
     BioExperiment.summary(exps[0][1], [route], ["scale-route tau=0.9"])
     out = capsys.readouterr().out
     assert "fft (same base: tiny-fft-aaaa)" in out and "tiny-fft-bbbb" not in out and "0.250" in out
-    BioExperiment.summary(SimpleNamespace(paths=Paths(tmp_path / "studies" / "tau")), [route])  # no main runs
+    BioExperiment.summary(SimpleNamespace(paths=Paths(tmp_path / "studies" / "tau"), end_table=BioExperiment.end_table),
+                          [route])  # no main runs
     assert "fft" not in capsys.readouterr().out
 
 
@@ -157,10 +158,11 @@ def test_study_prints_one_table_labelled_by_value(monkeypatch, capsys, tmp_path)
     from scalecl.experiments import study
 
     class Exp:
-        from scalecl.experiments.sweep import Paths
+        from scalecl.experiments.base import Paths
         paths = Paths(tmp_path)
         from scalecl.experiments.bio import BioExperiment
         summary = BioExperiment.summary
+        end_table = BioExperiment.end_table
 
     values = ["-1", "0.9"]
     monkeypatch.setattr(study, "experiments", lambda *a: (study.STUDIES["tau"], [(v, Exp()) for v in values]))

@@ -31,8 +31,8 @@ from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import INT64_MAX, INT64_MIN, MAX_SEED, MAX_SIZE, Raw, check_seed, coerce
 from scalecl.data.biography import BioConfig
-from scalecl.experiments import sweep
-from scalecl.experiments.config import BioRunConfig, CptRunConfig, load_preset
+from scalecl.experiments import load_preset, sweep
+from scalecl.experiments.config import BioRunConfig, CptRunConfig
 from scalecl.methods import REGISTRY, method_names
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,

@@ -106,9 +106,9 @@ def test_eval_ppl_on_the_gguf_is_finite_and_reproducible(smol, tmp_path):
 def test_train_cpt_base_may_be_a_gguf(smol, tmp_path):
     """train-cpt's `base` set to a .gguf file is its cached transformers folder (named by the file's sha256), so
     the run's name and config record the content, not the path the file was read from."""
-    from scalecl.experiments.config import load_preset
+    from scalecl.experiments import load_preset
+    from scalecl.experiments.base import Paths
     from scalecl.experiments.cpt import CptExperiment
-    from scalecl.experiments.sweep import Paths
 
     cache, folder = smol[0], smol[1]
     rc = load_preset("cpt", "tiny", [f"base={GGUF}"])

@@ -26,9 +26,9 @@ from scalecl.common.errors import Busy, ScaleclError, TrainingDiverged
 from scalecl.common.locks import lock_path, locked
 from scalecl.compute.processes import Dist
 from scalecl.data.corpus import CorpusSpec, check_corpus, eval_chunks
+from scalecl.experiments import load_preset
+from scalecl.experiments.base import Paths
 from scalecl.experiments.bio import BioExperiment
-from scalecl.experiments.config import load_preset
-from scalecl.experiments.sweep import Paths
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.fit import Runtime, fit

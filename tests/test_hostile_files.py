@@ -291,8 +291,8 @@ def test_damaged_tokenizer_cache_is_one_line(tmp_path, monkeypatch, garbage):
     from dataclasses import asdict
 
     from scalecl.common.schema import config_hash
+    from scalecl.experiments import load_preset
     from scalecl.experiments.bio import TEXT_FORMAT, bio_config
-    from scalecl.experiments.config import load_preset
 
     monkeypatch.chdir(tmp_path)
     entry = Path("cache") / "bio" / f"tokenizer-{config_hash(asdict(bio_config(load_preset('bio', 'tiny', []))), TEXT_FORMAT)}"

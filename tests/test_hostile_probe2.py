@@ -339,9 +339,9 @@ def test_a_users_file_where_a_run_will_write_is_refused_before_any_data_or_stage
     from conftest import local_sets, run
 
     from scalecl.compute.processes import Dist
-    from scalecl.experiments.config import load_preset
+    from scalecl.experiments import load_preset
+    from scalecl.experiments.base import Paths
     from scalecl.experiments.cpt import CptExperiment
-    from scalecl.experiments.sweep import Paths
     from scalecl.methods import get_method
 
     sets = local_sets(local, "llama", "train.steps=2", "eval.every=2")

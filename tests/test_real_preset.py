@@ -16,7 +16,7 @@ import torch
 from conftest import SMOLLM2_GGUF, needs_smollm2, run
 
 from scalecl.evaluation.qa import QUANTILES
-from scalecl.experiments.config import load_preset
+from scalecl.experiments import load_preset
 from scalecl.experiments.cpt import route_stats
 from scalecl.methods import METHOD_ORDER, get_method
 
@@ -105,7 +105,8 @@ def test_real_preset_end_to_end_on_smollm2(smol, tmp_path):
     base's perplexity exactly (both domains) and records its router quantiles and never-row shares; about 49k of
     the 49,152 rows never occur in the Korean text under SmolLM2's English-centred tokenizer."""
     import scalecl.experiments.cpt as cpt
-    from scalecl.experiments.sweep import Paths, sweep
+    from scalecl.experiments.base import Paths
+    from scalecl.experiments.sweep import sweep
 
     cache = smol[0]
     rc = load_preset("cpt", "real", ["train.steps=2", "train.batch=2", "train.seq_len=32", "eval.every=2",

@@ -21,7 +21,8 @@ import scalecl.data.packaged as packaged
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.data.corpus import CorpusSpec, check_corpus, iter_texts
-from scalecl.experiments.config import CorpusConfig, load_preset
+from scalecl.experiments import load_preset
+from scalecl.experiments.config import CorpusConfig
 from scalecl.experiments.corpora import corpus_spec
 
 runner = CliRunner()

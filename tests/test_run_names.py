@@ -10,10 +10,10 @@ import pytest
 
 from scalecl.common.schema import merge
 from scalecl.compute.processes import Dist
+from scalecl.experiments.base import Paths
 from scalecl.experiments.bio import BioExperiment
 from scalecl.experiments.config import BioRunConfig, CptRunConfig
 from scalecl.experiments.cpt import CptExperiment
-from scalecl.experiments.sweep import Paths
 from scalecl.methods import get_method
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

@@ -13,7 +13,7 @@ from conftest import make_base, random_batch, snapshot, split_threshold, train_s
 
 from scalecl import ScaleConfig, load_model, routing_fractions, save_model, scale_path, upscale
 from scalecl.common.errors import ScaleclError
-from scalecl.methods.scale.layers import UpLinear
+from scalecl.modeling.scale_layers import UpLinear
 
 TOL = dict(atol=1e-5, rtol=0.0)
 HU, FU = 32, 24  # hidden_up = 4 heads of 8 (Llama: one GQA group of 4) or 2 heads of 16 (NeoX)
@@ -285,7 +285,7 @@ def test_config_errors(kw, msg):
 
 def test_string_options_from_the_command_line():
     """`--set methods.scale.collab=attn` arrives as a bare string: it means ("attn",), not its letters."""
-    from scalecl.experiments.config import load_preset
+    from scalecl.experiments import load_preset
     from scalecl.methods import get_method
 
     assert ScaleConfig(collab="attn").collab == ("attn",)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from conftest import make_base, random_batch, split_threshold
 
 from scalecl import ScaleConfig, scale_path, upscale
-from scalecl.methods.scale.layers import UpHead, UpLinear
+from scalecl.modeling.scale_layers import UpHead, UpLinear
 
 HU, FU = 32, 24
 TOL = dict(rtol=1e-6, atol=1e-10)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
-from scalecl.experiments.config import load_preset
+from scalecl.experiments import load_preset
 from scalecl.experiments.study import study_values
 
 runner = CliRunner()

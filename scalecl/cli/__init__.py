@@ -363,8 +363,8 @@ def train_bio(
     run_seeds: str | None = typer.Option(None, "--run-seeds", help=BIO_RUN_SEEDS),
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
+    from scalecl.experiments import load_preset
     from scalecl.experiments.bio import BioExperiment
-    from scalecl.experiments.config import load_preset
     from scalecl.experiments.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
@@ -519,7 +519,7 @@ def train_cpt(
     run_seeds: str | None = typer.Option(None, "--run-seeds", help=CPT_RUN_SEEDS),
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
-    from scalecl.experiments.config import load_preset
+    from scalecl.experiments import load_preset
     from scalecl.experiments.cpt import CptExperiment
     from scalecl.experiments.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
 

@@ -128,11 +128,6 @@ class BioRanges:
     task0_heldout: tuple[int, int]  # Task 0 evaluation: biographies seen, QA never trained
     task1: tuple[int, int]  # new people: QA only, biographies never pre-trained
 
-    def as_dict(self) -> dict[str, tuple[int, int]]:
-        """Plain dict, for logging and configs."""
-        return {"pretrain": self.pretrain, "task0_train": self.task0_train,
-                "task0_heldout": self.task0_heldout, "task1": self.task1}
-
 
 def ranges(cfg: BioConfig) -> BioRanges:
     """Person ranges used by the stages: [0, N_bio), [0, N_bio/2), [N_bio/2, N_bio), [N_bio, N_bio + N_t1)."""

@@ -120,7 +120,7 @@ def upscaled_norms(model: nn.Module) -> dict[str, float]:
     up_norm: mean over every W12, W21 and W22 block of every widened linear; up_norm/w12: mean over the
     W12 blocks that train (collaborative layers), the part that moves the original function.
     """
-    from scalecl.methods.scale.layers import UpLinear
+    from scalecl.modeling.scale_layers import UpLinear
 
     blocks, w12 = [], []
     for m in model.modules():

@@ -1,1 +1,86 @@
-"""The experiments: the biography benchmark and continual pre-training, their configs, sweeps and studies."""
+"""The experiments: the biography benchmark and continual pre-training, their configs, sweeps and studies.
+
+`EXPERIMENTS` is the registry: an experiment's name (its result.json `experiment`, its presets'
+`presets/<name>_<preset>.toml` prefix, its checkpoint subfolder) -> `ExperimentSpec`. The CLI, studies and
+`scalecl plot` find an experiment here; nothing outside this folder branches on an experiment's name.
+Importing this package does not import torch: an experiment's class and report load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalecl.common.errors import ScaleclError
+from scalecl.experiments.config import BioRunConfig, CptRunConfig, check_config, merge, parse_sets
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """An experiment as the registry knows it: its name, config dataclass and where its class and report live."""
+
+    name: str
+    config: type  # the run config dataclass its presets override (scalecl.experiments.config)
+    module: str  # the module of its experiment class and its report spec (imported on first use)
+    cls: str  # its ExperimentBase subclass
+    report: str  # its scalecl.report ReportSpec, in scalecl.experiments.reports
+
+    def experiment_class(self) -> type:
+        return getattr(importlib.import_module(self.module), self.cls)
+
+    def report_spec(self) -> Any:
+        return getattr(importlib.import_module("scalecl.experiments.reports"), self.report)
+
+    def load(self, preset: str, sets: list[str]) -> Any:
+        """The preset's config with `sets` applied, every key, type and range checked."""
+        return load_preset(self.name, preset, sets, self.config)
+
+    def make(self, preset: str, sets: list[str], paths: Path | Any) -> Any:
+        """An experiment of this kind: the preset's config with `sets`, writing where `paths` say."""
+        return self.experiment_class()(self.load(preset, sets), preset, paths)
+
+
+EXPERIMENTS: dict[str, ExperimentSpec] = {}
+
+
+def register(spec: ExperimentSpec) -> ExperimentSpec:
+    """Add an experiment to the registry; a name registered twice is a programming error."""
+    if spec.name in EXPERIMENTS:
+        raise ValueError(f"experiment {spec.name!r} is already registered")
+    EXPERIMENTS[spec.name] = spec
+    return spec
+
+
+def experiment(name: str) -> ExperimentSpec:
+    """The registered experiment `name`, or one clear error naming those there are."""
+    if name not in EXPERIMENTS:
+        raise ScaleclError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[name]
+
+
+register(ExperimentSpec("bio", BioRunConfig, "scalecl.experiments.bio", "BioExperiment", "BIO_REPORT"))
+register(ExperimentSpec("cpt", CptRunConfig, "scalecl.experiments.cpt", "CptExperiment", "CPT_REPORT"))
+
+
+def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type: type | None = None) -> Any:
+    """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a checked config.
+
+    config_type is the dataclass the file overrides; by default that of the experiment registered as `kind`
+    (scalecl.experiments.EXPERIMENTS).
+    """
+    if config_type is None:
+        config_type = experiment(kind).config
+    import tomllib
+    from importlib import resources
+
+    path = resources.files("scalecl.presets") / f"{kind}_{name}.toml"
+    if not path.is_file():
+        avail = sorted(p.name.removeprefix(f"{kind}_").removesuffix(".toml")
+                       for p in resources.files("scalecl.presets").iterdir() if p.name.startswith(f"{kind}_"))
+        raise ScaleclError(f"unknown preset {name!r}; choose one of {', '.join(avail)}")
+    cfg = merge(config_type(), tomllib.loads(path.read_text()), "")
+    cfg = merge(cfg, parse_sets(sets or []), "")
+    check_config(cfg)
+    return cfg

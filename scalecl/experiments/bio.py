@@ -25,36 +25,43 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from rich.table import Table
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError, cause
 from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
 from scalecl.common.hub import before_hub_load, miss_reason
 from scalecl.common.locks import locked
-from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
-from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
 from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
 from scalecl.evaluation.qa import QATensors, encode_qa, qa_accuracy, qa_batches
+from scalecl.experiments.base import (
+    EndTable,
+    ExperimentBase,
+    Paths,
+    cached_stage,
+    micro_split,
+    stage_record,
+    stage_run,
+)
 from scalecl.experiments.config import BioRunConfig, StageConfig
-from scalecl.experiments.sweep import Paths, hold
-from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
+from scalecl.methods import Method
 from scalecl.models.build import model_from_config, shape_config
-from scalecl.training.checkpoint import load_model, read_meta
+from scalecl.training.checkpoint import load_model
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
 from scalecl.training.optim import OptimConfig
+from scalecl.training.record import chance_floor
 from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
@@ -93,9 +100,7 @@ class RowShards:
 
 def micro_batch(rc: BioRunConfig, sc: StageConfig, world: int) -> tuple[int, int]:
     """(rows per forward, accumulation steps) of a stage with `world` processes (checked by BioExperiment.check)."""
-    per = sc.batch // world
-    micro = min(rc.compute.micro_batch, per) if rc.compute.micro_batch else per
-    return micro, per // micro
+    return micro_split(sc.batch, rc.compute.micro_batch, world)
 
 
 def micro_key(rc: BioRunConfig, world: int, *stages: str) -> dict[str, int]:
@@ -261,17 +266,6 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
 # cached stages
 
 
-def stage_run(cache: Path, stage: str, key: str, keep: int, d: Dist, tokenizer,
-              numerics: dict | None = None) -> Run:
-    """A cached stage: its final model is the cache folder itself; checkpoints beside it until it is done."""
-    name = f"{stage}-{key}"
-    identity = {"experiment": f"bio-{stage}", "name": name, "method": None, "options": {}, "config_hash": key}
-    if numerics is not None:
-        identity["numerics"] = numerics
-    return Run(identity, None, cache / "checkpoints" / name, final_dir=cache / name, keep=keep, main=d.main,
-               save_kw={"tokenizer": tokenizer})
-
-
 def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, desc: str, *, exact: bool = False,
                method: Method | None = None, quiet: bool = False) -> dict[str, dict[str, float]]:
     """qa_accuracy on each named QA set, shown as one evaluation (`desc`, counted in questions) on the progress
@@ -281,35 +275,18 @@ def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, d
                 for name, qa in sets.items()}
 
 
-def cached_stage(run: Run, plan: TrainPlan, *, build: Callable[[], torch.nn.Module], batches: Iterator[dict],
-                 info: Callable[[torch.nn.Module], dict], rt: Runtime) -> dict:
-    """Load a finished stage's record from the cache, or train the stage (resuming its own checkpoints) and
-    cache it. Under torchrun every process trains (and runs `info`'s evaluations); rank 0 writes the cache."""
-    with hold(run.final_dir, rt, wait=True, what=f"cached {run.name}"):
-        rt.d.barrier()  # every process sees the same cache
-        meta = read_meta(run.final_dir)
-        if meta is not None:
-            if "numerics" in run.identity:  # an entry trained elsewhere under a key without its numerics
-                check_numerics(meta.get("stage"), run.identity["numerics"],
-                               f"cached {run.name} ({run.final_dir})", f"delete {run.final_dir} to train it again")
-            return {**meta.get("stage", {}), "cached": True}
-        return _train_stage(run, plan, build=build, batches=batches, info=info, rt=rt)
-
-
-def _train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime) -> dict:
-    d = rt.d
+def train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime) -> dict:
+    """Train a stage on every process (resuming its own checkpoints); rank 0 caches it. Its record."""
     t = time.perf_counter()
     res = fit(run, plan, build=build, batches=batches, rt=rt)
-    stage = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1], **info(res.model),
-             "accumulation": plan.accum, "speed": res.speed, "numerics": run.identity.get("numerics"),
-             "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
+    stage = stage_record(run, res, t, **info(res.model), accumulation=plan.accum, speed=res.speed)
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
-    if d.main:
+    if rt.d.main:
         run.finish(None, res.export.cpu(), extra={"stage": stage})
         run.remove_checkpoints()  # the cache folder now holds the stage: its own checkpoints are spent
-    d.barrier()
-    return {**stage, "cached": False}
+    rt.d.barrier()
+    return stage
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -354,19 +331,40 @@ def bio_phases(rc: Any, methods: list[str], world: int, vocab: int = 0, qa_len: 
 # the experiment
 
 
-class BioExperiment:
+def _summary_cells(r: dict[str, Any]) -> list[str]:
+    s = r["summary"]
+    return [*(f"{s[k]:.3f}" for k in ("task0_start", "task0_min", "task0_end", "task1_start", "task1_end")),
+            f"{r['final']['task0_heldout']['acc']:.3f}", f"{r['final']['task1']['acc']:.3f}"]
+
+
+def _chance_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    """Always answering each attribute's most common first token, when the runs agree on it."""
+    floor = [chance_floor(results, part) for part in ("task0_heldout", "task1")]
+    return [] if None in floor else [["chance (most common answer)", *[""] * 5, *(f"{f:.3f}" for f in floor)]]
+
+
+BIO_TABLE = EndTable(
+    "biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices during training, full ranges "
+    "at the end)", ("T0 start", "T0 min", "T0 end", "T1 start", "T1 end", "T0 full", "T1 full"),
+    _summary_cells, _chance_rows)
+
+
+class BioExperiment(ExperimentBase):
     """The biography protocol as an experiment of the sweep: stages 1-2 cached, stage 3 per method."""
 
-    kind = "bio"
+    name = "bio"
+    not_named = (*ExperimentBase.not_named, "lr_scale")  # the run's own rate is named (lr_of)
+    end_table = BIO_TABLE
 
     def __init__(self, rc: BioRunConfig, preset_name: str, paths: Paths) -> None:
-        self.rc, self.preset, self.paths = rc, preset_name, paths
+        super().__init__(rc, preset_name, paths)
         self.cache = paths.cache / "bio"
-        self.data: BioData | None = None
-        self.device = torch.device("cpu")
-        self.started: dict[str, Any] = {}
+        self.data: BioData | None = None  # prepare
+        self.base_cfg: Any = None  # prepare: the model's config with the tokenizer's rows
+        self.slices: dict[str, QATensors] = {}  # prepare: the evaluation slices
+        self.never_rows: torch.Tensor | None = None  # stages: vocabulary rows never a target
+        self.stage2_dir: Path | None = None  # stages: the model every method starts from
         self.stage_info: dict[str, Any] = {}
-        self.numerics = run_numerics(rc.compute, self.device)  # the sweep sets the device's (sweep.check)
 
     # -- before anything is written ----------------------------------------------------------------------
 
@@ -401,30 +399,20 @@ class BioExperiment:
         """Stage 3's seed (data order, random initialisation) from the base and run seeds."""
         return run_stream_seed(self.rc.seed, self.rc.run_seed)
 
-    def stage3_lr(self, method: Method) -> float:
+    def lr_of(self, method: Method) -> float:
         """Task 1's learning rate: stage3.lr times the method's lr_scale."""
         return self.rc.stage3.lr * self.rc.lr_scale.get(method.name, 1.0)
 
-    def run_of(self, method: Method, d: Dist) -> Run:
-        rc = self.rc
-        named = {k: v for k, v in asdict(rc).items()
-                 if k not in ("checkpoint", "methods", "lr_scale", "compute", "run_seed")}
-        micro = micro_key(rc, d.world, "stage1", "stage2", "stage3")
-        h = config_hash(named, method.name, method.options(), self.stage3_lr(method), *([micro] if micro else []),
-                        *seed_key(rc.run_seed), *numerics_key(self.numerics))
-        name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
-        identity = {"experiment": "bio", "name": name, "method": method.name, "options": method.options(),
-                    "config_hash": h, "numerics": self.numerics}
-        return Run(identity, self.paths.out / name, self.paths.checkpoints / "bio" / name, keep=rc.checkpoint.keep,
-                   main=d.main, method=method)
+    def name_parts(self, d: Dist) -> tuple:
+        micro = micro_key(self.rc, d.world, "stage1", "stage2", "stage3")  # accumulation changes the numbers
+        return (micro,) if micro else ()
 
     # -- shared data and stages ----------------------------------------------------------------------------
 
     def prepare(self, rt: Runtime) -> None:
         rc, d = self.rc, rt.d
         tokenizer = open_tokenizer(rc.tokenizer) if rc.tokenizer != "local" else None  # fails before any write
-        self.device = rt.device
-        self.started = provenance() | {"device": str(rt.device)}  # the code that runs is this commit's
+        self.begin(rt)  # the code that runs is this commit's
         t0 = time.perf_counter()
         for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it
             if d.main == (turn == "main"):
@@ -486,22 +474,22 @@ class BioExperiment:
         self.never_rows = never_target_rows(docs, data.qa.values(), self.base_cfg.vocab_size,
                                             data.tokenizer.eos_token_id)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
-        keep = rc.checkpoint.keep
-        s1_run = stage_run(self.cache, "stage1", k1, keep, d, data.tokenizer, self.numerics)
-        s1 = cached_stage(
+        s1_run, s2_run = (stage_run(self.cache, f"{stage}-{key}", f"bio-{stage}", key, rc.checkpoint.keep, d.main,
+                                    {"tokenizer": data.tokenizer}, self.numerics)
+                          for stage, key in (("stage1", k1), ("stage2", k2)))
+        s1 = cached_stage(s1_run, rt, lambda: train_stage(
             s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", d, resume="auto"),
             build=lambda: model_from_config(self.base_cfg, seed=rc.seed),
             batches=self._shards(s1_batches, rc.stage1, d),
             info=lambda m: {"params": sum(p.numel() for p in m.parameters()), "corpus_tokens": corpus,
-                            "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)}, rt=rt)
-        s2_run = stage_run(self.cache, "stage2", k2, keep, d, data.tokenizer, self.numerics)
+                            "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)}, rt=rt))
         heldout, train0 = data.qa["task0_heldout"], data.qa["task0_train"]
-        s2 = cached_stage(
+        s2 = cached_stage(s2_run, rt, lambda: train_stage(
             s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", d, resume="auto"),
             build=lambda: load_model(s1_run.final_dir),
             batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, d),
             info=lambda m: accuracies(m, {"task0_heldout": heldout, "task0_train": train0}, rc.eval.batch,
-                                      "stage 2: Task 0 accuracy"), rt=rt)
+                                      "stage 2: Task 0 accuracy"), rt=rt))
         rt.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
                f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
         self.stage2_dir = s2_run.final_dir
@@ -525,7 +513,7 @@ class BioExperiment:
         return self._shards(qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3), rc.stage3, rt.d)
 
     def plan(self, method: Method, rt: Runtime) -> TrainPlan:
-        rc, lr = self.rc, self.stage3_lr(method)
+        rc, lr = self.rc, self.lr_of(method)
         return self._stage_plan(rc.stage3, f"stage 3: {method.name}", rt.d, lr=lr,
                                 eval_steps=rc.eval.steps(rc.stage3.steps),
                                 tracker_config={"method": method.name, "options": method.options(), "lr": lr,
@@ -550,23 +538,16 @@ class BioExperiment:
         t0 = [r["task0/acc"] for r in res.records]
         t1 = [r["task1/acc"] for r in res.records]
         stages = {k: {kk: vv for kk, vv in st[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
-        return {
-            "experiment": "bio", "preset": self.preset, "method": method.name, "method_options": method.options(),
-            "description": method.describe(), "lr": self.stage3_lr(method),
-            "seeds": {"base": rc.seed, "run": rc.run_seed},
+        return self.envelope(method, res, rt) | {
             "never_target_rows": int(self.never_rows.sum()),
-            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "total_params": sum(p.numel() for p in model.parameters()),
-            "config": asdict(rc), "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
+            "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
             "vocab": {"tokenizer": len(data.tokenizer), "model": model.config.vocab_size},
-            "provenance": self.started | {"finished": provenance()["date"]},
             "wall_s": {"data": st["data_s"], "stage1": st["stage1"]["wall_s"], "stage2": st["stage2"]["wall_s"],
                        "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
             "stages_cached": {"stage1": st["stage1"]["cached"], "stage2": st["stage2"]["cached"]},
-            "processes": rt.d.world,
             "accumulation": {"stage1": st["stage1"].get("accumulation"), "stage2": st["stage2"].get("accumulation"),
                              "stage3": micro_batch(rc, rc.stage3, rt.d.world)[1]},
-            "speed": res.speed, **stages,
+            **stages,
             "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
                        "task1": attribute_priors(data.qa["task1"])},
             "summary": {"task0_start": t0[0], "task0_end": t0[-1], "task0_min": min(t0), "task1_start": t1[0],
@@ -574,28 +555,3 @@ class BioExperiment:
             "final": final,
             "checkpoint": str(run.final_dir),
         }
-
-    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
-        """The end-of-run table: a row per run (labelled by `labels`, default its method), the FFT run of the
-        same cached stages when one exists (this sweep's, or a finished one in --out or, for a study, among the
-        main runs) and the chance floor."""
-        from scalecl.models.summary import chance_floor, fft_reference
-
-        table = Table(title="biography: hard first-token accuracy (T0 = held-out Task 0, T1 = Task 1; slices "
-                            "during training, full ranges at the end)")
-        table.add_column("run" if labels else "method", no_wrap=True)
-        for col in ("T0 start", "T0 min", "T0 end", "T1 start", "T1 end", "T0 full", "T1 full"):
-            table.add_column(col, justify="right")
-        rows = list(zip(labels or [r["method"] for r in results], results, strict=True))
-        fft = fft_reference(results, [self.paths.out, *self.paths.shared])
-        if fft is not None and not any(r is fft for r in results):
-            rows.append((f"fft (same base: {fft['run']['name']})", fft))
-        for label, r in rows:
-            s = r["summary"]
-            table.add_row(label, *(f"{s[k]:.3f}" for k in ("task0_start", "task0_min", "task0_end",
-                                                           "task1_start", "task1_end")),
-                          f"{r['final']['task0_heldout']['acc']:.3f}", f"{r['final']['task1']['acc']:.3f}")
-        floor = [chance_floor(results, part) for part in ("task0_heldout", "task1")]
-        if None not in floor:  # always answering each attribute's most common first token
-            table.add_row("chance (most common answer)", *[""] * 5, *(f"{f:.3f}" for f in floor), style="dim")
-        console.print(table)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
 
-from scalecl.experiments.config import load_preset
+from scalecl.experiments import load_preset
 from scalecl.methods import count_parameters, get_method
 from scalecl.models.build import shape_config
 

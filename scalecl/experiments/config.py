@@ -336,30 +336,3 @@ def _check_method_options(methods: dict[str, dict], where: str, resolve) -> None
     for name in method_names():
         if name in methods or (name.startswith("scale-") and "scale" in methods):
             get_method(name, **resolve(name))  # types and config-free ranges (sizes need the model: later)
-
-
-PRESET_TYPES: dict[str, type] = {"bio": BioRunConfig, "cpt": CptRunConfig}
-
-
-def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type: type | None = None) -> Any:
-    """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a checked config.
-
-    config_type is the dataclass the file overrides; by default the one registered for `kind`
-    (PRESET_TYPES: "bio" -> BioRunConfig, "cpt" -> CptRunConfig).
-    """
-    if config_type is None:
-        if kind not in PRESET_TYPES:
-            raise ScaleclError(f"unknown preset kind {kind!r}; choose one of {', '.join(PRESET_TYPES)}")
-        config_type = PRESET_TYPES[kind]
-    import tomllib
-    from importlib import resources
-
-    path = resources.files("scalecl.presets") / f"{kind}_{name}.toml"
-    if not path.is_file():
-        avail = sorted(p.name.removeprefix(f"{kind}_").removesuffix(".toml")
-                       for p in resources.files("scalecl.presets").iterdir() if p.name.startswith(f"{kind}_"))
-        raise ScaleclError(f"unknown preset {name!r}; choose one of {', '.join(avail)}")
-    cfg = merge(config_type(), tomllib.loads(path.read_text()), "")
-    cfg = merge(cfg, parse_sets(sets or []), "")
-    check_config(cfg)
-    return cfg

@@ -25,19 +25,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.table import Table
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
-from scalecl.common.locks import locked
-from scalecl.common.schema import config_hash, numerics_key, run_stream_seed, seed_key, seed_tag
-from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
+from scalecl.compute.machine import run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
 from scalecl.data.bilingual import write_corpus
@@ -45,6 +42,15 @@ from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_ch
 from scalecl.data.tokenizer import load_tokenizer
 from scalecl.evaluation.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from scalecl.evaluation.qa import value_summary
+from scalecl.experiments.base import (
+    EndTable,
+    ExperimentBase,
+    Paths,
+    cached_stage,
+    micro_split,
+    stage_record,
+    stage_run,
+)
 from scalecl.experiments.config import CorpusConfig, CptRunConfig
 from scalecl.experiments.corpora import (
     BUILTIN,
@@ -54,10 +60,9 @@ from scalecl.experiments.corpora import (
     corpus_spec,
     max_positions,
 )
-from scalecl.experiments.sweep import Paths
-from scalecl.methods import METHOD_ORDER, Method  # noqa: F401  (METHOD_ORDER: the order runs are listed in)
+from scalecl.methods import Method
 from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
-from scalecl.training.checkpoint import load_model, read_meta
+from scalecl.training.checkpoint import load_model
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
 from scalecl.training.optim import OptimConfig
@@ -101,23 +106,10 @@ def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: 
     own checkpoints after a kill); the other processes wait."""
     key = config_hash(asdict(rc.builtin), tok_src, rc.model, rc.pretrain, rc.seed,
                       *numerics_key(numerics or run_numerics(rc.compute, rt.device)))
-    path = cache / "cpt" / f"base-{key}"
-    identity = {"experiment": "cpt-base", "name": f"base-{key}", "method": None, "options": {}, "config_hash": key}
-    if numerics is not None:
-        identity["numerics"] = numerics
-    run = Run(identity, None, cache / "cpt" / "checkpoints" / f"base-{key}", final_dir=path, keep=rc.checkpoint.keep,
-              save_kw={"tokenizer": tokenizer})
-    info = None
-    lock = locked(path, wait=True, what=f"cached base {path.name}", say=rt.say) if rt.d.main else None
-    with lock or contextlib.nullcontext():
-        if rt.d.main and read_meta(path) is None:
-            info = _train_base(rc, run, tokenizer, root, rt)
-    rt.d.barrier()
-    if info is None:
-        info = {**(read_meta(path) or {}).get("stage", {}), "cached": True}
-        if numerics is not None:  # an entry trained elsewhere under a key without its numerics
-            check_numerics(info, numerics, f"cached base {path}", f"delete {path} to train it again")
-    return path, info
+    run = stage_run(cache / "cpt", f"base-{key}", "cpt-base", key, rc.checkpoint.keep, rt.d.main,
+                    {"tokenizer": tokenizer}, numerics)
+    info = cached_stage(run, rt, lambda: _train_base(rc, run, tokenizer, root, rt), alone=True)
+    return run.final_dir, info
 
 
 def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) -> dict:
@@ -132,14 +124,13 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
     t = time.perf_counter()
     res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
               batches=RankBatches(chunks, rc.pretrain.batch), rt=Runtime(Dist(), rt.device, rt.progress, rt.say))
-    info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": res.losses[-1],
-            "epochs_completed": chunks.epoch, "tokens": rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
-            "params": sum(p.numel() for p in res.model.parameters()), "numerics": run.identity.get("numerics"),
-            "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
+    info = stage_record(run, res, t, epochs_completed=chunks.epoch,
+                        tokens=rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
+                        params=sum(p.numel() for p in res.model.parameters()))
     run.finish(None, res.model.cpu(), extra={"stage": info},
                base_model="builtin (pre-trained on the stand-in's base corpus)")
     run.remove_checkpoints()  # its own checkpoints (anything else named like one stays)
-    return info | {"cached": False}
+    return info
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -172,7 +163,7 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
     builtin = rc.base == "builtin"
     cfg = builtin_model_config(rc, rc.builtin.vocab) if builtin else load_base_config(rc.base)
     t, seq = rc.train, rc.train.seq_len
-    micro = t.micro_batch or t.batch // world
+    micro = micro_split(t.batch, t.micro_batch, world)[0]
     phases = []
     if builtin:
         ctx = rc.model.context
@@ -189,27 +180,54 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
     return phases
 
 
-class CptExperiment:
+def _summary_cells(r: dict[str, Any]) -> list[str] | None:
+    s = r.get("summary", {})
+    if "old_ppl_start" not in s:
+        return None
+    return [f"{s['old_ppl_start']:.3f}", f"{s['old_ppl_end']:.3f}", f"{s['new_ppl_start']:.2f}",
+            f"{s['new_ppl_end']:.3f}", f"{s['rep_cos_end']:.4f}", f"{r['trainable_params']:,}"]
+
+
+def _chance_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    """A uniform guess's perplexity (the vocabulary size), for the builtin base whose vocabulary is configured."""
+    vocab = {r.get("config", {}).get("builtin", {}).get("vocab") for r in results}
+    if len(vocab) == 1 and isinstance(v := vocab.pop(), int) and results[0].get("config", {}).get("base") == "builtin":
+        return [["chance (uniform over the vocabulary)", *[f"{v:,}"] * 4, "", ""]]
+    return []
+
+
+CPT_TABLE = EndTable("continual pre-training: forgetting (old-domain PPL) vs learning (new-domain PPL)",
+                     ("old PPL start", "old PPL end", "new PPL start", "new PPL end", "rep cos end", "trainable"),
+                     _summary_cells, _chance_rows)
+
+
+class CptExperiment(ExperimentBase):
     """Continual pre-training as an experiment of the sweep: every method from the same base."""
 
-    kind = "cpt"
+    name = "cpt"
+    not_named = (*ExperimentBase.not_named, "lr")  # the run's own rate is named (lr_of)
+    end_table = CPT_TABLE
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
         from scalecl.models.gguf import is_gguf, resolve_model
 
         if is_gguf(rc.base):  # a .gguf base: its dequantized transformers folder, named by the file's sha256
             rc = replace(rc, base=resolve_model(rc.base, paths.cache))
-        self.rc, self.preset, self.paths = rc, preset_name, paths
-        self.bilingual = None
-        self.never_rows: torch.Tensor | None = None  # eval.never_tokens > 0: set with the base (stages)
-        self.device = torch.device("cpu")
-        self.numerics = run_numerics(rc.compute, self.device)  # the sweep sets the device's (sweep.check)
+        super().__init__(rc, preset_name, paths)
+        self.bilingual = None  # check: the stand-in's sizes when a corpus or the base is builtin
+        self.root: Path | None = None  # prepare: the generated stand-in corpus
+        self.evals: EvalSets | None = None  # prepare: the evaluation sets
+        self.data_s = 0.0  # prepare: seconds
+        self.base_source, self.base_info = "", {}  # stages: the base model and its record
+        self.never_rows: torch.Tensor | None = None  # stages, when eval.never_tokens > 0
+        self.never_info: dict[str, Any] = {}
+        self.chunks: PackedChunks | None = None  # batches: the training stream
 
     # -- before anything is written ----------------------------------------------------------------------
 
     def budget_phases(self, methods: list[str], world: int) -> list:
         """What the sweep will run, for scalecl.experiments.budget's estimate (held-out tokens once the data are ready)."""
-        evals = getattr(self, "evals", None)
+        evals = self.evals
         return cpt_phases(self.rc, methods, world, evals.tokens("old") + evals.tokens("new") if evals else 0)
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
@@ -237,19 +255,13 @@ class CptExperiment:
         for m in methods.values():
             m.check(base_cfg)
 
-    def run_of(self, method: Method, d: Dist) -> Run:
-        """The run of one method, named by everything its numbers depend on (not checkpointing, not other
-        methods' options or rates)."""
-        rc = self.rc
-        named = {k: v for k, v in asdict(rc).items() if k not in ("checkpoint", "methods", "lr", "compute", "run_seed")}
+    def lr_of(self, method: Method) -> float:
+        return self.rc.lr[method.name]
+
+    def named_config(self) -> dict[str, Any]:
+        named = super().named_config()
         named["eval"] = {k: v for k, v in named["eval"].items() if k != "never_tokens"}  # a measurement only
-        h = config_hash(named, method.name, method.options(), rc.lr[method.name], *seed_key(rc.run_seed),
-                        *numerics_key(self.numerics))
-        name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
-        identity = {"experiment": "cpt", "name": name, "method": method.name, "options": method.options(),
-                    "config_hash": h, "numerics": self.numerics}
-        return Run(identity, self.paths.out / name, self.paths.checkpoints / "cpt" / name, keep=rc.checkpoint.keep,
-                   main=d.main, method=method)
+        return named
 
     # -- shared data and the base --------------------------------------------------------------------------
 
@@ -260,7 +272,7 @@ class CptExperiment:
         """The builtin corpus (generated once), the tokenizer and the evaluation sets."""
         rc, d = self.rc, rt.d
         t0 = time.perf_counter()
-        self.device = rt.device
+        self.begin(rt)
         self.root = builtin_root(rc, self.paths.cache) if self.bilingual is not None else None
         if self.root is not None:
             if d.main:
@@ -329,9 +341,7 @@ class CptExperiment:
     # -- one method ----------------------------------------------------------------------------------------
 
     def _micro(self, d: Dist) -> tuple[int, int]:
-        t = self.rc.train
-        micro = t.micro_batch or t.batch // d.world
-        return micro, t.batch // (micro * d.world) if micro else 0
+        return micro_split(self.rc.train.batch, self.rc.train.micro_batch, d.world)
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
@@ -353,7 +363,7 @@ class CptExperiment:
 
     def plan(self, method: Method, rt: Runtime) -> TrainPlan:
         rc, t = self.rc, self.rc.train
-        lr = rc.lr[method.name]
+        lr = self.lr_of(method)
         every = rc.eval.every or t.steps
         return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)), accum=self._micro(rt.d)[1],
                          autocast=autocast_dtype(rc.dtype, rt.device),
@@ -381,24 +391,17 @@ class CptExperiment:
         return rec
 
     def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
-        rc, ev, records, model = self.rc, self.evals, res.records, res.model
+        ev, records = self.evals, res.records
         first, last = records[0], records[-1]
         micro, accum = self._micro(rt.d)
-        return {
-            "experiment": "cpt", "preset": self.preset, "method": method.name, "method_options": method.options(),
-            "description": method.describe(), "lr": rc.lr[method.name],
-            "seeds": {"base": rc.seed, "run": rc.run_seed},
-            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "total_params": sum(p.numel() for p in model.parameters()),
-            "config": asdict(rc), "base": {"source": self.base_source, **self.base_info},
-            "tokenizer": self.tok_src, "processes": rt.d.world, "micro_batch": micro, "accumulation": accum,
-            "speed": res.speed,
+        return self.envelope(method, res, rt) | {
+            "base": {"source": self.base_source, **self.base_info},
+            "tokenizer": self.tok_src, "micro_batch": micro, "accumulation": accum,
             "data": {"train": self.train_spec.describe(), "epochs_completed": self.chunks.epoch,
                      "old_eval": {"slice": ev.old_spec, "tokens": ev.tokens("old"), "sequences": len(ev.old_chunks)},
                      "new_eval": {"slice": ev.new_spec, "tokens": ev.tokens("new"), "sequences": len(ev.new_chunks)},
                      "rep_batch": list(ev.rep_ids.shape),
                      **({"never_rows": self.never_info} if self.never_rows is not None else {})},
-            "provenance": provenance() | {"device": str(rt.device)},
             "wall_s": {"data": round(self.data_s, 1), "base": self.base_info.get("wall_s"),
                        "train": res.timing["train_s"], "eval": res.timing["eval_s"]},
             "summary": {"old_ppl_start": first["old/ppl"], "old_ppl_end": last["old/ppl"],
@@ -409,9 +412,6 @@ class CptExperiment:
             "final": last,
             "checkpoint": str(run.final_dir),
         }
-
-    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
-        _print_summary(results, labels, [self.paths.out, *self.paths.shared])
 
 
 def _stats(method: Method, model, mask: torch.Tensor, at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
@@ -432,28 +432,3 @@ def route_stats(at: dict[str, list[torch.Tensor]]) -> dict[str, float]:
         if len(v := torch.cat(parts)):
             out |= {name: round(x, 6) for name, x in value_summary(k, v).items()}
     return out
-
-
-def _print_summary(results: list[dict], labels: list[str] | None = None, folders: Sequence[Path] = ()) -> None:
-    """A row per run (labelled by `labels`, default its method), the FFT run of the same base when one exists
-    (this sweep's or a finished one in `folders`), and chance: a uniform guess's perplexity, the vocabulary size."""
-    from scalecl.models.summary import fft_reference
-
-    table = Table(title="continual pre-training: forgetting (old-domain PPL) vs learning (new-domain PPL)")
-    table.add_column("run" if labels else "method", no_wrap=True)
-    for col in ("old PPL start", "old PPL end", "new PPL start", "new PPL end", "rep cos end", "trainable"):
-        table.add_column(col, justify="right")
-    rows = list(zip(labels or [r["method"] for r in results], results, strict=True))
-    fft = fft_reference(results, folders)
-    if fft is not None and not any(r is fft for r in results):
-        rows.append((f"fft (same base: {fft['run']['name']})", fft))
-    for label, r in rows:
-        s = r.get("summary", {})
-        if "old_ppl_start" not in s:
-            continue
-        table.add_row(label, f"{s['old_ppl_start']:.3f}", f"{s['old_ppl_end']:.3f}", f"{s['new_ppl_start']:.2f}",
-                      f"{s['new_ppl_end']:.3f}", f"{s['rep_cos_end']:.4f}", f"{r['trainable_params']:,}")
-    vocab = {r.get("config", {}).get("builtin", {}).get("vocab") for r in results}
-    if len(vocab) == 1 and isinstance(v := vocab.pop(), int) and results[0].get("config", {}).get("base") == "builtin":
-        table.add_row("chance (uniform over the vocabulary)", *[f"{v:,}"] * 4, "", "", style="dim")
-    console.print(table)

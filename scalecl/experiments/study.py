@@ -34,8 +34,9 @@ from typing import Any
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import show_text
 from scalecl.compute.processes import say
-from scalecl.experiments.config import load_preset
-from scalecl.experiments.sweep import Paths, SweepOptions, check, sweep
+from scalecl.experiments import load_preset
+from scalecl.experiments.base import Paths
+from scalecl.experiments.sweep import SweepOptions, check, sweep
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
 REFERENCE_WRITER = "scalecl study"
@@ -43,7 +44,7 @@ REFERENCE_WRITER = "scalecl study"
 
 @dataclass(frozen=True)
 class Study:
-    experiment: str  # "cpt" or "bio"
+    experiment: str  # its registered experiment (scalecl.experiments.EXPERIMENTS)
     method: str
     key: str  # the --set key swept
     default: str | None  # ';'-separated values; None: computed from the model (l_fp: 0..L)
@@ -114,11 +115,10 @@ def study_configs(study: str, preset: str, values: str | None, sets: list[str]) 
 def experiments(study: str, preset: str, values: str | None, sets: list[str], paths: Paths
                 ) -> tuple[Study, list[tuple[str, Any]]]:
     """(study, [(value, experiment)]): one experiment per swept value, writing under <out>/<study>/."""
+    from scalecl.experiments import experiment
+
     s, vals, configs = study_configs(study, preset, values, sets)
-    if s.experiment == "cpt":
-        from scalecl.experiments.cpt import CptExperiment as kind
-    else:
-        from scalecl.experiments.bio import BioExperiment as kind
+    kind = experiment(s.experiment).experiment_class()
     where = Paths(paths.out / study, paths.cache, paths.checkpoints, shared=(paths.out.parent / s.experiment,))
     return s, [(v, kind(cfg, preset, where)) for v, cfg in zip(vals, configs, strict=True)]
 
@@ -169,15 +169,15 @@ def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     """The result.json in `target` when it is this run's (same experiment, name, method and config hash -- the
     hash covers the config, seeds and method options -- and the same numerics), else None. Read only: the
     study never writes there, so a committed run without the writer's manifest counts too."""
-    from scalecl.common.readers import read_json
     from scalecl.compute.machine import check_numerics
+    from scalecl.training.record import RESULT_FILE, read_record
 
-    f = target / "result.json"
+    f = target / RESULT_FILE
     if not f.is_file() or f.is_symlink():
         return None
     try:
-        result = read_json(f, "finished run's result")
-        theirs = result.get("run") if isinstance(result.get("run"), dict) else {}
+        result = read_record(f, "finished run's result")
+        theirs = result["run"]
         if any(theirs.get(k) != run.identity.get(k) for k in ("experiment", "name", "method", "config_hash")):
             return None
         if "numerics" in run.identity:

@@ -13,32 +13,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from scalecl.common.errors import Busy, ScaleclError
+from scalecl.common.errors import ScaleclError
 from scalecl.common.files import check_writable_dir
-from scalecl.common.locks import locked
-from scalecl.compute.machine import pick_device, run_numerics
+from scalecl.compute.machine import pick_device
 from scalecl.compute.processes import Dist, distributed, say
+from scalecl.experiments.base import Paths, hold
 from scalecl.methods import Method, get_method, method_names
 from scalecl.training.fit import Fit, Runtime, TrainPlan, fit
 from scalecl.training.run import Run, WallClock
-
-
-@dataclass(frozen=True)
-class Paths:
-    """Where a sweep writes: results (one folder per run), caches (data, stages, bases), checkpoints."""
-
-    out: Path
-    cache: Path = Path("cache")
-    checkpoints: Path = Path("checkpoints")
-    # folders of finished runs this sweep may compare with besides `out` (a study: the main runs, whose FFT run
-    # of the same base its end-of-run table shows)
-    shared: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,12 +93,16 @@ def replicate_sets(sets: list[str], seeds: str | None, run_seeds: str | None) ->
 
 
 class Experiment(Protocol):
-    """What an experiment tells the sweep. `rc` is its resolved config (with `compute` and
+    """What an experiment tells the sweep (scalecl.experiments.base.ExperimentBase implements the shared half).
+    `rc` is its resolved config (with `compute` and
     `method_options(name)`), `paths` where it writes. Every method runs on every process under torchrun."""
 
     rc: Any
     paths: Paths
     numerics: dict[str, Any]  # the device and CPU threads its runs compute with (scalecl.compute.machine.run_numerics)
+
+    def set_device(self, device: torch.device) -> None:
+        """The device the sweep checked: from here on its numerics name the runs."""
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         """Every check of the experiment's own that writes nothing (sizes, data, each method's options)."""
@@ -171,7 +162,7 @@ def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | Non
     order = order_methods(methods)
     dev = _device(opts.device, d)
     check_compute(exp.rc.compute, dev, d.world)
-    exp.numerics = run_numerics(exp.rc.compute, dev, apply=True)  # compute.threads in force from here on
+    exp.set_device(dev)  # compute.threads in force from here on; runs named by the device's numerics
     for path, what in ((exp.paths.out, "--out"), (exp.paths.cache, "--cache"),
                        (exp.paths.checkpoints, "--checkpoints")):
         check_writable_dir(path, what)
@@ -269,23 +260,6 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
             if r is not None:
                 results.append(r)
     return results
-
-
-@contextlib.contextmanager
-def hold(target: Path, rt: Runtime, *, wait: bool, what: str) -> Iterator[None]:
-    """The lock of a run folder or cache entry (scalecl.common.locks), taken by rank 0 for every process: a lock
-    another process holds is one Busy error on every process (wait=False) or a wait (wait=True)."""
-    with contextlib.ExitStack() as stack:
-        refused = None
-        if rt.d.main:
-            try:
-                stack.enter_context(locked(target, wait=wait, what=what, say=rt.say))
-            except Busy as e:
-                refused = str(e)
-        refused = rt.d.share(refused)
-        if refused is not None:
-            raise Busy(refused)
-        yield
 
 
 def train_one(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:

@@ -21,6 +21,9 @@ REGISTRY: dict[str, type[Method]] = {}
 
 
 def register(cls: type[Method]) -> type[Method]:
+    """Add a method class to the registry under its `name`; a name registered twice is a programming error."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"method {cls.name!r} is already registered (by {REGISTRY[cls.name].__qualname__})")
     REGISTRY[cls.name] = cls
     return cls
 

@@ -9,7 +9,8 @@ from transformers import PreTrainedModel
 
 from scalecl.methods.base import Method, register
 from scalecl.methods.scale.config import ScaleConfig
-from scalecl.methods.scale.upscale import check_sizes, routing_fractions, scale_path, upscale
+from scalecl.methods.scale.upscale import check_sizes, upscale
+from scalecl.modeling.scale_surgery import routing_fractions, scale_path
 
 __all__ = ["ScaleConfig", "ScaleMethod", "upscale", "scale_path", "routing_fractions"]
 

@@ -20,17 +20,7 @@ from transformers import PreTrainedModel
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE
 from scalecl.methods.scale.config import ScaleConfig
-from scalecl.modeling.scale_surgery import (  # noqa: F401  (re-exported: the historical import path)
-    _BATCHED_KWARGS,
-    ScaleSpec,
-    _ConstantHook,
-    _ForkHook,
-    new_heads,
-    routing_fractions,
-    scale_path,
-    widen,
-    widened_sizes,
-)
+from scalecl.modeling.scale_surgery import ScaleSpec, new_heads, widen, widened_sizes
 from scalecl.models.build import arch_of, head_dim, kv_heads
 
 # The most elements one widened matrix may hold: 2**31 (8 GiB in float32). The largest matrix of the paper's

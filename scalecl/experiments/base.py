@@ -1,0 +1,206 @@
+"""What every experiment shares, written once: where it writes, how a run is named, the result envelope, the
+micro-batch split, cached stages and the end-of-run table. An experiment (scalecl.experiments.bio, .cpt)
+subclasses `ExperimentBase` and adds its data, stages, model building, evaluation and its own result keys;
+scalecl.experiments.sweep drives it through the `Experiment` protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from rich.table import Table
+
+from scalecl.common.consoles import make_console
+from scalecl.common.errors import Busy
+from scalecl.common.locks import locked
+from scalecl.common.schema import config_hash, numerics_key, seed_key, seed_tag
+from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.methods import Method
+from scalecl.training.checkpoint import read_meta
+from scalecl.training.fit import Runtime
+from scalecl.training.record import Envelope, fft_reference, params
+from scalecl.training.run import Run
+
+console = make_console()  # off a terminal: lines are not wrapped at 80 columns
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a sweep writes: results (one folder per run), caches (data, stages, bases), checkpoints."""
+
+    out: Path
+    cache: Path = Path("cache")
+    checkpoints: Path = Path("checkpoints")
+    # folders of finished runs this sweep may compare with besides `out` (a study: the main runs, whose FFT run
+    # of the same base its end-of-run table shows)
+    shared: tuple[Path, ...] = ()
+
+
+def micro_split(batch: int, micro_batch: int, world: int) -> tuple[int, int]:
+    """(rows per forward on each process, accumulation steps) of a global batch of `batch` rows over `world`
+    processes; micro_batch 0 means one forward per process (no accumulation)."""
+    per = batch // world
+    micro = min(micro_batch, per) if micro_batch else per
+    return micro, per // micro if micro else 0
+
+
+@dataclass(frozen=True)
+class EndTable:
+    """The end-of-run table of an experiment: its title, columns, one row's cells from a result (None: the
+    result cannot be shown), and the dim rows under them (chance)."""
+
+    title: str
+    columns: tuple[str, ...]
+    cells: Callable[[dict[str, Any]], list[str] | None]
+    footer: Callable[[list[dict[str, Any]]], list[list[str]]]
+
+
+def print_end_table(table: EndTable, results: list[dict[str, Any]], labels: list[str] | None,
+                    folders: Sequence[Path]) -> None:
+    """A row per run (labelled by `labels`, default its method), the FFT run of the same base when one exists
+    (this sweep's, or a finished one in the first of `folders` that has one) and the footer rows."""
+    shown = Table(title=table.title)
+    shown.add_column("run" if labels else "method", no_wrap=True)
+    for col in table.columns:
+        shown.add_column(col, justify="right")
+    rows = list(zip(labels or [r["method"] for r in results], results, strict=True))
+    fft = fft_reference(results, folders)
+    if fft is not None and not any(r is fft for r in results):
+        rows.append((f"fft (same base: {fft['run']['name']})", fft))
+    for label, r in rows:
+        cells = table.cells(r)
+        if cells is not None:
+            shown.add_row(label, *cells)
+    for row in table.footer(results):
+        shown.add_row(*row, style="dim")
+    console.print(shown)
+
+
+class ExperimentBase:
+    """The shared half of an experiment. A subclass sets `name` (its result.json `experiment`, its checkpoint
+    subfolder), `not_named` (config sections that cannot change a run's numbers, left out of its name),
+    `end_table`, and implements `lr_of`."""
+
+    name: ClassVar[str]
+    not_named: ClassVar[tuple[str, ...]] = ("checkpoint", "methods", "compute", "run_seed")
+    end_table: ClassVar[EndTable]
+
+    def __init__(self, rc: Any, preset_name: str, paths: Paths) -> None:
+        self.rc, self.preset, self.paths = rc, preset_name, paths
+        self.device = torch.device("cpu")
+        self.numerics = run_numerics(rc.compute, self.device)  # the sweep sets the device's (set_device)
+        self.started: dict[str, Any] = {}
+
+    def set_device(self, device: torch.device) -> None:
+        """The device the sweep checked; from here on compute.threads is in force and runs are named by it."""
+        self.numerics = run_numerics(self.rc.compute, device, apply=True)
+
+    def begin(self, rt: Runtime) -> None:
+        """Record the device and the provenance of the code that runs (called when the data are prepared)."""
+        self.device = rt.device
+        self.started = provenance() | {"device": str(rt.device)}
+
+    # -- naming ------------------------------------------------------------------------------------------
+
+    def lr_of(self, method: Method) -> float:
+        """The rate `method` trains at."""
+        raise NotImplementedError
+
+    def named_config(self) -> dict[str, Any]:
+        """The config a run's name hashes: all of it but what cannot change its numbers (`not_named`)."""
+        return {k: v for k, v in asdict(self.rc).items() if k not in self.not_named}
+
+    def name_parts(self, d: Any) -> tuple:
+        """Further values a run's name depends on under `d`'s processes (none by default)."""
+        return ()
+
+    def run_of(self, method: Method, d: Any) -> Run:
+        """The run of one method, named by everything its numbers depend on."""
+        rc = self.rc
+        h = config_hash(self.named_config(), method.name, method.options(), self.lr_of(method), *self.name_parts(d),
+                        *seed_key(rc.run_seed), *numerics_key(self.numerics))
+        name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
+        identity = {"experiment": self.name, "name": name, "method": method.name, "options": method.options(),
+                    "config_hash": h, "numerics": self.numerics}
+        return Run(identity, self.paths.out / name, self.paths.checkpoints / self.name / name,
+                   keep=rc.checkpoint.keep, main=d.main, method=method)
+
+    # -- the result --------------------------------------------------------------------------------------
+
+    def envelope(self, method: Method, res: Any, rt: Runtime) -> dict[str, Any]:
+        """The result keys every experiment records (scalecl.training.record.Envelope)."""
+        rc = self.rc
+        return Envelope(
+            experiment=self.name, preset=self.preset, method=method.name, method_options=method.options(),
+            description=method.describe(), lr=self.lr_of(method), seeds={"base": rc.seed, "run": rc.run_seed},
+            **params(res.model), config=asdict(rc), provenance=self.started | {"finished": provenance()["date"]},
+            processes=rt.d.world, speed=res.speed).as_dict()
+
+    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
+        """The end-of-run table (see print_end_table); a study compares with its main runs too."""
+        print_end_table(self.end_table, results, labels, [self.paths.out, *self.paths.shared])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cached stages: the biography's stages 1-2 and the CPT's builtin base
+
+
+def stage_run(folder: Path, name: str, experiment: str, key: str, keep: int, main: bool, save_kw: dict,
+              numerics: dict | None = None) -> Run:
+    """A cached stage: its final model is the cache folder `folder/name` itself; checkpoints beside it, in
+    `folder/checkpoints/name`, until it is done."""
+    identity = {"experiment": experiment, "name": name, "method": None, "options": {}, "config_hash": key}
+    if numerics is not None:
+        identity["numerics"] = numerics
+    return Run(identity, None, folder / "checkpoints" / name, final_dir=folder / name, keep=keep, main=main,
+               save_kw=save_kw)
+
+
+@contextlib.contextmanager
+def hold(target: Path, rt: Runtime, *, wait: bool, what: str) -> Iterator[None]:
+    """The lock of a run folder or cache entry (scalecl.common.locks), taken by rank 0 for every process: a lock
+    another process holds is one Busy error on every process (wait=False) or a wait (wait=True)."""
+    with contextlib.ExitStack() as stack:
+        refused = None
+        if rt.d.main:
+            try:
+                stack.enter_context(locked(target, wait=wait, what=what, say=rt.say))
+            except Busy as e:
+                refused = str(e)
+        refused = rt.d.share(refused)
+        if refused is not None:
+            raise Busy(refused)
+        yield
+
+
+def cached_stage(run: Run, rt: Runtime, train: Callable[[], dict], *, alone: bool = False) -> dict:
+    """A cached stage's record: read from the cache when its final model is there, else `train()` (which trains
+    it, resuming its own checkpoints, caches it and returns its record). `alone`: rank 0 trains while the other
+    processes wait and then read the cache; otherwise every process trains (rank 0 writes)."""
+    trained = None
+    with hold(run.final_dir, rt, wait=True, what=f"cached {run.name}"):
+        rt.d.barrier()  # every process sees the same cache
+        if read_meta(run.final_dir) is None and (rt.d.main or not alone):
+            trained = train()
+    if alone:
+        rt.d.barrier()  # rank 0 has written the cache
+    if trained is not None:
+        return {**trained, "cached": False}
+    meta = read_meta(run.final_dir) or {}
+    if "numerics" in run.identity:  # an entry trained elsewhere under a key without its numerics
+        check_numerics(meta.get("stage"), run.identity["numerics"], f"cached {run.name} ({run.final_dir})",
+                       f"delete {run.final_dir} to train it again")
+    return {**meta.get("stage", {}), "cached": True}
+
+
+def stage_record(run: Run, res: Any, started: float, **info: Any) -> dict[str, Any]:
+    """What a trained stage records in its cache entry: time, final loss, numerics and provenance, and `info`."""
+    return {"wall_s": round(time.perf_counter() - started, 1), "final_loss": res.losses[-1], **info,
+            "numerics": run.identity.get("numerics"),
+            "provenance": {k: v for k, v in provenance().items() if k in ("date", "commit", "torch", "machine")}}
