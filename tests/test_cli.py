@@ -21,6 +21,17 @@ def test_help_lists_every_subcommand():
         assert cmd in res.output
 
 
+def test_help_method_list_is_the_registry():
+    """The --method help names the methods without importing them (torch): the list is the registry's."""
+    from scalecl.cli.options import METHOD_NAMES
+    from scalecl.methods import METHOD_ORDER, REGISTRY
+
+    assert METHOD_NAMES == METHOD_ORDER and set(METHOD_NAMES) == set(REGISTRY)
+    for command in ("prepare", "train-bio", "train-cpt"):
+        help_text = " ".join(runner.invoke(app, [command, "--help"], env={"COLUMNS": "300"}).output.split())
+        assert all(name in help_text for name in METHOD_NAMES), command
+
+
 def test_upscale_writes_a_loadable_checkpoint(tmp_path):
     out = tmp_path / "up"
     res = runner.invoke(app, ["upscale", "--random-config", "llama", "--out", str(out), "--variant", "adapt",

@@ -1,0 +1,101 @@
+"""What the command line prints, and its errors as one line: a ScaleclError, a user's OS error (a read-only or
+full disk, a missing permission, an impossible path) and click's own usage errors each become one red `error:`
+line on stderr and an exit code, never a traceback or a boxed usage message."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import re
+import sys
+from typing import Any
+
+import typer
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from scalecl.common.consoles import make_console
+from scalecl.common.errors import ScaleclError
+
+console = make_console()  # off a terminal: lines and paths are not wrapped at 80 columns
+err_console = make_console(stderr=True)
+
+
+def print_error(message: str) -> None:
+    """One `error:` line on stderr, whatever the message carries (newlines, rich markup)."""
+    err_console.print(f"[red]error:[/red] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True)
+
+
+class OneLineErrors(TyperGroup):
+    """Click's own usage errors (a bad option value, a missing option, an unknown command) as one `error:` line
+    and exit code 2, like the suite's own errors, instead of a boxed usage message."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in (self, *self.commands.values()):
+            help_option = command.get_help_option(typer.Context(command))  # built once and kept by click
+            for param in (*command.params, *([help_option] if help_option is not None else [])):
+                if getattr(param, "is_flag", False) and param.metavar is None:
+                    # typer's rich help gives a flag the type column of a value (`--force <bool>`): a flag
+                    # takes none, so it shows no type (plain click help already leaves it out)
+                    param.metavar = ""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            print_error("aborted")
+            sys.exit(1)
+        except typer.TyperException as e:  # click's errors, as typer vendors them
+            if type(e).__name__ == "NoArgsIsHelpError" or not hasattr(e, "format_message"):
+                e.show()  # `scalecl` alone: the help text
+                sys.exit(getattr(e, "exit_code", 2))
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+            print_error(f"{e.format_message()}{hint}")
+            sys.exit(getattr(e, "exit_code", 2))
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# OS errors that are the user's machine, not a bug: a read-only or full disk, no permission, a path that
+# cannot be one. Anywhere under a command they are one `error:` line naming the path and exit code 1.
+USER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
+               errno.ENAMETOOLONG)
+_RUST_IO = re.compile(r"Os \{ code: (\d+)")  # safetensors' I/O errors, as its Rust core words them
+
+
+def os_error_line(e: BaseException) -> str | None:
+    """The one line for a user-caused OS error (also as safetensors reports one), or None for any other error."""
+    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        name = errno.errorcode.get(e.errno, str(e.errno))
+        return f"{where + ': ' if where else ''}{e.strerror or os.strerror(e.errno)} ({name})"
+    m = _RUST_IO.search(str(e)) if type(e).__name__ == "SafetensorError" else None
+    if m and int(m[1]) in USER_ERRNOS:
+        code = int(m[1])
+        return f"reading or writing weights failed: {os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    return None
+
+
+def user_errors(fn):
+    """Turn a ScaleclError into one red line on stderr and its exit code (2: bad input, 1: the run failed); a
+    read-only or full disk, a missing permission or an impossible path (USER_ERRNOS) is one line and exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ScaleclError as e:
+            print_error(e.cli_message())  # the flags' names, where the library's message names its arguments
+            raise typer.Exit(e.exit_code) from None
+        except Exception as e:
+            line = os_error_line(e)
+            if line is None:
+                raise
+            print_error(line)
+            raise typer.Exit(1) from None
+
+    return wrapper

@@ -1,0 +1,118 @@
+"""Commands that evaluate a checkpoint: eval-ppl (perplexity on a dataset slice), eval-harness (lm-eval benchmarks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from scalecl.cli.errors import console, user_errors
+from scalecl.cli.options import Device, EvalModel, GgufCache, cache_option
+from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import MAX_DOCS
+
+commands = typer.Typer()
+CorpusCache = Annotated[Path, cache_option("the builtin stand-in corpus and a .gguf --model's dequantized copy")]
+
+
+@commands.command("eval-ppl")
+@user_errors
+def eval_ppl(
+    model: EvalModel,
+    dataset: str = typer.Option(
+        ..., "--dataset", help="Hub id (HuggingFaceFW/fineweb-edu), local folder or file (.jsonl/.txt/.parquet/.csv), "
+        "builtin:en / builtin:ko (the offline stand-in), or real text read from an installed wheel (splits train/test: "
+        "every 5th document is test): pkg:konlpy-ko (Korean constitution by article and bills by page; pip install "
+        "--no-deps konlpy==0.6.0), pkg:gensim-lee-en (English news, one article per line) or pkg:gensim-wiki-en "
+        "(English Wikipedia articles, markup stripped; both pip install --no-deps gensim==4.4.0)."
+    ),
+    name: str = typer.Option("", "--name", help="Dataset config name, e.g. sample-10BT or kor_Hang."),
+    split: str = typer.Option("train", "--split", help="Dataset split."),
+    text_column: str = typer.Option("text", "--text-column", help="Column holding the documents."),
+    skip: int = typer.Option(0, "--skip", min=0, max=MAX_DOCS, help="Documents skipped before the slice (at most 10**12)."),
+    take: int = typer.Option(0, "--take", min=0, max=MAX_DOCS,
+                             help="Documents in the slice (0 = all after --skip; at most 10**12)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per packed chunk (default: the model's positions, at most 2048)."),
+    batch: int = typer.Option(8, "--batch", min=1, max=65536, help="Chunks per forward (1..65536)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer (default: the one saved with the model)."),
+    out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON record instead of the summary line."),
+    cache: CorpusCache = Path("cache"),
+    device: Device = None,
+) -> None:
+    """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
+    from scalecl.experiments.config import CorpusConfig
+    from scalecl.experiments.eval_ppl import check_record_out, write_record
+    from scalecl.experiments.eval_ppl import eval_ppl as run_eval
+
+    if skip < 0 or take < 0 or batch < 1:
+        raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
+    if out is not None:
+        check_record_out(out)  # replace only a record this command wrote
+    spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
+    from scalecl.models.gguf import resolve_model
+
+    r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
+    if out is not None:
+        write_record(out, r)  # checked again: the file may have appeared while the model ran
+    if as_json:
+        print(json.dumps(r, indent=2, default=str))
+    else:
+        console.print(f"[bold]ppl {r['ppl']:.4f}[/bold] (nll {r['nll']:.4f}) on {r['tokens']:,} tokens in "
+                      f"{r['sequences']:,} sequences of {r['seq_len']:,} — {r['dataset']['resolved']}"
+                      + (f" — wrote {out}" if out is not None else ""), highlight=False)
+
+
+@commands.command("eval-harness")
+@user_errors
+def eval_harness(
+    model: EvalModel,
+    tasks: str = typer.Option(
+        "paper", "--tasks",
+        help="Comma list: kobest (kobest_boolq, kobest_copa, kobest_hellaswag), english (arc_challenge, hellaswag, "
+        "mmlu, truthfulqa_mc2, winogrande), paper (both), any lm-eval task/group/tag name, a folder of task YAMLs "
+        "or a task YAML file.",
+    ),
+    num_fewshot: int = typer.Option(0, "--num-fewshot", help="Few-shot examples (the paper: 0)."),
+    limit: int | None = typer.Option(None, "--limit", help="At most N examples per task (smoke runs only)."),
+    batch_size: str = typer.Option("8", "--batch-size", help="Batch size: a positive integer, 'auto' or 'auto:N'."),
+    device: Device = None,
+    max_length: int | None = typer.Option(
+        None, "--max-length", help="Context length given to lm-eval (default: the model's max positions, at most 2048)."
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Hub id or folder (default: the checkpoint's tokenizer files, else its recorded base model)."
+    ),
+    include_path: list[Path] = typer.Option(
+        [], "--include-path", help="Extra folder of task YAMLs (repeatable); its tasks override built-in ones of the same name."
+    ),
+    metric: list[str] = typer.Option(
+        [], "--metric", help="Override a task's reported metric, task=metric (e.g. kobest_boolq=f1); repeatable."
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16."),
+    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="lm-eval bootstrap iterations for stderrs (0: none)."),
+    out: Path = typer.Option(Path("results/harness"), "--out", help="Results folder (one subfolder per model and settings)."),
+    cache: GgufCache = Path("cache"),
+) -> None:
+    """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
+    from scalecl.evaluation.harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
+    from scalecl.models.gguf import resolve_model
+
+    model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
+
+    settings = HarnessSettings(num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, max_length=max_length,
+                               bootstrap_iters=bootstrap_iters, device=device)
+    run = run_harness(
+        model, tasks, settings, tokenizer=tokenizer, include_paths=include_path, dtype=dtype,
+        metric_overrides=parse_metric_overrides(metric), out=out,
+    )
+    table = Table(title=run.title, caption=run.caption)
+    for col in ("task", "language", "metric", "score", "stderr", "n", "paper"):
+        table.add_column(col, justify="left" if col in ("task", "language", "metric") else "right")
+    for cells, is_avg in format_rows(run.rows):
+        table.add_row(*cells, style="bold" if is_avg else None)
+    console.print(table)
+    console.print(f"wrote {run.out_dir} (lm_eval_results.json, scores.csv, scores.md, run.json)", soft_wrap=True)

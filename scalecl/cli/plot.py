@@ -1,0 +1,59 @@
+"""The `plot` command: the paper's figures and tables from results folders (nothing trains)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from scalecl.cli.errors import console, err_console, user_errors
+from scalecl.common.errors import ScaleclError
+
+commands = typer.Typer()
+
+
+@commands.command()
+@user_errors
+def plot(
+    results: list[Path] = typer.Option(
+        [], "--results", help="Results folder to read, searched recursively (repeatable). Default: runs (your runs) "
+        "and results (the committed reference runs), those that exist. Runs of one setting that differ only in their "
+        "seeds are replicates: tables give their mean and 95% Student-t interval (paired_*.csv: per-base "
+        "differences between methods), curves a band; of two runs with the same seeds the newer is used. Every "
+        "figure and table lists the runs it used (<name>.inputs.txt)."),
+    out_text: str = typer.Option("runs/figures", "--out", help="Folder for figures (PNG + PDF) and tables "
+                                 "(CSV/MD/TeX). The committed figures: --results results --out paper_figures. Only plot's own "
+                                 "earlier outputs are replaced, and those these results no longer give are removed; "
+                                 "any other file there is never touched."),
+) -> None:
+    """Rebuild the paper's figures and tables from results folders (nothing trains)."""
+    from scalecl.common.files import check_writable_dir
+    from scalecl.report import plot_all
+
+    if not out_text.strip():
+        raise ScaleclError("--out is empty: give a folder for the figures and tables")
+    out = Path(out_text)
+
+    roots = results or [p for p in (Path("runs"), Path("results")) if p.is_dir()]
+    if not roots:
+        raise ScaleclError("no results folder: run an experiment first, or give --results FOLDER")
+    for r in roots:
+        if not r.is_dir():
+            raise ScaleclError(f"results folder {r} does not exist")
+    from scalecl.report import SKIPPED
+
+    check_writable_dir(out)
+    written = plot_all(roots, out)
+    if not written:
+        skipped = "".join(f"; skipped {why}" for why in list(SKIPPED.values())[:3])
+        raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}{skipped}")
+    for p in written:
+        console.print(f"wrote {p}", highlight=False)
+    from scalecl.report import STALE
+
+    for name in STALE:  # a figure of an earlier plot that these results no longer give
+        console.print(f"removed {out / name} (an earlier plot's output, not drawn from these results)",
+                      highlight=False)
+    for why in SKIPPED.values():  # one line per file a run was left out for (README: such runs are skipped)
+        err_console.print(f"skipped: {escape(' '.join(why.split()))}", highlight=False, soft_wrap=True)
