@@ -654,3 +654,58 @@ def test_study_replicates_are_pooled_in_figures_and_tables(tmp_path, drawn):
     old = fig.axes[0].get_lines()[0]
     assert xs(old) == [0, 1] and ys(old) == pytest.approx([30.0, 21.0])  # replicates pooled per l_fp
     assert "mean of up to 2 runs" in fig.axes[0].get_title()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The registry, the plot's result and the experiments as data
+
+
+def test_an_output_name_is_registered_once():
+    from scalecl.report import registry
+
+    names = [o.name for o in registry.outputs()]
+    assert len(set(names)) == len(names) and {"fig8", "summary", "frontier", "table2"} <= set(names)
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.figure("fig8")(lambda plot, spec: [])
+    assert [o.name for o in registry.outputs()] == names  # the refused one is not added
+
+
+def test_a_spec_naming_an_unknown_output_is_refused(tmp_path):
+    import dataclasses
+
+    from scalecl.report import plot_all
+
+    bad = dataclasses.replace(BIO_REPORT, outputs=("fig8", "no-such-figure"))
+    with pytest.raises(ValueError, match="no-such-figure"):
+        plot_all(tmp_path, tmp_path / "o", [bad])
+    with pytest.raises(ValueError, match="share an experiment name"):
+        plot_all(tmp_path, tmp_path / "o", [BIO_REPORT, BIO_REPORT])
+    assert not (tmp_path / "o").exists()
+
+
+def test_plot_result_and_an_experiment_known_only_by_its_spec(tmp_path):
+    """plot_all returns what it wrote, removed and skipped; the report knows an experiment only from its spec:
+    the biography's spec under another name reads that name's results and names its files after it."""
+    import dataclasses
+
+    from scalecl.report import PlotResult, plot_all
+
+    res = tmp_path / "results"
+    for method in ("fft", "scale-route"):
+        d = fake_bio_run(res, method)
+        r = json.loads((d / "result.json").read_text())
+        (d / "result.json").write_text(json.dumps({**r, "experiment": "bio2"}))
+    broken = fake_bio_run(res, "lora")
+    (broken / "metrics.jsonl").write_text("{not json\n")
+    out = tmp_path / "o"
+    spec = dataclasses.replace(BIO_REPORT, name="bio2")
+    got = plot_all(res, out, [spec, CPT_REPORT])
+    assert isinstance(got, PlotResult) and got.removed == [] and got.skipped == {}  # the lora run is not bio2's
+    names = {p.name for p in got.written}
+    assert {"fig8_bio2_cpu.png", "table_bio2.csv", "paired_bio2.csv", "frontier_bio2.csv"} <= names
+    assert not any("_bio_" in n or n.endswith("_bio.csv") for n in names)
+    assert pd.read_csv(out / "table_bio2.csv")["method"].tolist() == ["fft", "scale-route"]
+    again = plot_all(res, out, [BIO_REPORT])  # now the lora run alone, and its metrics are unreadable
+    assert str(broken / "metrics.jsonl") in again.skipped
+    assert out / "table_bio2.csv" in again.removed and not (out / "table_bio2.csv").exists()
+    assert {p.name for p in again.written} >= {"table_bio.csv"}
