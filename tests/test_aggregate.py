@@ -14,20 +14,21 @@ import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
+from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.report import (
     NO_INTERVAL,
-    SKIPPED,
-    bio_table,
-    cpt_table,
+    Plot,
     draw_fig8,
     draw_fig9,
     load_runs,
     mean_curve,
     paired_table,
     plot_all,
+    summary_table,
 )
 from scalecl.report.stats import binomial_se, interval_note, t_interval, t_quantile
 
+SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
 runner = CliRunner()
 T2 = 4.302653  # t_{0.975, 2}, from tables
 T1 = 12.706205  # t_{0.975, 1}
@@ -110,7 +111,7 @@ def test_t_quantile_matches_tables_and_hand_computation():
 
 
 def test_replicates_are_kept_one_per_seed_pair_newest(tmp_path):
-    runs = load_runs(three_bases(tmp_path), "bio")
+    runs = load_runs(Plot.of(three_bases(tmp_path)), BIO_REPORT)
     fft = runs[runs["method"] == "fft"]
     assert fft["base_seed"].tolist() == [0, 1, 2] and fft["run_seed"].tolist() == [0, 0, 0]
     assert fft.set_index("base_seed").loc[1, "result"]["final"]["task0_heldout"]["acc"] == 0.2  # the newer
@@ -122,7 +123,7 @@ def test_replicates_are_kept_one_per_seed_pair_newest(tmp_path):
 
 
 def test_bio_table_means_and_t_intervals(tmp_path):
-    table = bio_table(three_bases(tmp_path)).set_index("method")
+    table = summary_table(Plot.of(three_bases(tmp_path)), BIO_REPORT).set_index("method")
     fft, route = table.loc["fft"], table.loc["scale-route"]
     assert (fft["n"], fft["interval"], fft["seeds"]) == (3, "t interval, n = 3", "0/0, 1/0, 2/0")
     assert fft["task0_full_end"] == pytest.approx(0.2)
@@ -141,7 +142,7 @@ def test_bio_table_means_and_t_intervals(tmp_path):
 
 
 def test_paired_differences_per_base(tmp_path):
-    paired = paired_table(three_bases(tmp_path), "bio")
+    paired = paired_table(Plot.of(three_bases(tmp_path)), BIO_REPORT)
     assert paired[["a", "b"]].drop_duplicates().values.tolist() == [["SCALE-Route", "FFT"]]
     row = paired.set_index("metric").loc["task0_full_end"]
     # per base: 0.5 - 0.1, 0.7 - 0.2, mean(0.5, 0.7) - 0.3 = 0.4, 0.5, 0.3
@@ -159,10 +160,10 @@ def test_paired_differences_per_base(tmp_path):
 def test_one_base_has_no_interval(tmp_path):
     bio_run(tmp_path, "fft", 0, final0=0.1)
     bio_run(tmp_path, "scale-route", 0, final0=0.5)
-    row = paired_table(tmp_path, "bio").set_index("metric").loc["task0_full_end"]
+    row = paired_table(Plot.of(tmp_path), BIO_REPORT).set_index("metric").loc["task0_full_end"]
     assert row["diff_mean"] == pytest.approx(0.4) and row["n_bases"] == 1
     assert math.isnan(row["diff_ci_lo"]) and row["interval"] == NO_INTERVAL
-    table = bio_table(tmp_path)
+    table = summary_table(Plot.of(tmp_path), BIO_REPORT)
     assert table["interval"].tolist() == ["n=1 (no interval)"] * 2 and table["task0_full_end_ci_lo"].isna().all()
 
 
@@ -170,12 +171,12 @@ def test_other_configs_stay_separate_groups(tmp_path):
     three_bases(tmp_path)
     for b in (0, 1):  # FFT again with 20 Task 1 steps: its own group, labelled by what differs
         bio_run(tmp_path, "fft", b, final0=0.9, steps3=20)
-    table = bio_table(tmp_path)
+    table = summary_table(Plot.of(tmp_path), BIO_REPORT)
     fft = table[table["method"] == "fft"].set_index("setting")
     assert sorted(fft.index) == ["stage3.steps=10", "stage3.steps=20"]
     assert fft.loc["stage3.steps=10", "n"] == 3 and fft.loc["stage3.steps=10", "task0_full_end"] == pytest.approx(0.2)
     assert fft.loc["stage3.steps=20", "n"] == 2 and fft.loc["stage3.steps=20", "task0_full_end"] == pytest.approx(0.9)
-    paired = paired_table(tmp_path, "bio")  # Route is paired only with the FFT trained like it
+    paired = paired_table(Plot.of(tmp_path), BIO_REPORT)  # Route is paired only with the FFT trained like it
     assert paired["b"].unique().tolist() == ["FFT [stage3.steps=10]"]
     assert paired["a"].unique().tolist() == ["SCALE-Route [stage3.steps=10]"]
     assert paired.set_index("metric").loc["task0_full_end", "diff_mean"] == pytest.approx(0.4)
@@ -187,7 +188,7 @@ def test_other_method_options_stay_separate(tmp_path):
     r = json.loads((d / "result.json").read_text())
     r["method_options"] = {"tau": 0.5}
     (d / "result.json").write_text(json.dumps(r))
-    route = bio_table(tmp_path).query("method == 'scale-route'").set_index("setting")
+    route = summary_table(Plot.of(tmp_path), BIO_REPORT).query("method == 'scale-route'").set_index("setting")
     assert route.loc["tau=unset", "n"] == 4 and route.loc["tau=0.5", "n"] == 1  # not replacing seed 0/0
 
 
@@ -221,10 +222,10 @@ def test_plot_writes_interval_tables_paired_and_inputs(tmp_path):
 def test_old_results_without_seeds_still_plot(tmp_path):
     bio_run(tmp_path, "fft", 0, final0=0.1, seeds="none")
     bio_run(tmp_path, "scale-route", 3, final0=0.4, seeds="old")  # config.seed only: base 3, run 0
-    runs = load_runs(tmp_path, "bio")
+    runs = load_runs(Plot.of(tmp_path), BIO_REPORT)
     assert list(zip(runs["base_seed"], runs["run_seed"], strict=True)) == [(0, 0), (3, 0)]
     out = tmp_path / "o"
-    names = {p.name for p in plot_all(tmp_path, out)}
+    names = {p.name for p in plot_all(tmp_path, out, SPECS).written}
     assert {"table_bio.csv", "fig8_bio_cpu.png", "paired_bio.csv"} <= names
     assert pd.read_csv(out / "table_bio.csv")["n"].tolist() == [1, 1]
     # no base seed shared (0 vs 3): a row saying so, no difference
@@ -237,8 +238,8 @@ def test_malformed_seeds_are_skipped(tmp_path):
     r = json.loads((d / "result.json").read_text())
     r["seeds"] = {"base": "seven", "run": 0}
     (d / "result.json").write_text(json.dumps(r))
-    plot_all(tmp_path, tmp_path / "o")
-    assert any("seeds" in why for why in SKIPPED.values())
+    skipped = plot_all(tmp_path, tmp_path / "o", SPECS).skipped
+    assert any("seeds" in why for why in skipped.values())
     assert pd.read_csv(tmp_path / "o" / "table_bio.csv").set_index("method").loc["fft", "n"] == 3
 
 
@@ -247,7 +248,7 @@ def test_malformed_seeds_are_skipped(tmp_path):
 
 
 def test_fig8_draws_the_mean_and_a_t_band(tmp_path):
-    fig = dict(draw_fig8(three_bases(tmp_path)))["fig8_bio_cpu"]
+    fig = dict(draw_fig8(Plot.of(three_bases(tmp_path)), BIO_REPORT))["fig8_bio_cpu"]
     try:
         fft = fig.axes[0]
         assert fft.get_title() == "FFT (n=3)"
@@ -265,7 +266,7 @@ def test_fig8_draws_the_mean_and_a_t_band(tmp_path):
         plt.close(fig)
     single = tmp_path / "single"
     bio_run(single, "fft", 0)
-    fig = dict(draw_fig8(single))["fig8_bio_cpu"]
+    fig = dict(draw_fig8(Plot.of(single), BIO_REPORT))["fig8_bio_cpu"]
     try:
         assert fig.axes[0].get_title() == "FFT" and not fig.axes[0].collections  # one run: a line, no band
     finally:
@@ -308,15 +309,15 @@ def test_cpt_table_paired_and_fig9_bands(tmp_path):
     for b, (fo, fn, ro, rn) in enumerate(((14.0, 20.0, 11.0, 22.0), (16.0, 18.0, 12.0, 21.0))):
         cpt_run(tmp_path, "fft", b, fo, fn)
         cpt_run(tmp_path, "scale-route", b, ro, rn)
-    table = cpt_table(tmp_path).set_index("method")
+    table = summary_table(Plot.of(tmp_path), CPT_REPORT).set_index("method")
     assert table.loc["fft", "old_ppl_end"] == pytest.approx(15.0) and table.loc["fft", "n"] == 2
     assert table.loc["fft", "old_ppl_end_ci_hi"] - 15 == pytest.approx(half(math.sqrt(2), 2, T1), rel=1e-6)
-    paired = paired_table(tmp_path, "cpt").set_index("metric")
+    paired = paired_table(Plot.of(tmp_path), CPT_REPORT).set_index("metric")
     old = paired.loc["old_ppl_end"]  # per base: 11 - 14 = -3, 12 - 16 = -4
     assert old["diff_mean"] == pytest.approx(-3.5) and old["per_base"] == "0: -3; 1: -4"
     assert old["diff_ci_hi"] + 3.5 == pytest.approx(half(math.sqrt(0.5), 2, T1), rel=1e-6)
     assert paired.loc["new_ppl_end", "diff_mean"] == pytest.approx(2.5)
-    fig = dict(draw_fig9(tmp_path))["fig9_cpt_cpu"]
+    fig = dict(draw_fig9(Plot.of(tmp_path), CPT_REPORT))["fig9_cpt_cpu"]
     try:
         labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
         assert labels == ["FFT (n=2)", "SCALE-Route (n=2)"] and len(fig.axes[0].collections) == 2
@@ -336,7 +337,7 @@ def test_groups_that_differ_only_in_their_rate_are_labelled_by_it(tmp_path):
         (d / "result.json").write_text(json.dumps(r))
         d.rename(d.with_name(f"{d.name}-{lr:g}"))
     cpt_run(tmp_path, "scale-route", 0, 11.0, 30.0)
-    runs = load_runs(tmp_path, "cpt")
+    runs = load_runs(Plot.of(tmp_path), CPT_REPORT)
     assert runs.set_index("method").loc["fft", "setting"].tolist() == ["lr=0.0001", "lr=0.001"]
     assert runs.set_index("method").loc["scale-route", "setting"] == ""
 
@@ -367,7 +368,7 @@ def test_committed_results_still_plot(tmp_path):
 def test_replicate_groups_ignore_the_thread_count_only():
     """compute.threads (absent in runs made before it existed, 1 today) changes float sums, not the setting:
     runs differing in it and in their seeds are replicates; any other compute or config change is not."""
-    from scalecl.report import _config_id
+    from scalecl.report.runs import _config_id
 
     def result(seed, compute, lr=1e-4):
         return {"experiment": "bio", "preset": "cpu", "method": "fft", "method_options": {},

@@ -13,7 +13,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
+from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.report import (
+    Plot,
     draw_frontier,
     draw_route_mechanism,
     draw_route_study,
@@ -22,6 +24,7 @@ from scalecl.report import (
     plot_all,
 )
 
+SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
 T2 = 4.302653  # t_{0.975, 2}
 T1 = 12.706205  # t_{0.975, 1}
 STEPS = (0, 5, 10, 15)
@@ -105,7 +108,7 @@ def closing():
 
 
 def test_frontier_table_means_intervals_and_thresholds(tmp_path):
-    table = frontier_table(frontier_results(tmp_path), "bio")
+    table = frontier_table(Plot.of(frontier_results(tmp_path)), BIO_REPORT)
     rows = {(r["line"], round(r["lr"], 9)): r for _, r in table.iterrows()}
     fft = "FFT [stage3.steps=10]"
     assert sorted(rows) == sorted([(fft, 1e-4), (fft, 3e-4), (fft, 1e-3), ("FFT [stage3.steps=20]", 1e-4),
@@ -151,7 +154,7 @@ def test_frontier_table_means_intervals_and_thresholds(tmp_path):
 def test_frontier_threshold_counts_only_the_runs_that_reach_it(tmp_path):
     for b, t1 in enumerate(((0.0, 0.6, 0.7, 0.8), (0.0, 0.1, 0.2, 0.3), (0.0, 0.2, 0.5, 0.9))):
         bio_run(tmp_path, "fft", b, t1=t1, t0=(0.9, 0.7, 0.6, 0.4))
-    row = frontier_table(tmp_path, "bio").iloc[0]
+    row = frontier_table(Plot.of(tmp_path), BIO_REPORT).iloc[0]
     # 0.5: base 0 at step 5 (0.7), base 2 at step 10 (0.6), base 1 never: mean over the two that reached it
     assert (row["curves"], row["task0_at_task1_50_reached"]) == (3, 2)
     assert row["task0_at_task1_50"] == pytest.approx(0.65)
@@ -160,13 +163,13 @@ def test_frontier_threshold_counts_only_the_runs_that_reach_it(tmp_path):
     assert row["task0_at_task1_80_reached"] == 2 and row["task0_at_task1_80"] == pytest.approx(0.4)
     (tmp_path / "bio").rename(tmp_path / "only")
     bio_run(tmp_path, "fft", 0, t1=(0.0, 0.6, 0.7, 0.9), t0=(0.9, 0.7, 0.6, 0.4))
-    row = frontier_table(tmp_path / "bio", "bio").iloc[0]
+    row = frontier_table(Plot.of(tmp_path / "bio"), BIO_REPORT).iloc[0]
     assert row["task0_at_task1_50_reached"] == 1 and row["task0_at_task1_50"] == pytest.approx(0.7)
     assert pd.isna(row["task0_at_task1_50_ci_lo"])  # one run reached it: its value, no interval
 
 
 def test_frontier_figure_lines_points_and_error_bars(tmp_path, closing):
-    fig = dict(draw_frontier(frontier_results(tmp_path), "bio"))["frontier_bio"]
+    fig = dict(draw_frontier(Plot.of(frontier_results(tmp_path)), BIO_REPORT))["frontier_bio"]
     closing(fig)
     (ax,) = fig.axes
     assert ax.get_xlabel() == "Task 1 learned: full-range final accuracy (%)"
@@ -221,13 +224,13 @@ def test_cpt_frontier_table_and_log_axes(tmp_path, closing):
         cpt_run(tmp_path, "fft", b, 3e-4, old, new)
     for b, (old, new) in enumerate(((10.5, 21.0), (11.5, 23.0))):
         cpt_run(tmp_path, "scale-route", b, 1e-3, old, new)
-    table = frontier_table(tmp_path, "cpt").set_index(["method", "lr"])
+    table = frontier_table(Plot.of(tmp_path), CPT_REPORT).set_index(["method", "lr"])
     a = table.loc[("fft", 1e-4)]
     assert (a["n"], a["new_ppl_end"], a["old_ppl_end"]) == (2, pytest.approx(21.0), pytest.approx(12.0))
     assert a["old_ppl_end_ci_lo"] == pytest.approx(12 - half(math.sqrt(2), 2, T1), rel=1e-6)  # below 1: -0.71
     assert table.loc[("scale-route", 1e-3), "new_ppl_end"] == pytest.approx(22.0)
     assert "task0_at_task1_50" not in table
-    fig = dict(draw_frontier(tmp_path, "cpt"))["frontier_cpt"]
+    fig = dict(draw_frontier(Plot.of(tmp_path), CPT_REPORT))["frontier_cpt"]
     closing(fig)
     (ax,) = fig.axes
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
@@ -241,7 +244,7 @@ def test_cpt_frontier_table_and_log_axes(tmp_path, closing):
 
 def test_plot_writes_frontier_files(tmp_path):
     out = tmp_path / "figs"
-    names = {p.name for p in plot_all(frontier_results(tmp_path / "res"), out)}
+    names = {p.name for p in plot_all(frontier_results(tmp_path / "res"), out, SPECS).written}
     assert {"frontier_bio.png", "frontier_bio.pdf", "frontier_bio.csv", "frontier_bio.md", "frontier_bio.tex",
             "frontier_bio.inputs.txt"} <= names
     assert "frontier_cpt.csv" not in names and "route_mechanism.png" not in names  # no cpt runs, no keys
@@ -297,7 +300,7 @@ def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing):
     route_run(res / "studies" / "vocab", 0, 50304, never=49859, share=0.2)  # a study: two replicates
     route_run(res / "studies" / "vocab", 1, 50304, never=49859, share=0.4)
     route_run(res / "studies" / "tau", 0, 1045, never=None, keys=False, tau=0.5)  # older: not drawn
-    fig = dict(draw_route_mechanism(res))["route_mechanism"]
+    fig = dict(draw_route_mechanism(Plot.of(res), BIO_REPORT))["route_mechanism"]
     closing(fig)
     assert len(fig.axes) == 2 * 4  # a row per setting group; never share x2, routing, router score
     top, bottom = fig.axes[:4], fig.axes[4:]
@@ -315,14 +318,14 @@ def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing):
     assert "never a training target" in fig.texts[-1].get_text()
     out = tmp_path / "o"
     assert {"route_mechanism.png", "route_mechanism.pdf", "route_mechanism.inputs.txt"} <= {
-        p.name for p in plot_all(res, out)}
+        p.name for p in plot_all(res, out, SPECS).written}
     assert "studies/tau" not in (out / "route_mechanism.inputs.txt").read_text()
 
 
 def test_route_mechanism_skipped_without_keys(tmp_path):
     route_run(tmp_path, 0, 1045, never=None, keys=False)
-    assert list(draw_route_mechanism(tmp_path)) == []
-    assert "route_mechanism.png" not in {p.name for p in plot_all(tmp_path, tmp_path / "o")}
+    assert list(draw_route_mechanism(Plot.of(tmp_path), BIO_REPORT)) == []
+    assert "route_mechanism.png" not in {p.name for p in plot_all(tmp_path, tmp_path / "o", SPECS).written}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -340,7 +343,7 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     router = res / "studies" / "router"
     route_run(router, 0, 1045, never=600)
     route_run(router, 0, 50304, never=49859, tag="-big")
-    fig = dict(draw_route_study(res, "router"))["fig8_route_router"]
+    fig = dict(draw_route_study(Plot.of(res), BIO_REPORT, "router"))["fig8_route_router"]
     closing(fig)
     assert len(fig.axes) == 2 * 3  # a row of panels per vocabulary
     small, big = fig.axes[0], fig.axes[3]
@@ -358,7 +361,7 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     # the vocab study: one row; the study's own 50,304-row FFT is its dashed line, the main FFT the reference
     route_run(res / "studies" / "vocab", 0, 1045, never=600)
     route_run(res / "studies" / "vocab", 0, 50304, never=49859, tag="-big")
-    fig = dict(draw_route_study(res, "vocab"))["fig8_route_vocab"]
+    fig = dict(draw_route_study(Plot.of(res), BIO_REPORT, "vocab"))["fig8_route_vocab"]
     closing(fig)
     assert len(fig.axes) == 3
     black = [ln for ln in fig.axes[0].get_lines() if ln.get_color() == "black"]
@@ -382,7 +385,7 @@ def test_study_loss_figure_separates_bases(tmp_path, closing):
     for tied in (True, False):
         for init in (["svd", "zero"], ["zero", "rnd"]):
             cpt_study_run(tmp_path, init, tied, f"{init[0]}{tied}")
-    fig = dict(draw_train_loss(tmp_path))["train_loss_study_init"]
+    fig = dict(draw_train_loss(Plot.of(tmp_path), CPT_REPORT))["train_loss_study_init"]
     closing(fig)
     panels = {ax.get_title(): ax for ax in fig.axes}
     assert sorted(panels) == ["tied base, new embedding columns zero", "untied base, new embedding columns zero"]

@@ -87,13 +87,14 @@ def test_never_rows_measure_only(tmp_path):
     assert info["rows"] == len(tok) and info["never_rows"] == len(tok) - len(seen) > 0
     assert "never_rows" not in pr["data"]
     # scalecl plot's table of it: a row per evaluation step and set, only for the run that measured it
-    from scalecl.report import route_mechanism_cpt, table_route_mechanism_cpt
+    from scalecl.experiments.reports import CPT_REPORT
+    from scalecl.report import Plot, route_mechanism_cpt, table_route_mechanism_cpt
 
-    df, used = route_mechanism_cpt(tmp_path / "b" / "out")
+    df, used = route_mechanism_cpt(Plot.of(tmp_path / "b" / "out"), CPT_REPORT)
     assert len(used) == 1 and len(df) == 3 * 2 and set(df["set"]) == {"old", "new"} and df["lr"].notna().all()
     assert df["never_share_preserve"].between(0, 1).all() and (df["score_q05"] <= df["score_q95"]).all()
-    assert route_mechanism_cpt(tmp_path / "a" / "out")[0].empty
-    written = table_route_mechanism_cpt(tmp_path / "b" / "out", tmp_path / "fig")
+    assert route_mechanism_cpt(Plot.of(tmp_path / "a" / "out"), CPT_REPORT)[0].empty
+    written = table_route_mechanism_cpt(Plot.of(tmp_path / "b" / "out", tmp_path / "fig"), CPT_REPORT)
     assert {p.name for p in written} >= {"route_mechanism_cpt.csv", "route_mechanism_cpt.md"}
 
 

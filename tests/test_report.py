@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
+from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
+from scalecl.methods.base import METHOD_ORDER
 from scalecl.report import (
-    METHOD_ORDER,
-    bio_table,
+    Plot,
     draw_fig4,
     draw_fig5,
     draw_fig6,
@@ -25,9 +26,17 @@ from scalecl.report import (
     draw_routing,
     draw_train_loss,
     load_runs,
+    summary_table,
 )
 
 runner = CliRunner()
+SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
+
+
+def each_spec(draw, results):
+    """A draw_* function's figures for every experiment, as `scalecl plot` makes them."""
+    plot = Plot.of(results)
+    return [pair for spec in SPECS for pair in draw(plot, spec)]
 
 
 def fake_bio_run(root, method, preset="cpu", t0=(0.9, 0.2, 0.3), t1=(0.0, 0.5, 0.9), date="2026-11-21T00:00:00",
@@ -75,8 +84,8 @@ def test_load_runs_ignores_other_experiments(tmp_path):
     other = tmp_path / "cpt" / "x"
     other.mkdir(parents=True)
     (other / "result.json").write_text(json.dumps({"experiment": "cpt", "preset": "cpu", "method": "fft"}))
-    assert list(load_runs(tmp_path, "bio")["method"]) == ["fft"]
-    assert len(bio_table(tmp_path)) == 1
+    assert list(load_runs(Plot.of(tmp_path), BIO_REPORT)["method"]) == ["fft"]
+    assert len(summary_table(Plot.of(tmp_path), BIO_REPORT)) == 1
 
 
 def test_plot_errors(tmp_path):
@@ -311,20 +320,21 @@ def test_route_figures_pure_and_tolerant(tmp_path, monkeypatch):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    for fig in (fig_train_loss, fig_lr_schedule, fig_routing, fig_router_score, fig_route_studies):
-        assert fig(empty, tmp_path / "o") == []
-    assert route_study_table(empty, "tau").empty
+    for spec in SPECS:
+        for fig in (fig_train_loss, fig_lr_schedule, fig_routing, fig_router_score, fig_route_studies):
+            assert fig(Plot.of(empty, tmp_path / "o"), spec) == []
+    assert route_study_table(Plot.of(empty), BIO_REPORT, "tau").empty
     study = tmp_path / "res" / "studies" / "tau"
     d = fake_route_bio_run(study, older=True)
     (d / "train_log.jsonl").write_text("")  # a run that trained no step writes an empty log
-    assert load_train_log(d) is None
+    assert load_train_log(Plot.of(study), d) is None
     (fake_route_bio_run(study, opts={"tau": 0.5}, tag="nometrics") / "metrics.jsonl").unlink()
-    import scalecl.report as report
+    import scalecl.report.draw as draw
 
-    panels, save = {}, report._save
-    monkeypatch.setattr(report, "_save", lambda fig, out, stem: panels.setdefault(stem, len(fig.axes))
-                        and save(fig, out, stem))
-    names = {p.name for p in plot_all(tmp_path / "res", tmp_path / "o")}
+    panels, save = {}, draw._save
+    monkeypatch.setattr(draw, "_save", lambda plot, fig, stem: panels.setdefault(stem, len(fig.axes))
+                        and save(plot, fig, stem))
+    names = {p.name for p in plot_all(tmp_path / "res", tmp_path / "o", SPECS).written}
     assert panels["fig8_route_tau"] == 3  # no answer-position records: panel (c) shows all-token routing
     assert {"fig8_route_tau.png", "routing_study_tau.png", "train_loss_study_tau.png",
             "table_fig8_route_tau.csv"} <= names
@@ -385,7 +395,7 @@ def test_fig8_draws_a_panel_per_method_with_its_accuracies(tmp_path, drawn):
              "llama-pro": (0.9, 0.2, 0.25), "scale-route": (0.9, 0.85, 0.8)}
     for method in ("scale-route", "fft", "lora", "llama-pro", "freeze"):  # written out of method order
         fake_bio_run(tmp_path, method, t0=task0[method])
-    figs = drawn(draw_fig8(tmp_path))
+    figs = drawn(draw_fig8(Plot.of(tmp_path), BIO_REPORT))
     assert list(figs) == ["fig8_bio_cpu"]
     fig = figs["fig8_bio_cpu"]
     shown = [ax for ax in fig.axes if ax.axison]
@@ -409,7 +419,7 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
            "scale-adapt": (10.0, 11.0, 10.5), "scale-route": (10.0, 10.5, 10.2)}
     for method in ("scale-route", "scale-adapt", "fft", "scale-preserve", "llama-pro"):
         fake_cpt_run(tmp_path, method, {"l_fp": 2} if method == "scale-adapt" else {}, old=old[method])
-    fig = drawn(draw_fig9(tmp_path))["fig9_cpt_cpu"]
+    fig = drawn(draw_fig9(Plot.of(tmp_path), CPT_REPORT))["fig9_cpt_cpu"]
     assert len(fig.axes) == 2
     assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting: old-domain perplexity",
                                                    "(b) learning: new-domain perplexity"]
@@ -426,7 +436,7 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
             assert ys(ln) == pytest.approx(old[method] if key == "old" else (50.0, 20.0, 15.0))
     assert fig.axes[0].get_legend() is None and texts(fig.axes[1].get_legend()) == names
 
-    fig = drawn(draw_fig4(tmp_path))["fig4_width_vs_depth_cpu"]
+    fig = drawn(draw_fig4(Plot.of(tmp_path), CPT_REPORT))["fig4_width_vs_depth_cpu"]
     ax_cos, ax_ppl = fig.axes
     assert (ax_cos.get_title(), ax_ppl.get_title()) == ("(a) representation forgetting",
                                                         "(b) forgetting perplexity (old domain)")
@@ -443,7 +453,7 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
 
 def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     build_cpt_results(tmp_path)
-    fig = drawn(draw_fig5(tmp_path))["fig5_init_pairs"]
+    fig = drawn(draw_fig5(Plot.of(tmp_path), CPT_REPORT))["fig5_init_pairs"]
     assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL (old domain)", "(b) learning PPL (new domain)"]
     for ax, values in zip(fig.axes, ((10.0, 12.0, 11.0), (50.0, 20.0, 15.0)), strict=True):
         assert labels(ax) == ["0,RND", "RND,0", "SVD,0"]  # (W21, W22) per run
@@ -451,7 +461,7 @@ def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
         assert all(ys(ln) == pytest.approx(values) for ln in ax.get_lines())
     assert caption(fig).startswith("scale-preserve; preset 'cpu'")
 
-    fig = drawn(draw_fig6(tmp_path))["fig6_l_fp"]
+    fig = drawn(draw_fig6(Plot.of(tmp_path), CPT_REPORT))["fig6_l_fp"]
     (old,), (new,) = (ax.get_lines() for ax in fig.axes)
     assert xs(old) == xs(new) == [0, 1, 3]  # sorted by l_fp
     assert ys(old) == [30, 29, 27] and ys(new) == [15, 15, 15]  # each run's end-of-training perplexity
@@ -460,7 +470,7 @@ def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
         assert ax.get_xlabel() == "l_fp (function-preserving lower layers)" and ax.get_ylabel() == "perplexity"
         assert list(ax.get_xticks()) == [0, 1, 3]
 
-    fig = drawn(draw_fig7(tmp_path))["fig7_collab_modules"]
+    fig = drawn(draw_fig7(Plot.of(tmp_path), CPT_REPORT))["fig7_collab_modules"]
     (ax,) = fig.axes
     assert labels(ax) == texts(ax.get_legend()) == ["W12 trains in attn", "W12 trains in mlp"]
     for ln in ax.get_lines():
@@ -477,7 +487,7 @@ def fake_loss(steps: int = 50, loss0: float = 3.0) -> list[float]:
 
 def test_training_log_figures_draw_each_logged_run(tmp_path, drawn):
     roots = build_route_results(tmp_path)
-    figs = drawn(draw_train_loss(roots))
+    figs = drawn(each_spec(draw_train_loss, roots))
     assert list(figs) == ["train_loss_bio_cpu", "train_loss_study_router", "train_loss_study_tau",
                           "train_loss_study_vocab", "train_loss_cpt_cpu"]  # the older preset logged nothing
     (ax,) = figs["train_loss_bio_cpu"].axes
@@ -494,7 +504,7 @@ def test_training_log_figures_draw_each_logged_run(tmp_path, drawn):
     assert "older runs): tau=0.9." in caption(figs["train_loss_study_tau"])
     assert figs["train_loss_cpt_cpu"].axes[0].get_xlabel() == "training step"
 
-    figs = drawn(draw_lr_schedule(roots))
+    figs = drawn(each_spec(draw_lr_schedule, roots))
     assert list(figs) == ["lr_schedule_bio_cpu", "lr_schedule_cpt_cpu"]  # studies share the main schedule
     (ax,) = figs["lr_schedule_bio_cpu"].axes
     assert labels(ax) == [FFT_CPU, ROUTE_CPU] and ax.get_ylabel() == "learning rate"
@@ -507,7 +517,7 @@ ROUTES = ["preserve", "adapt"]
 
 
 def test_routing_figure_draws_each_route_run_per_path(tmp_path, drawn):
-    figs = drawn(draw_routing(build_route_results(tmp_path)))
+    figs = drawn(each_spec(draw_routing, build_route_results(tmp_path)))
     assert list(figs) == ["routing_bio_cpu", "routing_bio_old", "routing_study_router", "routing_study_tau",
                           "routing_study_vocab", "routing_cpt_cpu"]
     f = [i / 10 for i in range(11)]
@@ -532,7 +542,7 @@ def test_routing_figure_draws_each_route_run_per_path(tmp_path, drawn):
 
 
 def test_router_score_figure_draws_median_mean_and_tau(tmp_path, drawn):
-    figs = drawn(draw_router_score(build_route_results(tmp_path)))
+    figs = drawn(draw_router_score(Plot.of(build_route_results(tmp_path)), BIO_REPORT))
     assert list(figs) == ["router_score_bio_cpu", "router_score_study_router", "router_score_study_tau",
                           "router_score_study_vocab"]  # runs without the score (older ones) draw nothing
     fig = figs["router_score_bio_cpu"]
@@ -555,7 +565,7 @@ def test_router_score_figure_draws_median_mean_and_tau(tmp_path, drawn):
 
 def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
     roots = build_route_results(tmp_path)
-    fig = drawn(draw_route_study(roots, "tau"))["fig8_route_tau"]
+    fig = drawn(draw_route_study(Plot.of(roots), BIO_REPORT, "tau"))["fig8_route_tau"]
     acc0, acc1, routed = fig.axes
     assert [ax.get_title() for ax in fig.axes] == ["(a) Task 0 (held-out) accuracy", "(b) Task 1 accuracy",
                                                    "(c) routed to preserve at the answer position"]
@@ -570,7 +580,7 @@ def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
     assert ys(routed.get_lines()[0]) == pytest.approx([100 * (1 - 0.9 * x) for x in f])  # tau=-1, Task 0
     assert [ax.get_xlabel() for ax in fig.axes] == ["Task 1 step"] * 3
     assert texts(fig.legends[0]) == [*settings, "Task 0 chance floor", "Task 0 slice", "Task 1 slice"]
-    fig = drawn(draw_route_study(roots, "vocab"))["fig8_route_vocab"]
+    fig = drawn(draw_route_study(Plot.of(roots), BIO_REPORT, "vocab"))["fig8_route_vocab"]
     vocab = ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)", "FFT, vocab=50,304 (tokenizer 1,045)"]
     assert labels(fig.axes[0])[:3] == vocab
     assert [line(fig.axes[0], v).get_linestyle() for v in vocab] == ["-", "-", "--"]  # a reference run: dashed
@@ -624,12 +634,12 @@ def test_study_replicates_are_pooled_in_figures_and_tables(tmp_path, drawn):
     for seed, end in ((0, 0.2), (1, 0.4), (2, 0.3)):
         _set_seeds(fake_route_bio_run(tau, opts={"tau": -1}, tag=f"m1-s{seed}", end0=end), seed)
     _set_seeds(fake_route_bio_run(tau, opts={"tau": 0.9}, tag="t09", end0=0.5), 0)
-    fig = drawn(draw_route_study(res, "tau"))["fig8_route_tau"]
+    fig = drawn(draw_route_study(Plot.of(res), BIO_REPORT, "tau"))["fig8_route_tau"]
     acc0 = fig.axes[0]
     assert labels(acc0)[:2] == ["tau=-1 (mean of 3)", "tau=0.9"]
     assert ys(line(acc0, "tau=-1 (mean of 3)"))[-1] == pytest.approx(30.0)  # mean of 20, 40, 30 (percent)
     assert len(acc0.collections) >= 1  # the band of the pooled setting
-    written = write_study_means(res, tmp_path / "figs", "bio", "tau", "table_fig8_route_tau")
+    written = write_study_means(Plot.of(res, tmp_path / "figs"), BIO_REPORT, "tau", "table_fig8_route_tau")
     table = pd.read_csv(next(p for p in written if p.suffix == ".csv"))
     row = table[table["setting"] == "tau=-1"].iloc[0]
     assert row["n"] == 3 and row["seeds"] == SEEDS_TEXT, row["seeds"]
@@ -640,7 +650,62 @@ def test_study_replicates_are_pooled_in_figures_and_tables(tmp_path, drawn):
     for seed, last in ((0, 20.0), (1, 22.0)):
         _set_seeds(fake_cpt_run(l_fp, "scale-adapt", {"l_fp": 1}, old=(10, 11, last), tag=f"1-s{seed}"), seed)
     fake_cpt_run(l_fp, "scale-adapt", {"l_fp": 0}, old=(10, 11, 30.0), tag="0")
-    fig = drawn(draw_fig6(res))["fig6_l_fp"]
+    fig = drawn(draw_fig6(Plot.of(res), CPT_REPORT))["fig6_l_fp"]
     old = fig.axes[0].get_lines()[0]
     assert xs(old) == [0, 1] and ys(old) == pytest.approx([30.0, 21.0])  # replicates pooled per l_fp
     assert "mean of up to 2 runs" in fig.axes[0].get_title()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The registry, the plot's result and the experiments as data
+
+
+def test_an_output_name_is_registered_once():
+    from scalecl.report import registry
+
+    names = [o.name for o in registry.outputs()]
+    assert len(set(names)) == len(names) and {"fig8", "summary", "frontier", "table2"} <= set(names)
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.figure("fig8")(lambda plot, spec: [])
+    assert [o.name for o in registry.outputs()] == names  # the refused one is not added
+
+
+def test_a_spec_naming_an_unknown_output_is_refused(tmp_path):
+    import dataclasses
+
+    from scalecl.report import plot_all
+
+    bad = dataclasses.replace(BIO_REPORT, outputs=("fig8", "no-such-figure"))
+    with pytest.raises(ValueError, match="no-such-figure"):
+        plot_all(tmp_path, tmp_path / "o", [bad])
+    with pytest.raises(ValueError, match="share an experiment name"):
+        plot_all(tmp_path, tmp_path / "o", [BIO_REPORT, BIO_REPORT])
+    assert not (tmp_path / "o").exists()
+
+
+def test_plot_result_and_an_experiment_known_only_by_its_spec(tmp_path):
+    """plot_all returns what it wrote, removed and skipped; the report knows an experiment only from its spec:
+    the biography's spec under another name reads that name's results and names its files after it."""
+    import dataclasses
+
+    from scalecl.report import PlotResult, plot_all
+
+    res = tmp_path / "results"
+    for method in ("fft", "scale-route"):
+        d = fake_bio_run(res, method)
+        r = json.loads((d / "result.json").read_text())
+        (d / "result.json").write_text(json.dumps({**r, "experiment": "bio2"}))
+    broken = fake_bio_run(res, "lora")
+    (broken / "metrics.jsonl").write_text("{not json\n")
+    out = tmp_path / "o"
+    spec = dataclasses.replace(BIO_REPORT, name="bio2")
+    got = plot_all(res, out, [spec, CPT_REPORT])
+    assert isinstance(got, PlotResult) and got.removed == [] and got.skipped == {}  # the lora run is not bio2's
+    names = {p.name for p in got.written}
+    assert {"fig8_bio2_cpu.png", "table_bio2.csv", "paired_bio2.csv", "frontier_bio2.csv"} <= names
+    assert not any("_bio_" in n or n.endswith("_bio.csv") for n in names)
+    assert pd.read_csv(out / "table_bio2.csv")["method"].tolist() == ["fft", "scale-route"]
+    again = plot_all(res, out, [BIO_REPORT])  # now the lora run alone, and its metrics are unreadable
+    assert str(broken / "metrics.jsonl") in again.skipped
+    assert out / "table_bio2.csv" in again.removed and not (out / "table_bio2.csv").exists()
+    assert {p.name for p in again.written} >= {"table_bio.csv"}

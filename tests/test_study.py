@@ -79,7 +79,8 @@ def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     """A study value whose run already finished among the main runs (results/bio/<name>: the default Route run
     is tau=0.9) is not trained again: the study folder gets a reference.json to it, `plot` reads the run through
     it, and a second study run trains nothing. A reference to a removed run is skipped with one line."""
-    from scalecl.report import SKIPPED, load_runs
+    from scalecl.experiments.reports import BIO_REPORT
+    from scalecl.report import Plot, load_runs
 
     res, cache = tmp_path / "results", ["--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck")]
     r = runner.invoke(app, ["train-bio", "--method", "scale-route", *BIO_FAST, "--out", str(res / "bio"), *cache])
@@ -94,9 +95,9 @@ def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     assert json.loads(ref.read_text())["reference"] == f"../../../bio/{main_run.name}"
     own = [p.parent.name for p in (res / "studies" / "tau").glob("*/result.json")]
     assert len(own) == 1 and own[0] != main_run.name  # tau=-1 trained as its own run
-    runs = load_runs(res, "bio", study="tau")
+    runs = load_runs(Plot.of(res), BIO_REPORT, study="tau")
     assert sorted(str(d) for d in runs["dir"]) == sorted([str(main_run), str(res / "studies" / "tau" / own[0])])
-    assert len(load_runs(res, "bio")) == 1  # the main figures still count the main run once
+    assert len(load_runs(Plot.of(res), BIO_REPORT)) == 1  # the main figures still count the main run once
     before = sorted(p.stat().st_mtime_ns for p in (res / "studies").rglob("*") if p.is_file())
     r = runner.invoke(app, study)  # nothing to train: one finished run, one reference
     assert r.exit_code == 0 and "stage 3" not in r.output, r.output
@@ -105,7 +106,7 @@ def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, [*study[:3], "0.9", *study[4:], "--force"])  # --force trains a copy, which is read
     assert r.exit_code == 0 and (ref.parent / "result.json").is_file(), r.output
-    assert ref.parent in set(load_runs(res, "bio", study="tau")["dir"])
+    assert ref.parent in set(load_runs(Plot.of(res), BIO_REPORT, study="tau")["dir"])
     for p in ref.parent.iterdir():
         p.unlink() if p.is_file() else None
     r = runner.invoke(app, study)  # the reference comes back; the copy's final model stays in checkpoints
@@ -113,15 +114,16 @@ def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     for p in main_run.iterdir():
         p.unlink()
     main_run.rmdir()
-    SKIPPED.clear()
-    assert list(load_runs(res, "bio", study="tau")["dir"]) == [res / "studies" / "tau" / own[0]]
-    assert any("holds no result.json" in why for why in SKIPPED.values())
+    plot = Plot.of(res)
+    assert list(load_runs(plot, BIO_REPORT, study="tau")["dir"]) == [res / "studies" / "tau" / own[0]]
+    assert any("holds no result.json" in why for why in plot.skipped.values())
 
 
 def test_study_references_a_run_of_another_study(tmp_path):
     """The same run reached from two studies (router=logit at tau 0.5 is the tau study's tau=0.5 run) is trained
     once: the second study refers to the first one's folder."""
-    from scalecl.report import load_runs
+    from scalecl.experiments.reports import BIO_REPORT
+    from scalecl.report import Plot, load_runs
 
     res, cache = tmp_path / "results", ["--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck")]
     r = runner.invoke(app, ["study", "tau", "--values", "0.5", *BIO_FAST, "--out", str(res / "studies"), *cache])
@@ -132,4 +134,4 @@ def test_study_references_a_run_of_another_study(tmp_path):
     assert r.exit_code == 0 and "stage 3" not in r.output, r.output
     ref = res / "studies" / "router" / tau_run.name / "reference.json"
     assert json.loads(ref.read_text())["reference"] == f"../../tau/{tau_run.name}"
-    assert list(load_runs(res, "bio", study="router")["dir"]) == [tau_run]
+    assert list(load_runs(Plot.of(res), BIO_REPORT, study="router")["dir"]) == [tau_run]

@@ -29,6 +29,7 @@ def plot(
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from scalecl.common.files import check_writable_dir
+    from scalecl.experiments import EXPERIMENTS
     from scalecl.report import plot_all
 
     if not out_text.strip():
@@ -41,19 +42,14 @@ def plot(
     for r in roots:
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
-    from scalecl.report import SKIPPED
-
     check_writable_dir(out)
-    written = plot_all(roots, out)
-    if not written:
-        skipped = "".join(f"; skipped {why}" for why in list(SKIPPED.values())[:3])
+    result = plot_all(roots, out, [spec.report_spec() for spec in EXPERIMENTS.values()])
+    if not result.written:
+        skipped = "".join(f"; skipped {why}" for why in list(result.skipped.values())[:3])
         raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}{skipped}")
-    for p in written:
+    for p in result.written:
         console.print(f"wrote {p}", highlight=False)
-    from scalecl.report import STALE
-
-    for name in STALE:  # a figure of an earlier plot that these results no longer give
-        console.print(f"removed {out / name} (an earlier plot's output, not drawn from these results)",
-                      highlight=False)
-    for why in SKIPPED.values():  # one line per file a run was left out for (README: such runs are skipped)
+    for p in result.removed:  # a figure of an earlier plot that these results no longer give
+        console.print(f"removed {p} (an earlier plot's output, not drawn from these results)", highlight=False)
+    for why in result.skipped.values():  # one line per file a run was left out for (README: such runs are skipped)
         err_console.print(f"skipped: {escape(' '.join(why.split()))}", highlight=False, soft_wrap=True)

@@ -63,14 +63,14 @@ def record_text(identity: dict[str, Any], result: dict[str, Any], out_dir: Path,
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
-def read_record(f: Path, what: str = "run result") -> dict[str, Any]:
+def read_record(f: Path, what: str = "run result", identity: bool = True) -> dict[str, Any]:
     """A result.json as a dict, or one ScaleclError naming the file: unreadable, not an object, or lacking a key
-    every result has (REQUIRED)."""
+    every result has (REQUIRED; `identity=False` leaves out `run`, for tables drawn from results made elsewhere)."""
     r = read_json(f, what)
     if not isinstance(r, dict):
         raise ScaleclError(f"{what} {f}: not a scalecl result (a JSON object is expected)")
     for key, kind in REQUIRED.items():
-        if not isinstance(r.get(key), kind):
+        if (identity or key != "run") and not isinstance(r.get(key), kind):
             raise ScaleclError(f"{what} {f}: not a scalecl result (no {key!r})")
     return r
 

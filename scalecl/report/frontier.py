@@ -1,0 +1,238 @@
+"""The learning-forgetting frontier: one method at several learning rates. Runs of a method that differ only
+in their rate (config.lr_scale, config.stage3.lr, cpt's per-method config.lr) are separate replicate groups;
+here they form one line of points, one point per rate. What is learned and what is kept comes from the
+experiment's FrontierSpec."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import pandas as pd
+
+from scalecl.report.context import Plot
+from scalecl.report.draw import COLORS, LINESTYLES, Drawn, _figure_legend, _save_all, _with_inputs
+from scalecl.report.registry import figure
+from scalecl.report.runs import (
+    METHOD_KEYS,
+    _config_rest,
+    _flat,
+    _get,
+    _metrics_or_none,
+    _seeds_text,
+    _varying,
+    group_label,
+    inputs_text,
+    load_runs,
+)
+from scalecl.report.spec import FrontierSpec, ReportSpec
+from scalecl.report.stats import interval_note, t_interval
+from scalecl.report.tables import _cell, write_table
+
+FRONTIER_CAPTION = (
+    "Each point: one method at one learning rate (result.json `lr`, the rate its Task 1 / new-domain training "
+    "used), the mean over its replicates (runs with other seeds) with the 95% Student-t interval in both "
+    "directions (mean ± t_0.975,n-1 · s/√n; none for n = 1). Points of a method (with its options and the rest of "
+    "the config equal) are joined in learning-rate order where it has >= 2 rates; a method with one rate is a "
+    "point alone. Each point is labelled with its rate (and n when >= 2).")
+
+
+def _threshold_column(threshold: float) -> str:
+    return f"task0_at_task1_{round(100 * threshold)}"
+
+
+def _frontier_config(r: dict) -> dict:
+    """What a frontier line's runs share: the config without seeds, method tables and the stage-3 rate."""
+    rest = {k: v for k, v in _config_rest(r, pair=True).items() if k not in METHOD_KEYS}
+    if isinstance(rest.get("stage3"), dict):
+        rest["stage3"] = {k: v for k, v in rest["stage3"].items() if k != "lr"}
+    return rest
+
+
+def _short_hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def frontier_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
+    """The main runs with their frontier `line` (preset, config outside seeds, rates and method tables, method,
+    method options) and `point` (line and lr to 6 significant digits); one run per point and seed pair (the
+    newest); `setting` what tells a line from the preset's other lines of its method, `line_label` its name."""
+    runs = load_runs(plot, spec)
+    ok = [isinstance(r["lr"], int | float) and not isinstance(r["lr"], bool) and math.isfinite(r["lr"])
+          for r in runs["result"]]
+    for f in runs[[not x for x in ok]]["dir"] if len(runs) else []:
+        plot.skip(Path(f) / "result.json", f"result {Path(f) / 'result.json'}: its lr is not a number")
+    runs = runs[ok].copy() if len(runs) else runs
+    if runs.empty:
+        return runs
+    runs["front"] = [_short_hash([spec.name, r["preset"], _frontier_config(r)]) for r in runs["result"]]
+    runs["line"] = [_short_hash([f, r["method"], r.get("method_options") or {}])
+                    for f, r in zip(runs["front"], runs["result"], strict=True)]
+    runs["lr"] = [float(r["lr"]) for r in runs["result"]]
+    runs["point"] = runs["line"] + runs["lr"].map(lambda v: f"@{v:.6g}")
+    newest = runs.sort_values("date", kind="stable").drop_duplicates(["point", "base_seed", "run_seed"], keep="last")
+    runs = runs.loc[[i for i in runs.index if i in newest.index]]
+    runs["setting"] = _frontier_settings(runs)
+    runs["line_label"] = [group_label(row) for _, row in runs.iterrows()]
+    return runs.sort_values(["preset", "order", "setting", "lr"], kind="stable").reset_index(drop=True)
+
+
+def _frontier_settings(runs: pd.DataFrame, most: int = 4) -> pd.Series:
+    """Per run, what tells its frontier line from the preset's others: config keys that differ across the
+    preset's lines and method options that differ across the method's lines ('' if none)."""
+    labels = {}
+    for _, g in runs.drop_duplicates("line").groupby("preset", sort=False):
+        fronts = {row["front"]: _flat(_frontier_config(row["result"])) for _, row in g.iterrows()}
+        keys = _varying(list(fronts.values()))
+        for _, row in g.iterrows():
+            same = [_flat(r.get("method_options") or {}) for r in g[g["method"] == row["method"]]["result"]]
+            opts = _flat(row["result"].get("method_options") or {})
+            parts = [f"{k}={fronts[row['front']].get(k, 'unset')}" for k in keys]
+            parts += [f"{k}={opts.get(k, 'unset')}" for k in _varying(same)]
+            label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
+            labels[row["line"]] = label.replace('"', "")
+    return runs["line"].map(labels)
+
+
+def _task0_when(m: pd.DataFrame | None, threshold: float) -> tuple[float, float] | None:
+    """(step, Task 0 accuracy) at the first evaluated step where Task 1 accuracy reaches `threshold`, or None
+    (never reached, or Task 0 not evaluated at that step)."""
+    if m is None or "task1/acc" not in m or "task0/acc" not in m:
+        return None
+    hit = m[m["task1/acc"].notna() & (m["task1/acc"] >= threshold)]
+    if hit.empty or pd.isna(hit["task0/acc"].iloc[0]):
+        return None
+    return float(hit["step"].iloc[0]), float(hit["task0/acc"].iloc[0])
+
+
+def _threshold_columns(plot: Plot, g: pd.DataFrame, thresholds: tuple[float, ...]) -> dict:
+    """Per threshold: Task 0 when Task 1 first reaches it, mean and t interval over the runs that reached it
+    (`_reached` of `curves`, the runs with Task 0 and Task 1 curves), and the mean step it happened at."""
+    curves = [m for m in (_metrics_or_none(plot, d) for d in g["dir"])
+              if m is not None and "task1/acc" in m and "task0/acc" in m]
+    rec: dict = {"curves": len(curves)}
+    for threshold in thresholds:
+        col = _threshold_column(threshold)
+        hits = [h for h in (_task0_when(m, threshold) for m in curves) if h is not None]
+        iv = t_interval(v for _, v in hits)
+        rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi, f"{col}_reached": len(hits),
+                f"{col}_step": t_interval(step for step, _ in hits).mean}
+    return rec
+
+
+def frontier_table(plot: Plot, spec: ReportSpec, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per frontier point (preset, method, setting, lr): n, seeds, then the frontier's x and y as mean
+    with 95% t interval (`_ci_lo`, `_ci_hi`), then Task 0 when Task 1 first reaches each of its thresholds."""
+    runs = frontier_runs(plot, spec) if runs is None else runs
+    rows = []
+    for _, g in runs.groupby("point", sort=False) if len(runs) else []:
+        first = g.iloc[0]
+        rec = {"preset": first["preset"], "method": first["method"], "setting": first["setting"],
+               "line": first["line_label"], "lr": first["lr"], "n": len(g), "interval": interval_note(len(g)),
+               "seeds": _seeds_text(g)}
+        for col, path, _ in (spec.frontier.x, spec.frontier.y):
+            iv = t_interval(_get(r, path) for r in g["result"])
+            rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi}
+        if spec.frontier.thresholds:
+            rec |= _threshold_columns(plot, g, spec.frontier.thresholds)
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def _shown_frontier(df: pd.DataFrame, frontier: FrontierSpec) -> pd.DataFrame:
+    """The Markdown/LaTeX view of a frontier table: 'mean ± half-width' cells, threshold cells with how many runs
+    reached the threshold and at which step on average."""
+    fmt = frontier.fmt
+    cols = ["preset", "method"] + (["setting"] if df["setting"].astype(bool).any() else [])
+    shown = df[cols].copy()
+    shown["lr"] = df["lr"].map(lambda v: f"{v:g}")
+    shown[["n", "seeds"]] = df[["n", "seeds"]]
+    for col, _, _ in (frontier.x, frontier.y):
+        shown[col] = [_cell(row, col, fmt) for _, row in df.iterrows()]
+    for threshold in frontier.thresholds:
+        col = _threshold_column(threshold)
+        shown[f"Task 0 when Task 1 first reaches {threshold:g}"] = [
+            (f"{_cell(row, col, fmt)} ({row[f'{col}_reached']} of {row['curves']} runs reached it; mean step "
+             f"{row[f'{col}_step']:.0f})" if row[f"{col}_reached"] else f"never (0 of {row['curves']} runs)")
+            for _, row in df.iterrows()]
+    return shown
+
+
+@figure("frontier")
+def fig_frontier(plot: Plot, spec: ReportSpec) -> list[Path]:
+    """The learning-forgetting frontier frontier_<name>, with its table."""
+    runs = frontier_runs(plot, spec)
+    table = frontier_table(plot, spec, runs)
+    if table.empty:
+        return []
+    written = _save_all(plot, draw_frontier(plot, spec, table, runs))
+    return written + write_table(plot, table, f"frontier_{spec.name}", shown=_shown_frontier(table, spec.frontier),
+                                 caption=f"{FRONTIER_CAPTION} {spec.frontier.note}",
+                                 inputs=inputs_text(_as_groups(runs), f"frontier_{spec.name}: one row per point"))
+
+
+def _as_groups(runs: pd.DataFrame) -> pd.DataFrame:
+    """Frontier runs with their point as the replicate group (for inputs_text)."""
+    return runs.assign(group=runs["point"]) if len(runs) else runs
+
+
+def draw_frontier(plot: Plot, spec: ReportSpec, table: pd.DataFrame | None = None,
+                  runs: pd.DataFrame | None = None) -> Drawn:
+    """The frontier figure of an experiment: a panel per preset, a line of points per method (and setting)."""
+    runs = frontier_runs(plot, spec) if runs is None else runs
+    table = frontier_table(plot, spec, runs) if table is None else table
+    if table.empty:
+        return
+    presets = list(dict.fromkeys(table["preset"]))
+    fig, axes = plt.subplots(1, len(presets), figsize=(6.2 * len(presets), 5.0), squeeze=False)
+    for ax, preset in zip(axes[0], presets, strict=True):
+        _frontier_panel(ax, table[table["preset"] == preset], spec.frontier)
+        ax.set_title(f"preset '{preset}'", fontsize=10)
+    _figure_legend(fig, axes[0])
+    r0 = runs.iloc[0]["result"]
+    fig.text(0.5, -0.02, f"{FRONTIER_CAPTION} {spec.frontier.better}\n{spec.caption(r0)}", ha="center", va="top",
+             fontsize=8, wrap=True)
+    fig.tight_layout()
+    stem = f"frontier_{spec.name}"
+    yield stem, _with_inputs(fig, _as_groups(runs), f"{stem}: a point per rate")
+
+
+def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> None:
+    """One preset's frontier: per line its points in lr order (joined when >= 2) with t-interval error bars."""
+    (x, _, xlabel), (y, _, ylabel) = frontier.x, frontier.y
+    scale, log = frontier.scale, frontier.log
+    styles: dict[str, int] = {}
+    for _, pts in table.groupby("line", sort=False):
+        pts = pts.sort_values("lr")
+        method = pts["method"].iloc[0]
+        styles[method] = styles.get(method, -1) + 1  # a method's second line (another setting): another style
+        ls = LINESTYLES[styles[method] % len(LINESTYLES)] if len(pts) >= 2 else "none"
+        ax.errorbar(scale * pts[x], scale * pts[y], xerr=_error_bars(pts, x, scale, log),
+                    yerr=_error_bars(pts, y, scale, log), marker="o", ms=5, ls=ls, lw=1.3, capsize=3,
+                    elinewidth=0.9, color=COLORS.get(method), label=pts["line"].iloc[0])
+        for _, p in pts.iterrows():
+            ax.annotate(f"{p['lr']:g}" + (f" (n={p['n']})" if p["n"] >= 2 else ""), (scale * p[x], scale * p[y]),
+                        textcoords="offset points", xytext=(5, 4), fontsize=7, color=COLORS.get(method))
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis, col in ((ax.xaxis, x), (ax.yaxis, y)):  # plain numbers; minor ticks labelled within a decade
+            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            narrow = table[col].max() < 10 * table[col].min()
+            axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}") if narrow
+                                     else matplotlib.ticker.NullFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+
+
+def _error_bars(pts: pd.DataFrame, col: str, scale: float, log: bool) -> list[list[float]]:
+    """[below, above] the means of a column: its t interval (NaN for n = 1: no bar), cut where the quantity
+    ends: perplexity (log axis) at 1, accuracy at 0 and 1."""
+    lo, hi = pts[f"{col}_ci_lo"].clip(lower=1.0 if log else 0.0), pts[f"{col}_ci_hi"]
+    hi = hi if log else hi.clip(upper=1.0)
+    return [list(scale * (pts[col] - lo)), list(scale * (hi - pts[col]))]

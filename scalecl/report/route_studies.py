@@ -1,0 +1,277 @@
+"""Paper Fig. 8 for each biography Route study (tau, router, vocab, any other): Task 0 / Task 1 accuracy and
+answer routing, a line per setting, with the FFT reference trained like the study's runs; and the study's
+tables (one row per run, and the means of settings with replicates)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from scalecl.report.context import Plot
+from scalecl.report.draw import (
+    Drawn,
+    _band,
+    _colors,
+    _figure_legend,
+    _has,
+    _save_all,
+    _with_inputs,
+    mean_curve,
+    pool_replicates,
+)
+from scalecl.report.registry import figure
+from scalecl.report.routing import _answer_preserve, _route_series
+from scalecl.report.runs import (
+    LABELS,
+    _config_id,
+    _get,
+    _metrics_or_none,
+    _metrics_with,
+    _seeds_text,
+    inputs_text,
+    load_runs,
+    study_names,
+)
+from scalecl.report.settings import (
+    ROUTE_STUDIES,
+    _fmt_option,
+    _setting,
+    _study_sort_key,
+    _tau,
+    _vocab_key,
+    _vocab_rows,
+    _vocab_text,
+    l_fp_text,
+)
+from scalecl.report.spec import ReportSpec
+from scalecl.report.tables import write_study_means, write_table
+
+EARLY_FRACTION = 0.2  # table column: answer-position routing averaged over the first 20% of steps
+
+
+def _early_mean(m: pd.DataFrame, y: pd.Series | None) -> float:
+    """Mean of an evaluation series over steps 0 < step <= EARLY_FRACTION x the last evaluated step."""
+    if y is None:
+        return math.nan
+    last = m["step"].max()
+    sel = (m["step"] > 0) & (m["step"] <= EARLY_FRACTION * last)
+    return float(y[sel].mean()) if sel.any() else math.nan
+
+
+def _end(y: pd.Series | None) -> float:
+    if y is None or y.dropna().empty:
+        return math.nan
+    return float(y.dropna().iloc[-1])
+
+
+def route_study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
+    """One row per run of a biography Route study: setting, accuracy end points, answer-position routing."""
+    runs = load_runs(plot, spec, study=study)
+    early = f"first{round(100 * EARLY_FRACTION)}"
+    rows = []
+    for _, row in runs.iterrows():
+        r = row["result"]
+        s, opts = r["summary"], r.get("method_options") or {}
+        model_rows, tok = _vocab_rows(r)
+        m = _metrics_or_none(plot, row["dir"])
+        rec = {"study": study, "preset": row["preset"], "method": row["method"],
+               "setting": _setting(spec, study, r), "tau": _tau(r), "router": opts.get("router", "logit"),
+               "vocab_model": model_rows, "vocab_tokenizer": tok, "steps": r["config"]["stage3"]["steps"],
+               "task0_start": s["task0_start"], "task0_min": s["task0_min"], "task0_end": s["task0_end"],
+               "task1_end": s["task1_end"], "task0_full_end": r["final"]["task0_heldout"]["acc"],
+               "task1_full_end": r["final"]["task1"]["acc"]}
+        for task, _, _ in spec.eval_sets:
+            y = _answer_preserve(m, task) if m is not None else None
+            rec[f"{task}_answer_preserve_end"] = _end(y)
+            rec[f"{task}_answer_preserve_{early}"] = _early_mean(m, y) if m is not None else math.nan
+        rec["_key"] = _study_sort_key(study, r)
+        rec["dir"] = str(row["dir"])
+        rows.append(rec)
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    df = df.iloc[sorted(range(len(df)), key=lambda i: df["_key"].iloc[i])].drop(columns="_key")
+    for col in ("vocab_model", "vocab_tokenizer"):
+        df[col] = df[col].astype("Int64")
+    # the swept option's columns: tau always (Route's threshold), the router and rows where recorded or swept
+    unused = [c for c in ("vocab_model", "vocab_tokenizer") if df[c].isna().all() and study != "vocab"]
+    return df.drop(columns=unused + ([] if study == "router" else ["router"])).reset_index(drop=True)
+
+
+def _trained_like(r: dict, r0: dict) -> bool:
+    """Whether a run trained like r0 as far as a reference needs: preset, data (seed aside), stage-3 steps, and
+    the same vocabulary rows."""
+    def data(x: dict) -> dict:
+        return {k: v for k, v in (x.get("data") or {}).items() if k != "seed"}
+
+    return (r["preset"] == r0["preset"] and data(r) == data(r0) and _vocab_key(r) == _vocab_key(r0)
+            and _get(r, "config.stage3.steps") == _get(r0, "config.stage3.steps"))
+
+
+def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict) -> tuple[dict | None, str]:
+    """The FFT replicate group trained like a study's run r0 (_trained_like; the main runs first, else an FFT
+    run in a biography study): {'curves': {key: mean_curve}, 'dirs', 'n', 'label'} and a caption note."""
+    pools = [("main", load_runs(plot, spec))]
+    pools += [(f"study '{s}'", load_runs(plot, spec, study=s)) for s in study_names(plot, spec)]
+    found, other = [], []
+    for where, pool in pools:
+        for _, row in pool[(pool["method"] == "fft") & (pool["preset"] == r0["preset"])].iterrows() if len(pool) else []:
+            (found if _trained_like(row["result"], r0) else other).append({**row, "where": where,
+                                                                           "group": _config_id(row["result"])})
+    if not found:
+        return None, (f" The FFT runs of preset '{r0['preset']}' ({', '.join(Path(x['dir']).name for x in other)}) "
+                      f"trained on other data, steps or vocabulary rows; no reference drawn." if other else
+                      f" No FFT run of preset '{r0['preset']}' to draw as a reference.")
+    runs = pd.DataFrame(found)
+    runs = runs[runs["group"] == runs["group"].iloc[0]].sort_values("date", kind="stable")
+    runs = runs.drop_duplicates(["base_seed", "run_seed"], keep="last")
+    frames = [m for m in (_metrics_with(plot, d, "task0/acc", "task1/acc") for d in runs["dir"]) if m is not None]
+    if not frames:
+        return None, " The matching FFT runs have no readable metrics; no reference drawn."
+    n, where = len(frames), runs["where"].iloc[0]
+    names = ", ".join(Path(d).name for d in runs["dir"])
+    vocab = _vocab_text(_vocab_key(r0), r0)
+    what = f"the mean of {n} {where} runs ({names}; seeds {_seeds_text(runs)})" if n >= 2 else f"{where} run {names}"
+    label = ("FFT (main run)" if where == "main" else "FFT reference") + (f", n={n}" if n >= 2 else "")
+    return ({"curves": {k: mean_curve(frames, k) for k in ("task0/acc", "task1/acc")}, "n": n, "label": label,
+             "dirs": {str(d) for d in runs["dir"]}}, f" FFT reference with {vocab}: {what}.")
+
+
+def fig_route_study(plot: Plot, spec: ReportSpec, study: str) -> list[Path]:
+    """Paper Fig. 8 for one Route study: Task 0 / Task 1 accuracy and answer routing, a line per setting."""
+    df = route_study_table(plot, spec, study)
+    paths = _save_all(plot, draw_route_study(plot, spec, study, df))
+    if not paths:
+        return []
+    stem = ROUTE_STUDIES.get(study, f"fig8_route_{study}")
+    inputs = inputs_text(load_runs(plot, spec, study=study), f"table_{stem}: one row per run")
+    return paths + write_table(plot, df.drop(columns="dir"), f"table_{stem}", inputs=inputs) + \
+        write_study_means(plot, spec, study, f"table_{stem}")
+
+
+def draw_route_study(plot: Plot, spec: ReportSpec, study: str, table: pd.DataFrame | None = None) -> Drawn:
+    """Paper Fig. 8 for one Route study (`table`: its route_study_table, when already built). Route runs on
+    different vocabulary rows (outside the vocab study) get a row of panels each, with the FFT reference
+    trained on the same rows; the vocab study keeps one row and draws a reference per vocabulary."""
+    df = route_study_table(plot, spec, study) if table is None else table
+    if df.empty:
+        return
+    runs = [(row, _metrics_or_none(plot, Path(row["dir"]))) for _, row in df.iterrows()]
+    runs = pool_replicates([(row, m) for row, m in runs if m is not None],
+                           lambda row: f"{row['method']} {row['setting']}")
+    if not runs:
+        return
+    # panel (c): routing at the answer position; runs older than those records show routing over all tokens
+    answers = any(_answer_preserve(m, t) is not None for _, m in runs for t, _, _ in spec.eval_sets)
+    route = _answer_preserve if answers else (lambda m, task: _route_series(m, task, "preserve"))
+    routed = any(route(m, t) is not None for _, m in runs for t, _, _ in spec.eval_sets)
+    study_runs = load_runs(plot, spec, study=study)
+    result_of = {str(d): r for d, r in zip(study_runs["dir"], study_runs["result"], strict=True)}
+    key_of = {str(row["dir"]): _vocab_key(result_of[str(row["dir"])]) for row, _ in runs}
+    keys = list(dict.fromkeys(key_of[str(row["dir"])] for row, _ in runs if row["method"] == "scale-route"))
+    panel_keys = keys if study != "vocab" and len(keys) > 1 else [None]
+    ncols = 3 if routed else 2
+    fig, axes = plt.subplots(len(panel_keys), ncols, figsize=(4.3 * ncols + 1.8, 3.9 * len(panel_keys)),
+                             squeeze=False)
+    colors = dict(zip((str(row["dir"]) for row, _ in runs), _colors(len(runs)), strict=True))
+    notes = []
+    for ax_row, key in zip(axes, panel_keys, strict=True):
+        mine = [(row, m) for row, m in runs if key is None or key_of[str(row["dir"])] == key]
+        for row, m in mine:
+            _route_study_run(ax_row, spec, row, m, colors[str(row["dir"])], route if routed else None)
+        refs = [k for k in keys if key in (None, k)]
+        for i, k in enumerate(refs):
+            r0 = next(result_of[str(row["dir"])] for row, _ in mine if key_of[str(row["dir"])] == k
+                      and row["method"] == "scale-route")
+            notes.append(_route_study_reference(ax_row, plot, spec, r0, {str(row["dir"]) for row, _ in mine},
+                                                ("--", ":", "-.")[i % 3], len(refs) > 1))
+        _route_study_axes(ax_row, spec, result_of[str(mine[0][0]["dir"])], answers, routed,
+                          f"\n{_vocab_text(key, result_of[str(mine[0][0]['dir'])])}" if key is not None else "")
+    _figure_legend(fig, axes.flat)
+    fig.text(0.5, -0.02, _route_study_caption(spec, study, study_runs, "".join(notes), len(panel_keys) > 1),
+             ha="center", va="top", fontsize=8, wrap=True)
+    fig.tight_layout()
+    stem = ROUTE_STUDIES.get(study, f"fig8_route_{study}")
+    yield stem, _with_inputs(fig, study_runs, f"{stem}: one line per run of study '{study}'")
+
+
+def _route_study_run(ax_row, spec: ReportSpec, row: pd.Series, m: pd.DataFrame, color, route) -> None:
+    """One run of a Route study: its Task 0 / Task 1 accuracy (another method's reference run: dashed) and,
+    with `route`, its share routed to preserve (Task 0 solid, Task 1 dashed)."""
+    for ax, (task, _, _) in zip(ax_row, spec.eval_sets, strict=False):
+        if _has(m, f"{task}/acc"):
+            ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
+                    ls="-" if row["method"] == "scale-route" else "--", label=row["setting"])
+            _band(ax, m, "step", f"{task}/acc", color, 100)
+    if route is not None:
+        for task, ls in (("task0", "-"), ("task1", "--")):
+            y = route(m, task)
+            if y is not None:
+                ax_row[2].plot(m["step"], 100 * y, color=color, ls=ls, marker=".", ms=2, lw=1.2)
+
+
+def _route_study_reference(ax_row, plot: Plot, spec: ReportSpec, r0: dict, drawn: set[str], ls,
+                           several: bool) -> str:
+    """The FFT reference trained like r0 (its vocabulary rows included), black, on the accuracy panels: the mean
+    over its replicates (`several`: one of several in the panel, its vocabulary in its label).
+    Nothing when those runs are already drawn as the study's own lines."""
+    ref, note = _fft_reference(plot, spec, r0)
+    if ref is None:
+        return note
+    if ref["dirs"] <= drawn:
+        return note.rstrip(".") + " (the study's own FFT line)."
+    label = ref["label"] + (f", {_vocab_text(_vocab_key(r0), r0)}" if several else "")
+    for ax, (task, _, _) in zip(ax_row, spec.eval_sets, strict=False):
+        curve = ref["curves"][f"{task}/acc"]
+        if curve is not None:  # the mean alone: a band over 2-3 bases would cover the panel
+            ax.plot(curve["step"], 100 * curve["mean"], color="black", ls=ls, lw=1, label=label)
+    return note
+
+
+def _route_study_axes(ax_row, spec: ReportSpec, r0: dict, answers: bool, routed: bool, suffix: str) -> None:
+    """Titles, labels, limits and the chance floor of one row of a Route study's panels."""
+    prior = r0.get("priors", {}).get("task0_heldout", {}).get("pooled")
+    if prior is not None:
+        ax_row[0].axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
+    ax_row[0].set_title("(a) Task 0 (held-out) accuracy" + suffix, fontsize=10)
+    ax_row[1].set_title("(b) Task 1 accuracy" + suffix, fontsize=10)
+    ax_row[0].set_ylabel("first-token acc. (%)")
+    if routed:
+        where = "at the answer position" if answers else "(all tokens)"
+        ax_row[2].set_title(f"(c) routed to preserve {where}" + suffix, fontsize=10)
+        ax_row[2].set_ylabel("answer positions (%)" if answers else "tokens (%)")
+        ax_row[2].plot([], [], color="grey", ls="-", label="Task 0 slice")
+        ax_row[2].plot([], [], color="grey", ls="--", label="Task 1 slice")
+    for ax in ax_row:
+        ax.set_ylim(-3, 103)
+        ax.set_xlabel(spec.step_label)
+        ax.grid(alpha=0.3)
+
+
+def _route_study_caption(spec: ReportSpec, study: str, study_runs: pd.DataFrame, fft_note: str, split: bool) -> str:
+    """The caption of a Route study's figure: what varies, the fixed options, the reference lines."""
+    routes = study_runs[study_runs["method"] == "scale-route"]
+    r0 = (routes if len(routes) else study_runs).iloc[0]["result"]
+    swept = {"tau": "the router threshold tau", "router": "what the router compares",
+             "vocab": "the embedding/head rows"}.get(study, study)
+    fixed = {k: v for k, v in (r0.get("method_options") or {}).items() if k != study}
+    if study != "tau" and len({_tau(r) for r in routes["result"]}) > 1:
+        fixed.pop("tau", None)  # not one value across the runs: the table has each
+    options = "; options " + ", ".join(l_fp_text(v, r0) if k == "l_fp" else f"{k}={_fmt_option(v)}"
+                                        for k, v in fixed.items()) if fixed else ""
+    others = sorted({LABELS.get(m, m) for m in study_runs["method"] if m != "scale-route"})
+    refs = f" Dashed coloured lines: {', '.join(others)} runs trained like the study's runs." if others else ""
+    rows = (" A row of panels per vocabulary size (its titles), each with the FFT reference trained on those "
+            "rows." if split else "")
+    band = " Black: FFT reference (the mean over its replicates when it has several)."
+    return (f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}." + refs + rows + band
+            + fft_note + "\n" + spec.caption(r0))
+
+
+@figure("route_studies")
+def fig_route_studies(plot: Plot, spec: ReportSpec) -> list[Path]:
+    """Fig. 8 per Route study present (tau, router, vocab, any other study of the experiment), with its table."""
+    return [p for study in study_names(plot, spec) for p in fig_route_study(plot, spec, study)]

@@ -1,0 +1,339 @@
+"""Reading results folders: result.json and metrics files into frames of runs, their replicate groups (runs of
+one setting that differ only in their seeds), and what a figure or table says about the runs it used. Every
+reader records a run it leaves out (a file missing or malformed) in the Plot it is given, instead of failing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from scalecl.common.errors import ScaleclError
+from scalecl.common.readers import read_json, read_jsonl
+from scalecl.methods.base import METHOD_ORDER
+from scalecl.report.context import Plot
+from scalecl.report.spec import ReportSpec
+from scalecl.training.record import read_record
+
+LABELS = {"fft": "FFT", "lora": "LoRA", "freeze": "Freeze", "llama-pro": "LLaMA Pro", "scale-preserve": "SCALE-Preserve",
+          "scale-adapt": "SCALE-Adapt", "scale-route": "SCALE-Route"}
+
+
+def _study_of(f: Path) -> str | None:
+    """The study a result belongs to: the folder after the last 'studies' in its path (.../studies/<study>/<run>)."""
+    parts = f.resolve().parts[:-2]
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == "studies" and i + 1 < len(parts):
+            return parts[i + 1]
+    return None
+
+
+def read_result(f: Path) -> dict:
+    """A result.json (scalecl.training.record.read_record: an object naming its experiment, preset and method), or
+    one clear error naming the file."""
+    try:
+        return read_record(f, "unreadable result", identity=False)
+    except ScaleclError as e:
+        raise ScaleclError(f"{e}; remove its run folder or rerun it") from None
+
+
+def _lacks(r: dict, keys: tuple[str, ...]) -> str | None:
+    """The first of `keys` (dotted paths) that the result lacks, or None."""
+    return next((path for path in keys if _get(r, path) is None), None)
+
+
+def _result_or_none(plot: Plot, f: Path) -> dict | None:
+    """read_result, or None with the file recorded as skipped."""
+    try:
+        return read_result(f)
+    except ScaleclError as e:
+        plot.skip(f, str(e))
+        return None
+
+
+RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair"]
+SEED_KEYS = ("seed", "run_seed")  # what replicates of one setting differ in
+METHOD_KEYS = ("methods", "lr_scale", "lr")  # per-method tables of a config: runs of other methods differ there
+
+
+def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.DataFrame:
+    """One row per finished run (result.json) of an experiment, with its replicate group and seeds.
+
+    Main runs: replicates are kept. A replicate group is (experiment, preset, method, method options, config
+    without its seeds) (`group`, a short hash, and `setting`, what tells it from the preset's other groups);
+    in a group one run per (base seed, run seed), the newest. `pair` names the runs that share a base: same
+    experiment, preset and config outside the seeds and the per-method tables.
+    Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and, with `study=`,
+    loaded alone (one row per run, each its own group, since their options differ). Every results folder of
+    the plot is read.
+    """
+    rows, seen = [], set()
+    for root in plot.roots:
+        for f in _result_files(plot, root, study):
+            if f.resolve() in seen:  # nested folders given twice, or a run referenced twice: each run once
+                continue
+            seen.add(f.resolve())
+            r = _result_or_none(plot, f)
+            if r is None or r.get("experiment") != spec.name:
+                continue
+            if _lacks(r, spec.required):
+                plot.skip(f, f"result {f} has no {_lacks(r, spec.required)!r}")
+                continue
+            seeds = seeds_of(r)
+            if seeds is None:
+                plot.skip(f, f"result {f}: its seeds (seeds.base/run, config.seed/run_seed) are not integers")
+                continue
+            rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
+                         "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
+                         "run_seed": seeds[1], "group": _config_id(r) if study is None else str(f.parent),
+                         "pair": _config_id(r, pair=True)})
+    if not rows:
+        return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
+    df = pd.DataFrame(rows).sort_values("date", kind="stable")
+    if study is None:
+        df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
+    df["setting"] = _settings(df) if study is None else ""
+    df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
+    keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
+    return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def find_files(root: Path, name: str) -> list[Path]:
+    """Every file called `name` under root, sorted. Unlike Path.rglob, a folder that vanishes during the walk
+    (a run writing its temporaries while `plot` reads) is passed over, not an error."""
+    root = Path(root)
+    if root.is_file():
+        return [root] if root.name == name else []
+    return sorted(Path(d) / name for d, _, files in os.walk(root) if name in files)
+
+
+def _result_files(plot: Plot, root: Path, study: str | None) -> list[Path]:
+    """The result.json files of a study's runs (study=None: of the main runs) under root. A study's value whose
+    run lives among the main runs has a `reference.json` in its folder (scalecl.experiments.study) instead of a copy: its
+    target's result.json is returned (a folder holding its own result.json keeps that one)."""
+    found = [f for f in find_files(root, "result.json") if _study_of(f) == study]
+    if study is None:
+        return found
+    for ref in find_files(root, "reference.json"):
+        if _study_of(ref) != study or (ref.parent / "result.json").exists():
+            continue
+        target = _reference_target(plot, ref)
+        if target is not None:
+            found.append(target)
+    return found
+
+
+def _reference_target(plot: Plot, ref: Path) -> Path | None:
+    """The result.json a study's reference.json points at, or None with the reason recorded as skipped."""
+    try:
+        doc = read_json(ref, "unreadable reference")
+        rel = doc.get("reference") if isinstance(doc, dict) else None
+        if not isinstance(rel, str) or not rel:
+            raise ScaleclError(f"unreadable reference {ref}: no 'reference' path")
+    except ScaleclError as e:
+        plot.skip(ref, str(e))
+        return None
+    target = Path(os.path.normpath(ref.parent / rel / "result.json"))
+    if not target.is_file():
+        plot.skip(ref, f"{ref} refers to {ref.parent / rel}, which holds no result.json (moved or removed?)")
+        return None
+    return target
+
+
+def seeds_of(r: dict) -> tuple[int, int] | None:
+    """(base seed, run seed) of a result: its `seeds`, else config.seed / config.run_seed; older results
+    without them: run seed 0 (and base seed 0 without config.seed). None when one is not an integer."""
+    cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
+    s = r.get("seeds") if isinstance(r.get("seeds"), dict) else {}
+    seeds = (s.get("base", cfg.get("seed", 0)), s.get("run", cfg.get("run_seed", 0)))
+    return seeds if all(isinstance(v, int) and not isinstance(v, bool) for v in seeds) else None
+
+
+def _config_rest(r: dict, pair: bool = False) -> dict:
+    """The config without its seeds (pair=True: also without the per-method tables) and without the CPU thread
+    count (compute.threads): the thread count changes floating-point sums, not the experiment, and runs made
+    before the option existed record none, so a setting's replicates group across it (result.json's
+    `run.numerics` still tells them apart)."""
+    cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
+    rest = {k: v for k, v in cfg.items()
+            if k not in SEED_KEYS and not (pair and k in METHOD_KEYS and isinstance(v, dict))}
+    if isinstance(rest.get("compute"), dict):
+        rest["compute"] = {k: v for k, v in rest["compute"].items() if k != "threads"}
+    return rest
+
+
+def _config_id(r: dict, pair: bool = False) -> str:
+    """A short hash of a run's replicate group (pair=False) or of the base it shares with other methods."""
+    ident = [r["experiment"], r["preset"], _config_rest(r, pair)]
+    if not pair:
+        ident += [r["method"], r.get("method_options") or {}]
+    text = json.dumps(ident, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, str]:
+    """A nested dict as dotted keys -> JSON values."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def _varying(flats: list[dict[str, str]]) -> list[str]:
+    """The keys whose values (or presence) differ among the dicts."""
+    keys = sorted(set().union(*flats)) if flats else []
+    return [k for k in keys if len({f.get(k) for f in flats}) > 1]
+
+
+def _settings(df: pd.DataFrame, most: int = 4) -> pd.Series:
+    """Per run, what tells its replicate group from the others of its preset: the config keys that differ
+    across the preset's groups and the method options that differ across the method's groups ('' if none)."""
+    labels: dict[str, str] = {}
+    firsts = df.drop_duplicates("group")
+    for _, g in firsts.groupby("preset", sort=False):
+        shared = {row["group"]: _flat(_config_rest(row["result"], pair=True)) for _, row in g.iterrows()}
+        opts = {row["group"]: _flat(row["result"].get("method_options") or {}) for _, row in g.iterrows()}
+        keys = _varying(list(shared.values()))
+        for _, row in g.iterrows():
+            same = [opts[x] for x in g[g["method"] == row["method"]]["group"]]
+            parts = [f"{k}={shared[row['group']].get(k, 'unset')}" for k in keys]
+            parts += [f"{k}={opts[row['group']].get(k, 'unset')}" for k in _varying(same)]
+            label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
+            labels[row["group"]] = label.replace('"', "")
+        for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their rates tell,
+            rates = dict(zip(same["group"], (_lr_text(r) for r in same["result"]), strict=True))  # else hashes
+            before = {x: labels[x] for x in same["group"]}
+            for x in same["group"]:
+                twins = [y for y in same["group"] if before[y] == before[x]]
+                if len(twins) > 1 and len({rates[y] for y in twins}) == len(twins):
+                    labels[x] = ", ".join(filter(None, (labels[x], f"lr={rates[x]}")))
+                elif len(twins) > 1:
+                    labels[x] = f"{labels[x]}, #{x}" if labels[x] else f"#{x}"
+    return df["group"].map(labels)
+
+
+def _lr_text(r: dict) -> str:
+    """A run's own learning rate (result.json `lr`) as a label, '' when it has none."""
+    lr = r.get("lr")
+    return f"{lr:g}" if isinstance(lr, int | float) and not isinstance(lr, bool) else ""
+
+
+def replicate_groups(runs: pd.DataFrame) -> list[pd.DataFrame]:
+    """The runs split into their replicate groups, in the runs' order (a study's runs: one each)."""
+    return [g for _, g in runs.groupby("group", sort=False)] if len(runs) else []
+
+
+def group_label(row: pd.Series | dict) -> str:
+    """A replicate group's name in figures and tables: the method's label, and its setting when it has one."""
+    name = LABELS.get(row["method"], row["method"])
+    return f"{name} [{row['setting']}]" if row.get("setting") else name
+
+
+def _n_label(label: str, n: int) -> str:
+    return f"{label} (n={n})" if n >= 2 else label
+
+
+def _seeds_text(g: pd.DataFrame) -> str:
+    return ", ".join(f"{b}/{r}" for b, r in zip(g["base_seed"], g["run_seed"], strict=True))
+
+
+def inputs_text(runs: pd.DataFrame, what: str) -> str:
+    """The inputs of a figure or table: per replicate group, its runs' folders and seeds (base/run)."""
+    lines = [f"{what}", f"{len(runs)} run(s) in {len(replicate_groups(runs))} group(s); seeds as base/run.", ""]
+    for g in replicate_groups(runs):
+        first = g.iloc[0]
+        group = f" group {first['group']}" if first["group"] != str(first["dir"]) else ""
+        lines.append(f"{first['preset']} {group_label(first)}{group}: n = {len(g)} (seeds {_seeds_text(g)})")
+        lines += [f"  {d}" for d in g["dir"]]
+    return "\n".join(lines) + "\n"
+
+
+def _replicates_note(runs: pd.DataFrame) -> str:
+    """Caption line: how many replicates each group has."""
+    counts = ", ".join(f"{group_label(g.iloc[0])} {len(g)}" for g in replicate_groups(runs))
+    return f"Replicates (runs with other seeds) per line: {counts}."
+
+
+def _get(r: dict, path: str):
+    """A dotted path of a result (None where it is missing)."""
+    v = r
+    for k in path.split("."):
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+
+
+def load_metrics(plot: Plot, run_dir: Path) -> pd.DataFrame | None:
+    """A run's metrics.jsonl as a frame sorted by step; None (the run recorded as skipped) when it is missing,
+    empty or malformed."""
+    return _read_jsonl(plot, Path(run_dir) / "metrics.jsonl", required=True)
+
+
+def _metrics_with(plot: Plot, run_dir: Path, *columns: str) -> pd.DataFrame | None:
+    """load_metrics, and None (recorded as skipped) when it lacks one of `columns`."""
+    m = load_metrics(plot, run_dir)
+    lacking = [c for c in columns if m is not None and c not in m]
+    if lacking:
+        plot.skip(Path(run_dir) / "metrics.jsonl", f"{Path(run_dir) / 'metrics.jsonl'} has no {lacking[0]!r}")
+        return None
+    return m
+
+
+def _read_jsonl(plot: Plot, path: Path, required: bool = False) -> pd.DataFrame | None:
+    """A JSON-lines log as a frame sorted by step; None when the run has none (older runs) or it is empty.
+    A malformed log (and, if `required`, a missing one) is recorded as skipped."""
+    if not path.exists() or (path.is_file() and path.stat().st_size == 0):
+        if required:
+            plot.skip(path, f"{path} is missing or empty")
+        return None
+    try:
+        rows = read_jsonl(path, "unreadable log")
+        _check_log_values(rows, path)
+        df = pd.DataFrame(rows)
+        if not df.empty and "step" in df:
+            return df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+        why = f"{path} has no 'step' column"
+    except (ScaleclError, TypeError, ValueError) as e:  # unreadable, or steps that do not sort
+        why = str(e)
+    plot.skip(path, why)
+    return None
+
+
+def _check_log_values(rows: list[dict], path: Path) -> None:
+    """Every value the suite logs is a finite number or null (a step an integer): anything else (NaN, text,
+    a list) was not written by a run and would break a figure. One ScaleclError naming the file and line."""
+    for i, row in enumerate(rows, 1):
+        for k, v in row.items():
+            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not (number or v is None) or (k == "step" and not isinstance(v, int)):
+                raise ScaleclError(f"{path} (record {i}): {k!r} is {v!r}, not a finite number")
+
+
+def load_train_log(plot: Plot, run_dir: Path) -> pd.DataFrame | None:
+    """The per-step training log (step, loss, lr, grad_norm, tokens, seconds, tokens_per_s), or None."""
+    return _read_jsonl(plot, Path(run_dir) / "train_log.jsonl")
+
+
+def _metrics_or_none(plot: Plot, run_dir: Path) -> pd.DataFrame | None:
+    """A run's metrics.jsonl, or None when it has none (a malformed one recorded as skipped)."""
+    return _read_jsonl(plot, Path(run_dir) / "metrics.jsonl")
+
+
+def study_names(plot: Plot, spec: ReportSpec) -> list[str]:
+    """The studies (folders under a `studies/`) that hold finished runs of an experiment, sorted."""
+    names = set()
+    for root in plot.roots:
+        for f in [*find_files(root, "result.json"), *find_files(root, "reference.json")]:
+            s = _study_of(f)
+            if s is None:
+                continue
+            target = f if f.name == "result.json" else _reference_target(plot, f)
+            if target is not None and (_result_or_none(plot, target) or {}).get("experiment") == spec.name:
+                names.add(s)
+    return sorted(names)

@@ -1,0 +1,138 @@
+"""What tells runs apart in a figure or table: a run's setting within a study (the swept value), the studies'
+natural order, and the groups of runs each figure is drawn for (main runs per preset, each study alone)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from scalecl.report.context import Plot
+from scalecl.report.runs import LABELS, _n_label, group_label, load_runs, study_names
+from scalecl.report.spec import ReportSpec
+
+ROUTER_ORDER = ("logit", "centered", "prob")  # the router's forms in the order its study lists them
+# the biography's Route studies and their figures' stems (another study of Route runs: fig8_route_<name>)
+ROUTE_STUDIES = {"tau": "fig8_route_tau", "router": "fig8_route_router", "vocab": "fig8_route_vocab"}
+
+
+def _tau(r: dict) -> float | None:
+    """A Route run's tau (its method option), or None."""
+    tau = (r.get("method_options") or {}).get("tau")
+    return float(tau) if tau is not None else None
+
+
+def _vocab_rows(r: dict) -> tuple[int | None, int | None]:
+    """(model rows, tokenizer size): result.json's `vocab` if present, else the configured rows (0: none)."""
+    v = r.get("vocab") or {}
+    configured = r.get("config", {}).get("model", {}).get("vocab")
+    return v.get("model") or configured or None, v.get("tokenizer")
+
+
+def _vocab_key(r: dict) -> int | str:
+    """The rows of a run's embedding and head: 'tokenizer' when they are the tokenizer's size (also a run that
+    records neither, the default), else the model's rows."""
+    model, tok = _vocab_rows(r)
+    return "tokenizer" if model is None or model == tok else model
+
+
+def _vocab_text(key: int | str, r: dict | None = None) -> str:
+    """A vocabulary key as a label: '1,045 vocab rows (tokenizer's size)' or '50,304 vocab rows'."""
+    if key == "tokenizer":
+        tok = _vocab_rows(r)[1] if r is not None else None
+        return f"{tok:,} vocab rows (tokenizer's size)" if tok else "vocab rows = tokenizer's size"
+    return f"{key:,} vocab rows"
+
+
+def _fmt_option(v) -> str:
+    """An option value as a caption shows it: lists joined ('attn+mlp'), others as written."""
+    return "+".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+
+
+def l_fp_text(l_fp, result: dict | None = None) -> str:
+    """`l_fp=N` as a caption or legend shows it. None is SCALE's default, resolved when the model is widened
+    (ScaleSpec): L for Preserve, L-1 otherwise (only the top layer's W12 trains); said so, with the number
+    when the run records its layer count, never `l_fp=None`."""
+    if l_fp is not None and not (isinstance(l_fp, float) and math.isnan(l_fp)):
+        return f"l_fp={int(l_fp) if isinstance(l_fp, float) else l_fp}"
+    result = result or {}
+    layers = (result.get("config") or {}).get("model", {}).get("layers")
+    if result.get("method") == "scale-preserve":
+        rule, n = "L, every layer preserved", layers
+    else:
+        rule, n = "L-1, only the top layer's W12 trains", layers - 1 if isinstance(layers, int) else None
+    return f"l_fp=auto ({rule}{f': {n}' if isinstance(n, int) else ''})"
+
+
+def _setting(spec: ReportSpec, study: str | None, r: dict) -> str:
+    """A run's label within its group: the method for main runs, the swept value for a study's runs (the Route
+    studies' here, the others' as the experiment labels them)."""
+    opts = r.get("method_options") or {}
+    if study is None:
+        return LABELS.get(r["method"], r["method"])
+    if study in ROUTE_STUDIES and r.get("method") != "scale-route":  # a reference run beside the Route runs
+        return f"{LABELS.get(r['method'], r['method'])}, " + _setting(spec, study, {**r, "method": "scale-route"})
+    if study in ("tau", "router"):
+        label = (f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?") if study == "tau" else \
+            f"router={opts.get('router', 'logit')}"
+        model, tok = _vocab_rows(r)  # a sweep repeated on a padded vocabulary (--set model.vocab=50304)
+        return label + ("" if model is None or tok is None or model == tok else f", vocab {model:,}")
+    if study == "vocab":
+        model, tok = _vocab_rows(r)
+        if model is None:
+            return "vocab=tokenizer's size"
+        return f"vocab={model:,}" + ("" if tok is None or tok == model else f" (tokenizer {tok:,})")
+    return spec.study_label(study, opts)
+
+
+def option_label(study: str, opts: dict) -> str:
+    """A study run's label as `<option>=<value>`: the study's name is the method option it sweeps."""
+    return f"{study}={opts.get(study)}"
+
+
+def _study_setting(spec: ReportSpec, study: str, r: dict) -> str:
+    """What tells a study's settings apart (the swept value, plus the experiment's study variant, e.g. a CPT
+    run's embedding variant); runs with equal settings differ only in their seeds and are replicates."""
+    label, variant = _setting(spec, study, r), spec.study_variant(r) if spec.study_variant else ""
+    return f"{label}; {variant}" if variant else label
+
+
+def _study_sort_key(study: str | None, r: dict) -> tuple:
+    """Swept values in their natural order (numbers ascending, the router's forms as the study lists them);
+    in a Route study, reference runs of other methods after the Route run of the same value."""
+    key = _value_sort_key(study, r)
+    return key + (r.get("method") != "scale-route",) if study in ROUTE_STUDIES else key
+
+
+def _value_sort_key(study: str | None, r: dict) -> tuple:
+    opts = r.get("method_options") or {}
+    if study == "tau":
+        tau = _tau(r)
+        return (_vocab_rows(r)[0] or 0, -math.inf if tau is None else tau)
+    if study == "router":
+        name = opts.get("router", "logit")
+        return (_vocab_rows(r)[0] or 0, ROUTER_ORDER.index(name) if name in ROUTER_ORDER else len(ROUTER_ORDER), name)
+    if study == "vocab":
+        return (_vocab_rows(r)[0] or 0,)
+    if study == "l_fp":
+        return (opts.get("l_fp") or 0,)
+    return ()
+
+
+def _groups(plot: Plot, spec: ReportSpec) -> list[tuple[str, str | None, pd.DataFrame]]:
+    """(file tag, study, runs) per figure: main runs by preset (`bio_cpu`), each study alone (`study_tau`)."""
+    out = []
+    for preset, group in load_runs(plot, spec).groupby("preset", sort=False):
+        out.append((f"{spec.name}_{preset}", None, group))
+    for study in study_names(plot, spec):
+        runs = load_runs(plot, spec, study=study)
+        if len(runs):
+            keys = [_study_sort_key(study, r) for r in runs["result"]]
+            runs = runs.iloc[sorted(range(len(runs)), key=lambda i: keys[i])]
+            out.append((f"study_{study}", study, runs))
+    return out
+
+
+def _line_label(spec: ReportSpec, study: str | None, row: pd.Series, n: int = 1) -> str:
+    """A line's label: its replicate group (main runs, with n when >= 2) or the study's setting of the run."""
+    return _n_label(group_label(row), n) if study is None else _setting(spec, study, row["result"])

@@ -1,0 +1,66 @@
+"""What the report needs to know about an experiment, given to it as data: report code reads these fields and
+never compares experiment names. The instances live with the experiments (scalecl.experiments.reports)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# (column, result.json dotted path, questions behind one value (a binomial SE) or None)
+Metric = tuple[str, str, Callable[[dict], int | None] | None]
+# (metrics.jsonl prefix, label, colour) of one evaluation set
+EvalSet = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class FrontierSpec:
+    """The learning-forgetting frontier: x what was learned, y what was kept, each (column, result.json path,
+    axis label); values drawn times `scale`; `log`: log axes with error bars cut at 1 (perplexity), else cut at
+    0 and 1 (accuracy); `fmt` the table cells; `thresholds`: Task 0 when Task 1 first reaches each (from
+    task0/acc and task1/acc); `note` the table's caption, `better` the figure's (which corner is better)."""
+
+    x: tuple[str, str, str]
+    y: tuple[str, str, str]
+    scale: float
+    log: bool
+    fmt: str
+    thresholds: tuple[float, ...]
+    note: str
+    better: str
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """One experiment as the report sees it.
+
+    name: its result.json "experiment" (and the tag in file names: table_<name>, frontier_<name>, ...);
+    outputs: the registered outputs drawn for it (scalecl.report.registry);
+    required: dotted result.json keys a run must have (else it is skipped);
+    metrics, table_note: the columns of table_<name> (means over replicates) and its caption's note;
+    paired, paired_note: the (column, result.json path) pairs of paired_<name> and its caption's note;
+    caption: the line under a figure saying what the run trained on;
+    step_label, train_log_note: the step axis, and what a training log is of (caption);
+    eval_sets: the evaluation sets of the metrics (routing shares, answer positions);
+    answer_positions: whether runs record routing at the scored answer position;
+    routing_what, routing_answers_what: the routing figure's caption (the second when answers are drawn);
+    study_label(study, method options): a study run's label, for studies other than the Route studies;
+    study_variant(result): what a study's runs differ in besides the swept value (a panel each), or None.
+    """
+
+    name: str
+    outputs: tuple[str, ...]
+    required: tuple[str, ...]
+    metrics: tuple[Metric, ...]
+    table_note: str
+    paired: tuple[tuple[str, str], ...]
+    paired_note: str
+    frontier: FrontierSpec
+    caption: Callable[[dict], str]
+    step_label: str
+    train_log_note: str
+    eval_sets: tuple[EvalSet, ...]
+    answer_positions: bool
+    routing_what: str
+    routing_answers_what: str
+    study_label: Callable[[str, dict], str]
+    study_variant: Callable[[dict], str] | None = None

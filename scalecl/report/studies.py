@@ -1,0 +1,165 @@
+"""The CPT studies of the paper: Fig. 5 (the W21, W22 initialisation pairs), Fig. 6 (the number of
+function-preserving layers l_fp) and Fig. 7 (the collaborative module), each with its per-run table and,
+where a setting has replicates, a table of their means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from scalecl.report.context import Plot
+from scalecl.report.cpt import embedding_variant
+from scalecl.report.draw import Drawn, _band, _save_all, _with_inputs, pool_replicates
+from scalecl.report.registry import figure
+from scalecl.report.runs import _metrics_with, inputs_text, load_runs
+from scalecl.report.settings import l_fp_text
+from scalecl.report.spec import ReportSpec
+from scalecl.report.stats import t_interval
+from scalecl.report.tables import write_study_means, write_table
+
+
+def study_label(study: str, opts: dict) -> str:
+    """A CPT study run's swept value: its init pair ('0,Z'), l_fp, or collaborative modules ('attn+mlp')."""
+    if study == "init":
+        return ",".join(i.upper() if i != "zero" else "0" for i in opts.get("init", ()))
+    if study == "l_fp":
+        return l_fp_text(opts.get("l_fp"))
+    return "+".join(opts.get("collab", ()))
+
+
+def study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
+    """One row per study run: its swept option and the end points of forgetting / learning perplexity."""
+    rows = []
+    for _, row in load_runs(plot, spec, study=study).iterrows():
+        r = row["result"]
+        opts = r.get("method_options", {})
+        s = r["summary"]
+        rows.append({"study": study, "preset": row["preset"], "method": row["method"],
+                     "variant": embedding_variant(r),
+                     "setting": study_label(study, opts), "l_fp": opts.get("l_fp"),
+                     "old_ppl_start": s["old_ppl_start"], "old_ppl_end": s["old_ppl_end"],
+                     "new_ppl_start": s["new_ppl_start"], "new_ppl_end": s["new_ppl_end"],
+                     "up_norm_end": r["final"].get("up_norm"), "dir": str(row["dir"])})
+    df = pd.DataFrame(rows)
+    if study == "l_fp" and len(df):
+        df = df.sort_values("l_fp")
+    return df.reset_index(drop=True)
+
+
+STUDY_TABLES = {"init": "table_fig5_init", "l_fp": "table_fig6_l_fp", "collab": "table_fig7_collab"}
+
+
+def _study_caption(fig: Figure, plot: Plot, spec: ReportSpec, study: str, df: pd.DataFrame, note: str = "") -> Figure:
+    """Caption a study's figure (method + run settings) and lay it out."""
+    runs = load_runs(plot, spec, study=study)
+    r0 = runs.iloc[0]["result"]
+    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0), ha="center", va="top", fontsize=8,
+             wrap=True)
+    fig.tight_layout()
+    return _with_inputs(fig, runs, f"study '{study}': one line or point per run")
+
+
+def _save_study(plot: Plot, spec: ReportSpec, figures: Drawn, study: str) -> list[Path]:
+    """Save a study's figure and write the study's table beside it (nothing when there is no figure)."""
+    paths = _save_all(plot, figures)
+    if not paths:
+        return []
+    stem = STUDY_TABLES[study]
+    inputs = inputs_text(load_runs(plot, spec, study=study), f"{stem}: one row per run")
+    return paths + write_table(plot, study_table(plot, spec, study).drop(columns="dir"), stem,
+                               inputs=inputs) + write_study_means(plot, spec, study, stem)
+
+
+@figure("fig5")
+def fig5(plot: Plot, spec: ReportSpec) -> list[Path]:
+    """Forgetting and learning PPL per (W21, W22) initialisation pair (paper Fig. 5); one row of panels per
+    embedding variant (tied or untied base, new embedding columns zero or random) when the study has several."""
+    return _save_study(plot, spec, draw_fig5(plot, spec), "init")
+
+
+def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
+    """Paper Fig. 5: a row of (forgetting, learning) panels per embedding variant, a line per init pair."""
+    df = study_table(plot, spec, "init")
+    if df.empty:
+        return
+    variants = list(dict.fromkeys(df["variant"]))
+    settings = sorted(dict.fromkeys(df["setting"]))  # one colour per pair in every row of panels
+    color_of = {setting: f"C{i % 10}" for i, setting in enumerate(settings)}  # categorical: matplotlib's cycle
+    fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
+    for (ax_old, ax_new), variant in zip(axes, variants, strict=True):
+        rows = [(row, _metrics_with(plot, row["dir"], "old/ppl", "new/ppl")) for _, row in
+                df[df["variant"] == variant].iterrows()]
+        rows = sorted([(r, m) for r, m in rows if m is not None], key=lambda rm: settings.index(rm[0]["setting"]))
+        pooled = pool_replicates(rows, lambda r: r["setting"])  # in the order of `settings`
+        for (row, m), setting in zip(pooled, dict.fromkeys(r["setting"] for r, _ in rows), strict=True):
+            for ax, col in ((ax_old, "old/ppl"), (ax_new, "new/ppl")):
+                color = color_of[setting]
+                ax.plot(m["step"], m[col], marker=".", ms=3, label=row["setting"], color=color)
+                _band(ax, m, "step", col, color)
+        suffix = f"\n{variant}" if len(variants) > 1 else ""
+        ax_old.set_title("(a) forgetting PPL (old domain)" + suffix)
+        ax_new.set_title("(b) learning PPL (new domain)" + suffix)
+        for ax in (ax_old, ax_new):
+            ax.set_xlabel(spec.step_label)
+            ax.set_ylabel("perplexity")
+            ax.grid(alpha=0.3)
+            ax.legend(title="W21,W22", fontsize=8)
+    yield "fig5_init_pairs", _study_caption(fig, plot, spec, "init", df)
+
+
+@figure("fig6")
+def fig6(plot: Plot, spec: ReportSpec) -> list[Path]:
+    """Forgetting vs learning perplexity as the number of function-preserving layers l_fp varies (Fig. 6)."""
+    return _save_study(plot, spec, draw_fig6(plot, spec), "l_fp")
+
+
+def draw_fig6(plot: Plot, spec: ReportSpec) -> Drawn:
+    """Paper Fig. 6: end-of-run forgetting and learning perplexity against l_fp, one point per run."""
+    df = study_table(plot, spec, "l_fp")
+    if df.empty:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, col, color, title in ((axes[0], "old_ppl_end", "tab:red", "(a) forgetting PPL at the end"),
+                                  (axes[1], "new_ppl_end", "tab:blue", "(b) learning PPL at the end")):
+        ivs = {k: t_interval(g[col]) for k, g in df.groupby("l_fp", sort=True)}  # replicates pooled per l_fp
+        x, mean = list(ivs), [iv.mean for iv in ivs.values()]
+        most = max(iv.n for iv in ivs.values())
+        ax.plot(x, mean, marker="o", color=color)
+        if most > 1:  # replicates: their 95% t interval (none drawn for a single run)
+            ax.errorbar(x, mean, yerr=[[iv.mean - iv.lo if iv.n > 1 else 0 for iv in ivs.values()],
+                                       [iv.hi - iv.mean if iv.n > 1 else 0 for iv in ivs.values()]],
+                        fmt="none", ecolor=color, capsize=3)
+        ax.set_title(title + (f"\n(mean of up to {most} runs, 95% t interval)" if most > 1 else ""))
+    for ax in axes:
+        ax.set_xlabel("l_fp (function-preserving lower layers)")
+        ax.set_xticks(df["l_fp"].tolist())
+        ax.set_ylabel("perplexity")
+        ax.grid(alpha=0.3)
+    yield "fig6_l_fp", _study_caption(fig, plot, spec, "l_fp", df)
+
+
+@figure("fig7")
+def fig7(plot: Plot, spec: ReportSpec) -> list[Path]:
+    """Forgetting PPL against the average upscaled-weight norm, collaborative module attn vs mlp (Fig. 7)."""
+    return _save_study(plot, spec, draw_fig7(plot, spec), "collab")
+
+
+def draw_fig7(plot: Plot, spec: ReportSpec) -> Drawn:
+    """Paper Fig. 7: old-domain perplexity against the upscaled weights' norm, a line per collab setting."""
+    df = study_table(plot, spec, "collab")
+    if df.empty:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = [(row, _metrics_with(plot, row["dir"], "old/ppl")) for _, row in df.iterrows()]
+    for row, m in pool_replicates([(r, m) for r, m in rows if m is not None], lambda r: r["setting"]):
+        if "up_norm" in m:
+            ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4, label=f"W12 trains in {row['setting']}")
+    ax.set_xlabel("average norm of upscaled weights (W12, W21, W22)")
+    ax.set_ylabel("forgetting PPL (old domain)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    yield "fig7_collab_modules", _study_caption(fig, plot, spec, "collab", df,
+                                                ", " + l_fp_text(df["l_fp"].iloc[0]))

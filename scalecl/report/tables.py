@@ -1,0 +1,175 @@
+"""Tables: per replicate group the mean of each metric with its 95% t interval, paired differences of methods
+trained on the same base, a study's settings with their replicates pooled, and writing a table as CSV (full
+precision), Markdown and LaTeX with its caption and inputs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from scalecl.report.context import Plot
+from scalecl.report.registry import table
+from scalecl.report.runs import _get, _seeds_text, group_label, inputs_text, load_runs, replicate_groups
+from scalecl.report.settings import _study_setting, _study_sort_key
+from scalecl.report.spec import Metric, ReportSpec
+from scalecl.report.stats import binomial_se, interval_note, t_interval
+
+
+def aggregate_table(runs: pd.DataFrame, metrics: tuple[Metric, ...], head) -> pd.DataFrame:
+    """One row per replicate group: preset, method, setting, group, n, seeds (base/run), `head(result)`, then
+    per metric its mean over replicates, the 95% t interval (`_ci_lo`, `_ci_hi`; NaN for n = 1) and, where the
+    questions behind it are known, `_binom_se` (sqrt(p(1-p)/q) at the mean)."""
+    rows = []
+    for g in replicate_groups(runs):
+        first = g.iloc[0]
+        rec = {"preset": first["preset"], "method": first["method"], "setting": first["setting"],
+               "group": first["group"], "n": len(g), "interval": interval_note(len(g)),
+               "seeds": _seeds_text(g), **head(first["result"])}
+        for col, path, questions in metrics:
+            iv = t_interval(_get(r, path) for r in g["result"])
+            rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi}
+            if questions is not None:
+                rec[f"{col}_binom_se"] = binomial_se(iv.mean, questions(first["result"]))
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def _cell(row: pd.Series, col: str, fmt: str) -> str:
+    """A table cell: mean +- half-width of the t interval (n >= 2) or the value, and the binomial SE if known."""
+    mean = row[col]
+    if pd.isna(mean):
+        return ""
+    text = fmt.format(mean)
+    if not pd.isna(row.get(f"{col}_ci_hi", math.nan)):
+        text += " ± " + fmt.format(row[f"{col}_ci_hi"] - mean)
+    se = row.get(f"{col}_binom_se", math.nan)
+    return text + (f" (SE {fmt.format(se)})" if not pd.isna(se) else "")
+
+
+def shown_aggregate(df: pd.DataFrame, metrics: tuple[Metric, ...], fmt: str = "{:.3f}") -> pd.DataFrame:
+    """The Markdown/LaTeX view of an aggregate_table: a cell 'mean ± half-width (SE se)' per metric."""
+    cols = ["preset", "method"] + (["setting"] if df["setting"].astype(bool).any() else [])
+    shown = df[cols + ["interval", "seeds", *[c for c in df.columns if c in ("trainable", "lr")]]].copy()
+    for col, _, _ in metrics:
+        shown[col] = [_cell(row, col, fmt) for _, row in df.iterrows()]
+    return shown
+
+
+AGG_CAPTION = ("Mean over replicates (runs of one setting with other base/run seeds) ± the half-width of the 95% "
+               "Student-t interval, mean ± t_0.975,n-1 · s/√n ('interval': t interval, n = k per row; "
+               "n=1 (no interval): the value alone). CSV: `<col>` mean, `<col>_ci_lo`/`_ci_hi` the interval.")
+
+
+def write_table(plot: Plot, df: pd.DataFrame, stem: str, float_fmt: str = "{:.3f}", shown: pd.DataFrame | None = None,
+                caption: str | None = None, inputs: str | None = None) -> list[Path]:
+    """CSV (full precision), Markdown and LaTeX (rounded, or `shown` as given) versions of one table; the
+    caption under the Markdown table (`Table: ...`) and atop the LaTeX one (comments); the inputs (run folders)
+    as `<stem>.inputs.txt`, into the plot's outputs folder."""
+    owned = plot.writer()
+    owned.folder.mkdir(parents=True, exist_ok=True)
+    if shown is None:
+        shown = df.copy()
+        for c in shown.columns:
+            if shown[c].dtype.kind == "f" and c != "lr":
+                shown[c] = shown[c].map(lambda v: "" if pd.isna(v) else float_fmt.format(v))  # not recorded: blank
+            elif shown[c].isna().any():
+                shown[c] = shown[c].astype(object).where(shown[c].notna(), "")
+    names = [f"{stem}.{ext}" for ext in ("csv", "md", "tex")] + ([f"{stem}.inputs.txt"] if inputs else [])
+    for name in names:  # all checked before the first is written
+        owned.check(name)
+    md = shown.to_markdown(index=False) + "\n" + (f"\nTable: {caption}\n" if caption else "")
+    tex = shown.map(lambda v: v.replace("±", "$\\pm$") if isinstance(v, str) else v).to_latex(index=False)
+    tex = "".join(f"% {line}\n" for line in (caption or "").splitlines()) + tex
+    paths = [owned.write(f"{stem}.csv", df.to_csv(index=False)), owned.write(f"{stem}.md", md),
+             owned.write(f"{stem}.tex", tex)]
+    return paths + ([owned.write(f"{stem}.inputs.txt", inputs)] if inputs else [])
+
+
+PAIR_REFERENCE = "scale-route"  # each other method is compared with it: reference - other, per base
+NO_INTERVAL = "fewer than 2 bases: interval cannot be computed"
+
+
+def _per_base(g: pd.DataFrame, path: str) -> dict[int, float]:
+    """A replicate group's value per base seed (the mean over its run seeds on that base)."""
+    return {b: t_interval(_get(r, path) for r in sub["result"]).mean for b, sub in g.groupby("base_seed")}
+
+
+def paired_table(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
+    """Per pair of replicate groups on the same bases (SCALE-Route and each other method) and metric: the
+    per-base differences a - b and their mean with a 95% t interval over the bases shared."""
+    runs, rows = load_runs(plot, spec), []
+    for _, share in runs.groupby("pair", sort=False):
+        reps = replicate_groups(share)
+        for a in (g for g in reps if g.iloc[0]["method"] == PAIR_REFERENCE):
+            for b in (g for g in reps if g.iloc[0]["method"] != PAIR_REFERENCE):
+                rows += [_paired_row(a, b, col, path) for col, path in spec.paired]
+    return pd.DataFrame(rows)
+
+
+def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> dict:
+    va, vb = _per_base(a, path), _per_base(b, path)
+    bases = sorted(set(va) & set(vb))
+    diffs = [va[x] - vb[x] for x in bases]
+    iv = t_interval(diffs)
+    return {"preset": a.iloc[0]["preset"], "a": group_label(a.iloc[0]), "b": group_label(b.iloc[0]),
+            "metric": col, "n_bases": len(bases), "bases": ", ".join(map(str, bases)),
+            "a_runs": int(a["base_seed"].isin(bases).sum()), "b_runs": int(b["base_seed"].isin(bases).sum()),
+            "a_mean": t_interval(va[x] for x in bases).mean, "b_mean": t_interval(vb[x] for x in bases).mean,
+            "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi,
+            "interval": iv.note if len(bases) >= 2 else (NO_INTERVAL if bases else "no base seed shared"),
+            "per_base": "; ".join(f"{x}: {d:+.6g}" for x, d in zip(bases, diffs, strict=True))}
+
+
+PAIRED_CAPTION = ("Paired differences a - b of runs on the same base (same base seed, preset and config outside "
+                  "the seeds and per-method options): per base seed the difference of the two methods' values (each "
+                  "the mean over its run seeds on that base), then their mean over the bases with the 95% "
+                  "Student-t interval (diff_ci_lo, diff_ci_hi: mean ± t_0.975,n-1 · s/√n, n = n_bases); a_mean, "
+                  "b_mean: each method's mean over the same bases. {what}")
+
+
+def summary_table(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
+    """Per replicate group of the main runs: the experiment's metrics, means with 95% t intervals."""
+    return aggregate_table(load_runs(plot, spec), spec.metrics, lambda r: {
+        "trainable": r["trainable_params"], "lr": r["lr"]})
+
+
+@table("summary")
+def summary_tables(plot: Plot, spec: ReportSpec) -> list[Path]:
+    """table_<name> (means over replicates with t intervals) and paired_<name> (differences per base)."""
+    written = []
+    df, runs = summary_table(plot, spec), load_runs(plot, spec)
+    if len(df):
+        written += write_table(plot, df, f"table_{spec.name}", shown=shown_aggregate(df, spec.metrics),
+                               caption=f"{AGG_CAPTION} {spec.table_note}".strip(),
+                               inputs=inputs_text(runs, f"table_{spec.name}: one row per replicate group"))
+    paired = paired_table(plot, spec)
+    if len(paired):
+        written += write_table(plot, paired, f"paired_{spec.name}", float_fmt="{:.4f}",
+                               caption=PAIRED_CAPTION.format(what=spec.paired_note),
+                               inputs=inputs_text(runs, f"paired_{spec.name}: runs compared per base seed"))
+    return written
+
+
+def study_means(runs: pd.DataFrame, spec: ReportSpec, study: str) -> pd.DataFrame:
+    """One row per setting of a study (`runs`: its load_runs; replicates pooled): n, seeds, then the end points'
+    mean and 95% t interval over the replicates (aggregate_table's columns)."""
+    if runs.empty:
+        return pd.DataFrame()
+    settings = [_study_setting(spec, study, r) for r in runs["result"]]
+    keys = [_study_sort_key(study, r) for r in runs["result"]]
+    runs = runs.assign(setting=settings, group=[f"{m} {x}" for m, x in zip(runs["method"], settings, strict=True)])
+    runs = runs.iloc[sorted(range(len(runs)), key=lambda i: keys[i])]
+    return aggregate_table(runs, spec.metrics, lambda r: {"lr": r["lr"]})
+
+
+def write_study_means(plot: Plot, spec: ReportSpec, study: str, stem: str) -> list[Path]:
+    """<stem>_means (md/csv/tex): the study's settings with their replicates pooled; nothing when no setting has
+    more than one run (the per-run table says it all)."""
+    runs = load_runs(plot, spec, study=study)
+    df = study_means(runs, spec, study)
+    if df.empty or not (df["n"] > 1).any():
+        return []
+    return write_table(plot, df, f"{stem}_means", shown=shown_aggregate(df, spec.metrics), caption=AGG_CAPTION,
+                       inputs=inputs_text(runs, f"{stem}_means: one row per setting, its replicates pooled"))
