@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from scalecl.cli import app
 from scalecl.data.tokenizer import train_tokenizer
-from scalecl.evaluation import harness
+from scalecl.evaluation import harness, harness_scores
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.checkpoint import load_model, save_model
@@ -134,7 +134,7 @@ def test_base_run_files_and_schema(env, base_run):
     assert raw["n-shot"] == {t: 0 for t in raw["results"]}
     with open(run_dir / "scores.csv") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames) == harness.CSV_COLUMNS
+        assert tuple(reader.fieldnames) == harness_scores.CSV_COLUMNS
         rows = list(reader)
     by_task = {r["task"]: r for r in rows}
     assert [r["kind"] for r in rows] == ["task"] * 4 + ["average"]
@@ -146,7 +146,7 @@ def test_base_run_files_and_schema(env, base_run):
     assert by_task["local_mc"]["language"] == "" and by_task["kobest_copa"]["language"] == "korean"
     avg = by_task["korean_avg"]
     assert avg["metric"] == "mean(3/3)" and avg["n"] == "3" and avg["paper"] == "51.15"  # the base model's row
-    korean = [float(by_task[t]["score"]) for t in harness.KOREAN_TASKS]
+    korean = [float(by_task[t]["score"]) for t in harness_scores.KOREAN_TASKS]
     assert float(avg["score"]) == pytest.approx(sum(korean) / 3, abs=1e-3)
     assert "english_avg" not in by_task
     md = (run_dir / "scores.md").read_text()
@@ -165,10 +165,10 @@ def test_every_method_at_init_scores_like_the_base(env, base_run, method):
     (run_dir,) = [d for d in out.iterdir() if d.name.startswith(f"{method}-")]
     ours, base = _scores(run_dir), _scores(base_run[0])
     assert set(ours) == set(base)
-    for task in ("local_mc", *harness.KOREAN_TASKS, "korean_avg"):
+    for task in ("local_mc", *harness_scores.KOREAN_TASKS, "korean_avg"):
         assert ours[task]["score"] == base[task]["score"], (method, task)
-    assert float(ours["korean_avg"]["paper"]) == harness.PAPER_ROWS[method][1]["korean"]
-    assert harness.PAPER_ROWS[method][0] in (run_dir / "scores.md").read_text()
+    assert float(ours["korean_avg"]["paper"]) == harness_scores.PAPER_ROWS[method][1]["korean"]
+    assert harness_scores.PAPER_ROWS[method][0] in (run_dir / "scores.md").read_text()
     assert json.loads((run_dir / "run.json").read_text())["method"] == method
 
 
@@ -258,7 +258,7 @@ def test_score_rows_groups_metrics_averages():
         "n-samples": {"mmlu_abstract_algebra": {"effective": 100}, "arc_challenge": {"effective": 10},
                       "kobest_boolq": {"effective": 5}, "my_task": {"effective": 1}, "my_gen": {"effective": 2}},
     }
-    rows = {r.task: r for r in harness.score_rows(results, "scale-route")}
+    rows = {r.task: r for r in harness_scores.score_rows(results, "scale-route")}
     assert list(rows) == ["mmlu", "arc_challenge", "kobest_boolq", "my_task", "my_gen", "english_avg", "korean_avg"]
     assert (rows["mmlu"].metric, rows["mmlu"].score, rows["mmlu"].stderr, rows["mmlu"].n) == ("acc", 30.0, 1.0, 100)
     assert rows["arc_challenge"].metric == "acc_norm" and rows["arc_challenge"].stderr is None
@@ -267,11 +267,11 @@ def test_score_rows_groups_metrics_averages():
     en, ko = rows["english_avg"], rows["korean_avg"]
     assert en.score == pytest.approx(35.0) and en.metric == "mean(2/5)" and en.paper == 46.49
     assert ko.score == pytest.approx(50.0) and ko.paper == 55.50
-    over = {r.task: r for r in harness.score_rows(results, "not-a-paper-method", metric_overrides={"kobest_boolq": "f1"})}
+    over = {r.task: r for r in harness_scores.score_rows(results, "not-a-paper-method", metric_overrides={"kobest_boolq": "f1"})}
     assert over["kobest_boolq"].score == pytest.approx(45.0) and over["korean_avg"].paper is None
-    missing = {r.task: r for r in harness.score_rows(results, metric_overrides={"my_task": "bleu"})}
+    missing = {r.task: r for r in harness_scores.score_rows(results, metric_overrides={"my_task": "bleu"})}
     assert missing["my_task"].score is None and "missing" in missing["my_task"].metric
-    safe = harness.json_safe({"a": float("inf"), "b": [torch.float32, {1: 2}]})
+    safe = harness_scores.json_safe({"a": float("inf"), "b": [torch.float32, {1: 2}]})
     assert json.loads(json.dumps(safe)) == {"a": None, "b": ["torch.float32", {"1": 2}]}
 
 
@@ -279,7 +279,7 @@ def test_shorthands_are_the_papers_tasks():
     assert harness.SHORTHANDS["kobest"] == ("kobest_boolq", "kobest_copa", "kobest_hellaswag")
     assert harness.SHORTHANDS["english"] == ("arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2", "winogrande")
     assert harness.SHORTHANDS["paper"] == harness.SHORTHANDS["english"] + harness.SHORTHANDS["kobest"]
-    assert set(harness.PAPER_ROWS) == {None, *METHODS}
+    assert set(harness_scores.PAPER_ROWS) == {None, *METHODS}
 
 
 @pytest.mark.parametrize("args,msg", [

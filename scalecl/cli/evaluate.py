@@ -98,7 +98,8 @@ def eval_harness(
     cache: GgufCache = Path("cache"),
 ) -> None:
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
-    from scalecl.evaluation.harness import HarnessSettings, format_rows, parse_metric_overrides, run_harness
+    from scalecl.evaluation.harness import HarnessSettings, parse_metric_overrides, run_harness
+    from scalecl.evaluation.harness_scores import format_rows
     from scalecl.models.gguf import resolve_model
 
     model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder

@@ -17,7 +17,7 @@ from scalecl.report.tables import write_table
 
 def table2(plot: Plot) -> pd.DataFrame:
     """Harness scores per evaluated checkpoint, with the language averages and the paper's averages beside."""
-    from scalecl.evaluation.harness import PAPER_ROWS
+    from scalecl.evaluation.harness_scores import PAPER_ROWS
 
     rows = []
     for f in sorted(f for root in plot.roots for f in find_files(root, "run.json")):
