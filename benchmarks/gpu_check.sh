@@ -11,7 +11,7 @@
 #                with -c constraints.txt when the repo has one (torch lines dropped when the machine's torch
 #                is used). Offline, or in the dry run, the repo goes on the venv's path instead and the
 #                packages the check needs are verified importable (missing ones: carry them as wheels).
-#   2. tests     pytest -m gpu (tests/test_gpu.py): bf16 preservation bit for bit, Route = two passes.
+#   2. tests     pytest -m gpu (tests/compute/test_gpu.py): bf16 preservation bit for bit, Route = two passes.
 #   3. bench     benchmarks/bench_gpu.py: Adapt/FFT and Route/Adapt at Llama-3.2-1B shapes, our step vs
 #                transformers.Trainer, MFU, block vs concatenated products -> OUT/bench.json.
 #   4. bio       scalecl train-bio --preset gpu --method fft,llama-pro,scale-route -> OUT/bio (polled, stopped
@@ -126,7 +126,7 @@ cd "$REPO"
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. GPU tests (skipped, not failed, without CUDA: the dry run checks the step itself)
-step tests "$VPY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml "$OUT/pytest_gpu.xml"
+step tests "$VPY" -m pytest -q -m gpu tests/compute/test_gpu.py -p no:cacheprovider --junitxml "$OUT/pytest_gpu.xml"
 
 # ---------------------------------------------------------------------------------------------------------
 # 3. step benchmarks

@@ -1,5 +1,5 @@
-"""Shared fixtures and helpers: tiny models built in process, a few optimizer steps, byte snapshots, one
-thread for tiny matrices, and continual pre-training on local text (test_cpt, test_parallel, test_speed)."""
+"""Shared fixtures and helpers: tiny models built in process, the one method x options case table, a few
+optimizer steps, byte snapshots, one thread for tiny matrices, and continual pre-training on local text."""
 
 from __future__ import annotations
 
@@ -23,6 +23,27 @@ ARCH_CASES = {
     "llama-gqa-tied": ("llama", dict(tie_word_embeddings=True)),
     "llama-gqa-untied": ("llama", dict(tie_word_embeddings=False)),
 }
+
+# The one method x options table of the tests, sized for the tiny models above (3 layers): hidden_up 32 is a
+# whole Llama GQA group of new heads (4 x head_dim 8) and two GPT-NeoX heads (head_dim 16); LLaMA Pro copies
+# each tiny layer once. method_cases() adapts it: l_fp for Adapt and Route, other options per method.
+SCALE_OPTS = {"hidden_up": 32, "ffn_up": 16}
+METHOD_CASES = {
+    "fft": {}, "lora": {"rank": 4}, "freeze": {"k": 1}, "llama-pro": {"n": 3},
+    "scale-preserve": SCALE_OPTS, "scale-adapt": SCALE_OPTS, "scale-route": SCALE_OPTS,
+}
+
+
+def method_cases(l_fp: int | None = None, **changes: dict) -> dict[str, dict]:
+    """METHOD_CASES with `l_fp` for SCALE-Adapt and SCALE-Route, and each `changes` entry (a method name with
+    '_' for '-', e.g. llama_pro={"n": 1}) merged into that method's options."""
+    cases = {name: dict(opts) for name, opts in METHOD_CASES.items()}
+    if l_fp is not None:
+        for name in ("scale-adapt", "scale-route"):
+            cases[name]["l_fp"] = l_fp
+    for name, opts in changes.items():
+        cases[name.replace("_", "-")] |= opts
+    return cases
 
 
 def make_base(case: str, seed: int = 0):

@@ -2,7 +2,7 @@
 
 The local tokenizer is a ``tokenizers`` WordLevel model: every word and every punctuation run is one
 token, so each attribute value's first token is its first word (first-token accuracy then measures
-knowing the value, see ``tests/test_biography.py``). The pre-tokenizer is the byte-level splitter
+knowing the value, see ``tests/data/test_biography.py``). The pre-tokenizer is the byte-level splitter
 (GPT-2's word/punctuation/space regex, without byte-pair merges): it splits on whitespace and
 punctuation like ``Whitespace`` would, but keeps a word's leading space inside its token (" May"), so
 decoding reproduces the text exactly and greedy answers can be compared as strings.
@@ -45,7 +45,7 @@ def train_tokenizer(
     When every space in the texts sits between two non-space characters (generated text), the words are
     counted per distinct space-separated chunk (:func:`_word_counts`) and the vocabulary is laid out as
     ``WordLevelTrainer`` lays it out; otherwise the trainer itself counts. Both give the same tokenizer
-    (``tests/test_tokenizer_fast.py``); the first takes 6 s instead of 26 s for the paper preset's corpus.
+    (``tests/data/test_tokenizer_chunks.py``); the first takes 6 s instead of 26 s for the paper preset's corpus.
     """
     backend = Tokenizer(models.WordLevel(unk_token=UNK_TOKEN))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -167,7 +167,7 @@ def qa_accuracy(
     (`logits_to_keep`; SCALE-Route's routed head runs on every position, since its routing metrics do), under
     inference_mode. The numbers are those of fast=False, the plain computation (batches in order, padded,
     logits at every position): counts (accuracy, exact match) equal, float numbers to float32 rounding (an
-    unpadded batch runs SDPA's causal kernel, a padded one the masked kernel; tests/test_eval_fast.py). Quantiles and means do not depend on the row order:
+    unpadded batch runs SDPA's causal kernel, a padded one the masked kernel; tests/evaluation/test_qa_fast.py). Quantiles and means do not depend on the row order:
     per-row values are put back in the QA set's order before they are summarised.
 
     progress(n) is called after every forward with the number of questions it scored (every question is

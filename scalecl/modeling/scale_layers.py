@@ -489,7 +489,7 @@ class UpHead(nn.Module):
         A block holds about `chunk_elements` logits per path (64 MiB in float32) and never fewer than 16
         positions: a product of at least 4 rows gives every row the bits of the whole product (CPU BLAS; 1-3
         rows take another kernel), so the scores equal the one-block computation bit for bit
-        (tests/test_scale_options.py).
+        (tests/methods/test_scale_options.py).
         """
         with torch.no_grad(), torch.autocast(a.device.type, enabled=False):
             w = self.weight.detach().float()

@@ -1,0 +1,35 @@
+"""The benchmark scripts still run (tiny sizes) and their built-in checks hold; timings are not asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run(script: str, *args: str, tmp_path: Path) -> dict:
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, str(BENCH / script), *args, "--json", str(out)], check=True,
+                   capture_output=True, text=True, cwd=tmp_path)
+    return json.loads(out.read_text())
+
+
+def test_bench_scale_runs_and_checks_optimizer_state(tmp_path):
+    for arch in ("llama", "gpt_neox"):
+        r = run("bench_scale.py", "--arch", arch, "--hidden", "256", "--layers", "2", "--vocab", "128",
+                "--hidden-up", "128", "--ffn-up", "64", "--batch", "2", "--seq", "16", "--reps", "1",
+                tmp_path=tmp_path)
+        assert set(r["median_step_s"]) == {"fft-plain-widened", "preserve", "adapt", "route"}
+        for k, n in r["trainable_params"].items():  # AdamW: exp_avg + exp_avg_sq per trainable element
+            assert r["optimizer_state_elems"][k] == 2 * n
+        assert r["trainable_params"]["route"] == r["trainable_params"]["adapt"] < r["trainable_params"]["fft-plain-widened"]
+
+
+def test_bench_route_head_forms_agree(tmp_path):
+    r = run("bench_route_head.py", "--hidden", "64", "--hidden-up", "16", "--vocab", "512", "--tokens", "32",
+            "--reps", "1", tmp_path=tmp_path)
+    assert r["max_abs_diff_of_outputs"] < 1e-4
+    assert 0.0 < r["tokens_routed_to_preserve"] < 1.0

@@ -1,0 +1,235 @@
+"""The run layer's guarantees, tried as a user would break them: kill -9 at any moment then --resume, a
+checkpoint of another run, a planted pickle, a diverging run, a folder of someone else's files.
+
+Runs that are killed run in subprocesses (SIGKILL, no clean-up). `SCALECL_CRASH_AT=<point>[:n]` kills the
+process the n-th time it reaches a named moment (inside checkpoint and result writing, where a timer would
+rarely land); other kills come after a random delay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from scalecl.cli import app
+from scalecl.training.state import load_state
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+BIO = ["train-bio", "--preset", "tiny", "--set", "stage1.steps=24", "--set", "stage2.steps=6", "--set",
+       "stage3.steps=12", "--set", "eval.dense_until=6", "--set", "eval.dense_every=3", "--set", "eval.every=6",
+       "--set", "checkpoint.every=4", "--set", "checkpoint.keep=2"]
+CPT = ["train-cpt", "--preset", "tiny", "--set", "pretrain.steps=8", "--set", "train.steps=8", "--set",
+       "eval.every=4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"]
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def folders(root: Path) -> list[str]:
+    return ["--out", str(root / "out"), "--cache", str(root / "cache"), "--checkpoints", str(root / "ckpt")]
+
+
+def cli(args: list[str], crash: str | None = None, kill_after: float | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess | None:
+    """`scalecl ARGS` in a fresh process (None when it was killed after `kill_after` seconds)."""
+    env = ENV | ({"SCALECL_CRASH_AT": crash} if crash else {})
+    cmd = [sys.executable, "-m", "scalecl.cli", *args]
+    if kill_after is None:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    time.sleep(kill_after)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return None
+
+
+WALL_TIME = ("seconds", "tokens_per_s", "model_tflops", "mfu")  # step-log keys measured with a clock
+
+
+def outcome(root: Path) -> dict:
+    """Everything a finished run reports: evaluation records, step log (less wall times), final numbers."""
+    out = {}
+    for run in sorted((root / "out").iterdir()):
+        result = json.loads((run / "result.json").read_text())
+        log = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+        out[run.name] = {
+            "metrics": (run / "metrics.jsonl").read_text(),
+            "log": [{k: v for k, v in r.items() if k not in WALL_TIME} for r in log],
+            "final": result["final"], "summary": result["summary"],
+        }
+    return out
+
+
+def leftovers(root: Path) -> list[str]:
+    """Temporary (hidden) files and folders and partial files anywhere under root. The hidden `.<name>.lock`
+    files of runs and cache entries are no temporaries: they stay, empty, beside what they lock; nor is a run
+    folder's record of the files it wrote (`.scalecl-run-files.json`, scalecl.common.files.OwnedFiles)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if (p.name.startswith(".") and not
+                  (p.name.endswith(".lock") and p.is_file() and p.stat().st_size == 0)
+                  and p.name != ".scalecl-run-files.json") or p.name.endswith(".partial"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Uninterrupted runs of both experiments (the numbers every interrupted run must end with)."""
+    root = tmp_path_factory.mktemp("reference")
+    for name, args in (("bio", BIO), ("cpt", CPT)):
+        res = cli([*args, "--method", "fft,scale-route", *folders(root / name)])
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return {name: outcome(root / name) for name in ("bio", "cpt")}
+
+
+# (experiment, crash point) — inside a stage-1 / base checkpoint, a method checkpoint, the final files
+KILLS = [  # bio: stage 1 checkpoints at steps 4..24 (6), stage 2 at 4 (1), then each method at 4, 8, 12
+    ("bio", "checkpoint-model-written:2"),  # stage 1's second checkpoint, between its model and its state
+    ("bio", "checkpoint-state-written:9"),  # fft's step-8 checkpoint, complete but not yet renamed into place
+    ("bio", "final-model-written:3"),  # fft finished (after stages 1, 2): final model written, results not yet
+    ("bio", "metrics-written:2"),  # scale-route: metrics.jsonl written, result.json not yet
+    # cpt: the base's checkpoints at steps 2, 4, 6, 8 (4), then each method at 2, 4, 6, 8
+    ("cpt", "checkpoint-renamed:2"),  # the base's step-4 checkpoint, just renamed into place
+    ("cpt", "checkpoint-model-written:6"),  # fft's step-4 checkpoint, between its model and its state
+    ("cpt", "metrics-written:1"),  # fft: after metrics.jsonl, before result.json
+]
+
+
+@pytest.mark.slow  # with the module's `reference` runs, which only these two tests use
+@pytest.mark.parametrize("experiment,crash", KILLS)
+def test_kill_at_a_named_moment_then_resume(tmp_path, reference, experiment, crash):
+    args = [*(BIO if experiment == "bio" else CPT), "--method", "fft,scale-route", *folders(tmp_path)]
+    killed = cli(args, crash=crash)
+    assert killed.returncode == -signal.SIGKILL, (crash, killed.stdout[-1500:], killed.stderr[-1500:])
+    res = cli([*args, "--resume"])
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert outcome(tmp_path) == reference[experiment]
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", ["bio", "cpt"])
+def test_kill_at_random_moments_then_resume(tmp_path, reference, experiment):
+    args = [*(BIO if experiment == "bio" else CPT), "--method", "fft,scale-route", *folders(tmp_path)]
+    rng = random.Random(experiment)
+    for _ in range(3):  # each kill lands somewhere in data preparation, training, checkpointing or writing
+        cli([*args, "--resume"], kill_after=rng.uniform(4.0, 12.0))
+    res = cli([*args, "--resume"])
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert outcome(tmp_path) == reference[experiment]
+    assert leftovers(tmp_path) == []
+
+
+def _stopped_run(root: Path, method: str) -> Path:
+    """A tiny cpt run of `method` stopped at step 4 with checkpoints; returns its checkpoint folder."""
+    res = runner.invoke(app, [*CPT, "--method", method, *folders(root), "--stop-after", "4"])
+    assert res.exit_code == 0, res.output
+    (ckpt,) = (root / "ckpt" / "cpt").glob(f"tiny-{method}-*")
+    return ckpt
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path):
+    fft = _stopped_run(tmp_path, "fft")
+    route = _stopped_run(tmp_path, "scale-route")
+    shutil.rmtree(route)
+    shutil.copytree(fft, route)  # an FFT checkpoint where the Route run looks for its own
+    res = runner.invoke(app, [*CPT, "--method", "scale-route", *folders(tmp_path), "--resume"])
+    assert res.exit_code == 2 and "belongs to another run" in res.output, res.output
+    assert not list((tmp_path / "out").glob("*/result.json"))
+
+
+def test_resume_refuses_a_model_of_another_method(tmp_path):
+    fft = _stopped_run(tmp_path, "fft")
+    route = _stopped_run(tmp_path, "scale-route")
+    (step,) = [p for p in route.iterdir() if p.name == "step-0000004"]
+    shutil.rmtree(step / "model")
+    shutil.copytree(fft / "step-0000004" / "model", step / "model")  # right identity, wrong model inside
+    res = runner.invoke(app, [*CPT, "--method", "scale-route", *folders(tmp_path), "--resume"])
+    assert res.exit_code == 2 and "refusing to resume" in res.output, res.output
+
+
+def test_existing_checkpoints_need_resume_or_force(tmp_path):
+    _stopped_run(tmp_path, "fft")
+    res = runner.invoke(app, [*CPT, "--method", "fft", *folders(tmp_path)])
+    assert res.exit_code == 2 and "--resume continues it, --force starts it over" in res.output, res.output
+    res = runner.invoke(app, [*CPT, "--method", "fft", *folders(tmp_path), "--force"])
+    assert res.exit_code == 0, res.output
+    assert len(list((tmp_path / "out").glob("*/result.json"))) == 1
+
+
+class _Exploit:
+    """A pickle that runs code when loaded (what a torch.load(weights_only=False) would execute)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_pickle_is_never_loaded(tmp_path):
+    ckpt = _stopped_run(tmp_path, "fft")
+    marker = tmp_path / "pwned"
+    for step in ckpt.glob("step-*"):
+        (step / "trainer_state.pt").write_bytes(pickle.dumps({"x": _Exploit(marker)}))
+    planted = ckpt / "step-0000009"  # a newer "checkpoint" made of the pickle alone
+    planted.mkdir()
+    (planted / "trainer_state.pt").write_bytes(pickle.dumps(_Exploit(marker)))
+    state = load_state(ckpt / "step-0000004")  # the state a resume uses: JSON + safetensors
+    assert state["run"]["method"] == "fft" and state["step"] == 4
+    res = runner.invoke(app, [*CPT, "--method", "fft", *folders(tmp_path), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "resuming from" in res.output and "step-0000004" in res.output
+    assert not marker.exists()
+    assert not [ln for p in (REPO / "scalecl").rglob("*.py") for ln in p.read_text().splitlines()
+                if "weights_only=False" in ln.replace(" ", "") or "pickle.load" in ln]
+
+
+@pytest.mark.parametrize("experiment", ["bio", "cpt"])
+def test_a_diverging_run_stops_and_records_nothing(tmp_path, experiment):
+    args = [*(BIO if experiment == "bio" else CPT), "--method", "fft", *folders(tmp_path)]
+    lr = ["--set", "stage3.lr=1e30"] if experiment == "bio" else ["--set", "lr.fft=1e30"]
+    res = runner.invoke(app, [*args, *lr])
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "training diverged at step" in lines[0] and "nan" in lines[0], res.output
+    assert not list((tmp_path / "out").rglob("result.json")) and not list((tmp_path / "out").rglob("metrics.jsonl"))
+    assert "no checkpoint had been written" in lines[0] or "last good checkpoint" in lines[0]
+    again = runner.invoke(app, [*args, *lr])  # not skipped as finished: it diverges again
+    assert again.exit_code in (1, 2) and "finished run found" not in again.output
+
+
+@pytest.mark.slow
+def test_foreign_files_survive_every_output_folder(tmp_path):
+    """--out, --cache and --checkpoints pointed at a folder of someone else's files: they stay as they were."""
+    mine = tmp_path / "mine"
+    (mine / "notes").mkdir(parents=True)
+    (mine / "notes" / "paper.tex").write_text("\\section{Results}\n")
+    (mine / "data.csv").write_text("a,b\n1,2\n")
+    (mine / "metrics.jsonl").write_text("mine\n")  # a file named like ours, at the top: not in a run folder
+    before = {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+    for args in ([*BIO, "--method", "fft", "--out", str(mine), "--cache", str(mine), "--checkpoints", str(mine)],
+                 [*CPT, "--method", "lora", "--out", str(mine), "--cache", str(mine), "--checkpoints", str(mine)]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["plot", "--results", str(mine), "--out", str(mine)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["study", "tau", "--preset", "tiny", "--values", "-1", *BIO[3:], "--out", str(mine),
+                              "--cache", str(mine), "--checkpoints", str(mine)])
+    assert res.exit_code == 0, res.output
+    (final,) = (mine / "cpt").glob("tiny-lora-*/final")
+    ppl = mine / "notes" / "ppl.json"
+    res = runner.invoke(app, ["eval-ppl", "--model", str(final), "--dataset", "builtin:en", "--take", "4",
+                              "--seq-len", "32", "--cache", str(mine), "--out", str(mine / "notes" / "paper.tex")])
+    assert res.exit_code == 2 and "not a record written by eval-ppl" in res.output, res.output
+    res = runner.invoke(app, ["eval-ppl", "--model", str(final), "--dataset", "builtin:en", "--take", "4",
+                              "--seq-len", "32", "--cache", str(mine), "--out", str(ppl)])
+    assert res.exit_code == 0, res.output
+    assert {p: p.read_bytes() for p in before} == before
