@@ -201,6 +201,19 @@ def _looks_local(name_or_path: str) -> bool:
     return os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1
 
 
+def open_tokenizer(source: str, hint: str = "") -> PreTrainedTokenizerBase:
+    """load_tokenizer for a source a user named (hub id or folder), failing in one line: no hub retries when the
+    hub cannot be reached (scalecl.common.hub), the reason, then `hint` (what to use instead)."""
+    from scalecl.common.errors import ScaleclError, cause
+    from scalecl.common.hub import before_hub_load, miss_reason
+
+    before_hub_load(source)  # no network: one line at once instead of a minute of retries
+    try:
+        return load_tokenizer(source)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"cannot load tokenizer {source} ({miss_reason(source) or cause(e)}){hint}") from None
+
+
 def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: object) -> PreTrainedTokenizerBase:
     """Load a tokenizer from a local directory or a hub id; give it a pad token if it has none.
 

@@ -207,7 +207,7 @@ def head_is_tied(model) -> bool:
 
 def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = None, meta: Mapping | None = None):
     """--tokenizer, else the checkpoint folder's tokenizer files, else the base model the checkpoint records."""
-    from scalecl.data.tokenizer import load_tokenizer
+    from scalecl.data.tokenizer import open_tokenizer
 
     source = tokenizer
     if source is None:
@@ -222,14 +222,7 @@ def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = N
             f"no tokenizer found in {model_path} and none recorded in its scalecl.json: pass --tokenizer "
             f"(a hub id such as meta-llama/Llama-3.2-1B, or a folder with tokenizer files)"
         )
-    from scalecl.common.errors import cause
-    from scalecl.common.hub import before_hub_load, miss_reason
-
-    before_hub_load(source)  # no network: one line at once instead of a minute of retries
-    try:
-        return load_tokenizer(source)
-    except (OSError, ValueError) as e:
-        raise ScaleclError(f"cannot load tokenizer {source}: {miss_reason(source) or cause(e)}") from None
+    return open_tokenizer(source)
 
 
 @contextmanager

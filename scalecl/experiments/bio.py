@@ -36,14 +36,19 @@ import torch
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError, cause
 from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
-from scalecl.common.hub import before_hub_load, miss_reason
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
-from scalecl.data.tokenizer import cached_encoding, first_answer_tokens, load_tokenizer, train_bio_tokenizer
+from scalecl.data.tokenizer import (
+    cached_encoding,
+    first_answer_tokens,
+    load_tokenizer,
+    open_tokenizer,
+    train_bio_tokenizer,
+)
 from scalecl.evaluation.qa import QATensors, encode_qa, qa_accuracy, qa_batches
 from scalecl.experiments.base import (
     EndTable,
@@ -68,6 +73,8 @@ console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 # Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
 # caches written by an older format are never reused.
 TEXT_FORMAT = 2
+# what to use instead of a --tokenizer that cannot be loaded
+LOCAL_HINT = "; offline, use --tokenizer local (a word-level tokenizer trained on the generated corpus)"
 
 
 class RowShards:
@@ -132,20 +139,6 @@ def pretrain_texts(people: People, cfg: BioConfig, lo: int, hi: int) -> list[str
     return [" " + t for t in render_biographies(people, cfg, lo, hi)]
 
 
-def open_tokenizer(name: str):
-    """A given tokenizer (hub id or folder), with one clear error offline, naming the local alternative."""
-    before_hub_load(name)  # no network: one line at once instead of a minute of retries
-    try:
-        tokenizer = load_tokenizer(name)
-    except (OSError, ValueError) as e:
-        why = miss_reason(name) or cause(e)  # the whole message (a URL in it is never cut)
-        raise ScaleclError(f"cannot load tokenizer {name} ({why}); offline, use --tokenizer local (a word-level "
-                           f"tokenizer trained on the generated corpus)") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
     """People, tokenizer (trained locally and cached unless one is given) and tokenised QA sets."""
     cfg = bio_config(rc)
@@ -155,7 +148,7 @@ def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
         tokenizer = _cached_tokenizer(rc, people, tok_dir)
         tok_src = str(tok_dir)
     else:
-        tokenizer = tokenizer or open_tokenizer(rc.tokenizer)
+        tokenizer = tokenizer or open_tokenizer(rc.tokenizer, LOCAL_HINT)
         tok_src = rc.tokenizer
     vocab_rows(rc, len(tokenizer))
     r = ranges(cfg)
@@ -411,7 +404,7 @@ class BioExperiment(ExperimentBase):
 
     def prepare(self, rt: Runtime) -> None:
         rc, d = self.rc, rt.d
-        tokenizer = open_tokenizer(rc.tokenizer) if rc.tokenizer != "local" else None  # fails before any write
+        tokenizer = open_tokenizer(rc.tokenizer, LOCAL_HINT) if rc.tokenizer != "local" else None  # fails before any write
         self.begin(rt)  # the code that runs is this commit's
         t0 = time.perf_counter()
         for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it

@@ -39,7 +39,7 @@ from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
-from scalecl.data.tokenizer import load_tokenizer
+from scalecl.data.tokenizer import open_tokenizer
 from scalecl.evaluation.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from scalecl.evaluation.qa import value_summary
 from scalecl.experiments.base import (
@@ -91,12 +91,9 @@ def builtin_model_config(rc: CptRunConfig, vocab: int, tokenizer=None):
     return tiny_config(m.arch, **kw)
 
 
-def open_tokenizer(rc: CptRunConfig, root: Path | None):
-    src = rc.tokenizer or (str(root / "tokenizer") if rc.base == BUILTIN else rc.base)
-    try:
-        return load_tokenizer(src), src
-    except (OSError, ValueError) as e:
-        raise ScaleclError(f"cannot load the tokenizer {src}: {str(e).splitlines()[0]}") from None
+def tokenizer_source(rc: CptRunConfig, root: Path | None) -> str:
+    """Where the run's tokenizer comes from: `tokenizer` if set, else the stand-in's (builtin base) or the base's."""
+    return rc.tokenizer or (str(root / "tokenizer") if rc.base == BUILTIN else rc.base)
 
 
 def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, rt: Runtime,
@@ -279,7 +276,8 @@ class CptExperiment(ExperimentBase):
                 with self._status(d, "generating the bilingual stand-in corpus"):
                     write_corpus(self.root, self.bilingual, rc.builtin.vocab)
             d.barrier()
-        self.tokenizer, self.tok_src = open_tokenizer(rc, self.root)
+        self.tok_src = tokenizer_source(rc, self.root)
+        self.tokenizer = open_tokenizer(self.tok_src)
         self.train_spec = corpus_spec(rc.data, self.root)
         old_spec, new_spec = corpus_spec(rc.old_eval, self.root), corpus_spec(rc.new_eval, self.root)
         seq = rc.train.seq_len
