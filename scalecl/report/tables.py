@@ -17,18 +17,32 @@ from scalecl.report.spec import Metric, ReportSpec
 from scalecl.report.stats import binomial_se, interval_note, t_interval
 
 
+def replicate_unit(g: pd.DataFrame) -> tuple[list[pd.DataFrame], str]:
+    """The units a replicate group's interval is over, never pooling the two seed axes: its base seeds when it
+    has several (each base's run seeds averaged into one value), else its run seeds on the one base."""
+    bases = sorted(g["base_seed"].unique())
+    if len(bases) > 1:
+        units = [sub for _, sub in g.groupby("base_seed")]
+        averaged = " (run seeds averaged within a base)" if any(len(u) > 1 for u in units) else ""
+        return units, f"t over {len(units)} base seeds{averaged}"
+    units = [g.iloc[[i]] for i in range(len(g))]
+    return units, (f"t over {len(units)} run seeds of base {bases[0]}" if len(units) > 1 else interval_note(1))
+
+
 def aggregate_table(runs: pd.DataFrame, metrics: tuple[Metric, ...], head) -> pd.DataFrame:
-    """One row per replicate group: preset, method, setting, group, n, seeds (base/run), `head(result)`, then
-    per metric its mean over replicates, the 95% t interval (`_ci_lo`, `_ci_hi`; NaN for n = 1) and, where the
-    questions behind it are known, `_binom_se` (sqrt(p(1-p)/q) at the mean)."""
+    """One row per replicate group: preset, method, setting, group, n (units), seeds (base/run), `head(result)`,
+    then per metric its mean over the group's units (replicate_unit: base seeds, else run seeds), the 95% t
+    interval over them (`_ci_lo`, `_ci_hi`; NaN for n = 1) and, where the questions behind it are known,
+    `_binom_se` (sqrt(p(1-p)/q) at the mean)."""
     rows = []
     for g in replicate_groups(runs):
         first = g.iloc[0]
+        units, note = replicate_unit(g)
         rec = {"preset": first["preset"], "method": first["method"], "setting": first["setting"],
-               "group": first["group"], "n": len(g), "interval": interval_note(len(g)),
+               "group": first["group"], "n": len(units), "interval": note,
                "seeds": _seeds_text(g), **head(first["result"])}
         for col, path, questions in metrics:
-            iv = t_interval(_get(r, path) for r in g["result"])
+            iv = t_interval(t_interval(_get(r, path) for r in u["result"]).mean for u in units)
             rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi}
             if questions is not None:
                 rec[f"{col}_binom_se"] = binomial_se(iv.mean, questions(first["result"]))
@@ -58,8 +72,10 @@ def shown_aggregate(df: pd.DataFrame, metrics: tuple[Metric, ...], fmt: str = "{
 
 
 AGG_CAPTION = ("Mean over replicates (runs of one setting with other base/run seeds) ± the half-width of the 95% "
-               "Student-t interval, mean ± t_0.975,n-1 · s/√n ('interval': t interval, n = k per row; "
-               "n=1 (no interval): the value alone). CSV: `<col>` mean, `<col>_ci_lo`/`_ci_hi` the interval.")
+               "Student-t interval, mean ± t_0.975,n-1 · s/√n over the row's units ('interval'): its base seeds "
+               "when it has several (run seeds of one base averaged first; the two axes are never pooled), else "
+               "its run seeds on one base; n=1 (no interval): the value alone. CSV: `<col>` mean, "
+               "`<col>_ci_lo`/`_ci_hi` the interval.")
 
 
 def write_table(plot: Plot, df: pd.DataFrame, stem: str, float_fmt: str = "{:.3f}", shown: pd.DataFrame | None = None,

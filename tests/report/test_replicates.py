@@ -125,9 +125,13 @@ def test_replicates_are_kept_one_per_seed_pair_newest(tmp_path):
 def test_bio_table_means_and_t_intervals(tmp_path):
     table = summary_table(Plot.of(three_bases(tmp_path)), BIO_REPORT).set_index("method")
     fft, route = table.loc["fft"], table.loc["scale-route"]
-    assert (fft["n"], fft["interval"], fft["seeds"]) == (3, "t interval, n = 3", "0/0, 1/0, 2/0")
+    assert (fft["n"], fft["interval"], fft["seeds"]) == (3, "t over 3 base seeds", "0/0, 1/0, 2/0")
     assert fft["task0_full_end"] == pytest.approx(0.2)
     assert fft["task0_full_end_ci_hi"] - 0.2 == pytest.approx(half(0.1, 3, T2), rel=1e-6)
+    # Route: base 2's two run seeds (0.5, 0.7) are one base value (0.6), never two replicates beside bases 0, 1
+    assert (route["n"], route["interval"]) == (3, "t over 3 base seeds (run seeds averaged within a base)")
+    assert route["task0_full_end"] == pytest.approx(0.6)
+    assert route["task0_full_end_ci_hi"] - 0.6 == pytest.approx(half(0.1, 3, T2), rel=1e-6)
     assert 0.2 - fft["task0_full_end_ci_lo"] == pytest.approx(half(0.1, 3, T2), rel=1e-6)
     assert fft["task1_full_end"] == pytest.approx(0.81)  # 0.80, 0.81, 0.82
     assert fft["task1_full_end_ci_hi"] - 0.81 == pytest.approx(half(0.01, 3, T2), rel=1e-6)
@@ -135,10 +139,6 @@ def test_bio_table_means_and_t_intervals(tmp_path):
     assert fft["task0_end_ci_hi"] - 0.2 == pytest.approx(half(0.1, 3, T2), rel=1e-6)
     assert fft["task0_end_binom_se"] == pytest.approx(math.sqrt(0.2 * 0.8 / 600))  # 100 people x 6 questions
     assert fft["task0_start_ci_lo"] == pytest.approx(0.9) and fft["task0_start_ci_hi"] == pytest.approx(0.9)
-    # Route: four runs (base 2 twice, with run seeds 0 and 1): 0.5, 0.7, 0.5, 0.7
-    assert route["n"] == 4 and route["task0_full_end"] == pytest.approx(0.6)
-    sd = math.sqrt(4 * 0.1**2 / 3)
-    assert route["task0_full_end_ci_hi"] - 0.6 == pytest.approx(half(sd, 4, t_quantile(0.975, 3)), rel=1e-6)
 
 
 def test_paired_differences_per_base(tmp_path):
@@ -189,7 +189,8 @@ def test_other_method_options_stay_separate(tmp_path):
     r["method_options"] = {"tau": 0.5}
     (d / "result.json").write_text(json.dumps(r))
     route = summary_table(Plot.of(tmp_path), BIO_REPORT).query("method == 'scale-route'").set_index("setting")
-    assert route.loc["tau=unset", "n"] == 4 and route.loc["tau=0.5", "n"] == 1  # not replacing seed 0/0
+    assert route.loc["tau=unset", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # not replacing seed 0/0
+    assert route.loc["tau=unset", "n"] == 3 and route.loc["tau=0.5", "n"] == 1  # n: base seeds
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -204,7 +205,8 @@ def test_plot_writes_interval_tables_paired_and_inputs(tmp_path):
     csv = pd.read_csv(out / "table_bio.csv").set_index("method")
     assert csv.loc["fft", "task0_full_end_ci_hi"] == pytest.approx(0.2 + half(0.1, 3, T2), rel=1e-6)
     md = (out / "table_bio.md").read_text()
-    assert "t interval, n = 3" in md and "t interval, n = 4" in md and "Student-t" in md
+    assert "| t over 3 base seeds " in md and "t over 3 base seeds (run seeds averaged within a base)" in md
+    assert "Student-t" in md and "never pooled" in md
     assert f"0.200 ± {half(0.1, 3, T2):.3f}" in md  # FFT task0_full_end
     assert "$\\pm$" in (out / "table_bio.tex").read_text()
     paired = pd.read_csv(out / "paired_bio.csv")
@@ -354,7 +356,8 @@ def test_committed_results_still_plot(tmp_path):
     assert r.exit_code == 0, r.output
     bio = pd.read_csv(out / "table_bio.csv")
     assert len(bio) == len(bio[["method", "lr"]].drop_duplicates()) and (bio["n"] >= 1).all()  # group = rate
-    assert bio["interval"].tolist() == [interval_note(n) for n in bio["n"]]
+    assert all(i == interval_note(1) if n == 1 else i.startswith(f"t over {n} ")
+               for i, n in zip(bio["interval"], bio["n"], strict=True))
     assert (bio["task0_full_end_ci_lo"].isna() == (bio["n"] < 2)).all()
     assert bio["task0_end_binom_se"].notna().all()  # the committed runs record their attributes
     paired = pd.read_csv(out / "paired_bio.csv")
@@ -378,3 +381,11 @@ def test_replicate_groups_ignore_the_thread_count_only():
     assert _config_id(old) == _config_id(new) and _config_id(old, pair=True) == _config_id(new, pair=True)
     assert _config_id(result(1, {"threads": 1, "tf32": False})) != _config_id(new)
     assert _config_id(result(1, {"threads": 1, "tf32": True}, lr=3e-4)) != _config_id(new)
+
+
+def test_run_seeds_of_one_base_are_the_unit_when_a_group_has_one_base(tmp_path):
+    for r, final in ((0, 0.2), (1, 0.3), (2, 0.4)):
+        bio_run(tmp_path, "fft", 0, r, final0=final)
+    (row,) = summary_table(Plot.of(tmp_path), BIO_REPORT).to_dict("records")
+    assert (row["n"], row["interval"], row["seeds"]) == (3, "t over 3 run seeds of base 0", "0/0, 0/1, 0/2")
+    assert row["task0_full_end_ci_hi"] - 0.3 == pytest.approx(half(0.1, 3, T2), rel=1e-6)
