@@ -29,7 +29,7 @@ TEST_LINE = ('python3 -m pip install -c constraints.txt torch==2.13.0 && python3
 SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(\s*)(```|~~~)(\S*)")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+INLINE_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)  # may wrap a line
 ISSUE = re.compile(r"#\d+|\bissues?\s+#?\d+", re.IGNORECASE)
 SEPARATORS = {"&&", "||", "|", ";", ">", "2>&1"}
 
@@ -72,7 +72,7 @@ def anchors(page: Path) -> Iterator[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=IDS)
 def test_relative_links_resolve(page):
-    prose = "\n".join(INLINE_CODE.sub("", line) for line in split_page(page.read_text())[0])
+    prose = "\n\n".join(INLINE_CODE.sub("", par) for par in "\n".join(split_page(page.read_text())[0]).split("\n\n"))
     broken = []
     for target in LINK.findall(prose):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
@@ -93,8 +93,8 @@ def commands_in(page: Path) -> list[str]:
     for lang, body in blocks:
         if lang in SHELL_LANGS:
             lines += body.replace("\\\n", " ").splitlines()
-    for line in prose:
-        lines += [code for _, code in INLINE_CODE.findall(line) if "scalecl" in code]
+    for paragraph in "\n".join(prose).split("\n\n"):  # a span may wrap onto the next line, never a paragraph
+        lines += [" ".join(code.split()) for _, code in INLINE_CODE.findall(paragraph) if "scalecl" in code]
     return lines
 
 
