@@ -1,6 +1,6 @@
 """The package's shape, measured from its source: imports run downward only, and functions stay small.
 
-The layers below are the architecture the code is written to (README, "Layout"). Every import of a
+The layers below are the architecture the code is written to (docs/architecture.md). Every import of a
 scalecl module from another must point to a strictly lower layer, or stay inside one subpackage of the
 same layer (e.g. methods.scale -> methods.base); the graph must have no circle. Functions stay under 80
 lines and 8 parameters, except typer commands (one parameter per flag) and torch.autograd.Function's

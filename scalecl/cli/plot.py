@@ -51,5 +51,5 @@ def plot(
         console.print(f"wrote {p}", highlight=False)
     for p in result.removed:  # a figure of an earlier plot that these results no longer give
         console.print(f"removed {p} (an earlier plot's output, not drawn from these results)", highlight=False)
-    for why in result.skipped.values():  # one line per file a run was left out for (README: such runs are skipped)
+    for why in result.skipped.values():  # one line per file a run was left out for (docs/figures.md: such runs are skipped)
         err_console.print(f"skipped: {escape(' '.join(why.split()))}", highlight=False, soft_wrap=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 from scalecl.common.errors import ScaleclError
 
-# Representable ranges, checked before any work (issue 19):
+# Representable ranges, checked before any work (before any work):
 # - every integer of a config fits a signed 64-bit integer (torch and numpy hold sizes and steps in int64);
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # - a seed lies in 0..2**32 - 1, the range of a 32-bit seed (numpy's legacy seeding, most tools): torch takes

@@ -119,7 +119,7 @@ def pick_device(name: str | None = None) -> torch.device:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# What the machine contributes to a run's numbers (README, "Reproducibility"): the device type and, on a
+# What the machine contributes to a run's numbers (docs/runs.md, "Reproducibility"): the device type and, on a
 # CPU, torch's intra-op thread count. Part of every run name and stage cache key (scalecl.common.schema.numerics_key).
 
 

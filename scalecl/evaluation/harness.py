@@ -345,7 +345,7 @@ def evaluate_model(
             except (OSError, ConnectionError) as e:
                 raise ScaleclError(
                     f"lm-eval could not load a task's data ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                    f"offline, pre-fill the Hugging Face cache first (README, eval-harness)"
+                    f"offline, pre-fill the Hugging Face cache first (docs/evaluation.md)"
                 ) from None
         finally:
             if next(model.parameters()).device != start_device:

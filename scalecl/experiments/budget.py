@@ -103,7 +103,7 @@ def paper_budgets() -> list[BudgetRow]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The supported decoder families (issue #21): one published model of each, its widening constraints, and the
+# The supported decoder families: one published model of each, its widening constraints, and the
 # trainable parameters of every method in a setting like the paper's Korean CPT one (Llama-3.2-1B: SCALE
 # +256 hidden (d/8) / +1024 FFN (ffn/8), l_fp = 3; LoRA r = 256; Freeze k = 3; LLaMA Pro +L/4 blocks).
 
@@ -221,7 +221,7 @@ def family_budgets() -> list[FamilyRow]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Memory and time before work (README, "Reproducibility, memory and time"): every train-bio / train-cpt sweep
+# Memory and time before work (docs/runs.md, "Memory and time before work"): every train-bio / train-cpt sweep
 # estimates the peak memory and the time of what it will train, prints it as one line and refuses, with one
 # line naming the `--set` keys that shrink it, a run that cannot fit in the memory available.
 

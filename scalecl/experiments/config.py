@@ -40,7 +40,7 @@ class ModelShape:
     context: int = opt(128, ge=2, le=MAX_SIZE)
     rotary_pct: float = opt(0.25, ge=0.0, le=1.0)  # Pythia
     # rows of the embedding and the head: 0 = the tokenizer's size; larger pads them with rows no text uses,
-    # as Pythia's 50,304 pads its 50,277-token tokenizer (issue #12: the router's cosine over unused logits)
+    # as Pythia's 50,304 pads its 50,277-token tokenizer (the router's cosine over unused logits)
     vocab: int = opt(0, ge=0, le=MAX_SIZE)
 
     def check(self, where: str) -> None:
@@ -77,8 +77,8 @@ class ComputeConfig:
     # on a CPU, torch's intra-op threads (torch.set_num_threads), set before a run builds anything; 0 = leave
     # torch's count (OMP_NUM_THREADS, else one per core). The count splits float sums: runs at 1 and 2 threads
     # end with different numbers, so the count in force is part of a CPU run's name. 1, as every committed run
-    # used: their numbers are reproduced, and 2 was no faster at the cpu presets on 2 shared cores (README,
-    # "Reproducibility, memory and time")
+    # used: their numbers are reproduced, and 2 was no faster at the cpu presets on 2 shared cores (docs/runs.md,
+    # "Reproducibility")
     threads: int = opt(1, ge=0, le=MAX_SIZE)
     # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
     # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
@@ -262,7 +262,7 @@ class CptEvalConfig:
     every: int = opt(25, ge=0, le=MAX_STEPS)  # steps between evaluations (step 0 and the last step always; 0 = only those)
     batch: int = opt(16, ge=1)  # sequences per evaluation forward
     rep_batch: int = opt(8, ge=1)  # sequences of the old-domain set whose final hidden states are compared (Fig. 4a)
-    # SCALE-Route's mechanism (issue #20): vocabulary rows absent from the first `never_tokens` tokens of the
+    # SCALE-Route's mechanism: vocabulary rows absent from the first `never_tokens` tokens of the
     # new-domain training stream (the whole corpus when it is shorter) are its "never" rows; every evaluation then
     # records, per set, the router's score quantiles over every position and each path's share of its logit
     # norm on those rows. 0 = off. Measures only: changes no other number and is not part of the run's name.

@@ -316,7 +316,7 @@ class CptExperiment(ExperimentBase):
     def _never_rows(self, rows: int) -> torch.Tensor:
         """(rows,) bool: vocabulary rows that occur in none of the first eval.never_tokens tokens of the
         new-domain training stream (its order for run seed 0) and are not EOS: the tokens the new domain never
-        uses, on which SCALE-Route's raw-logit router may be decided (issue #20)."""
+        uses, on which SCALE-Route's raw-logit router may be decided."""
         seen = torch.zeros(rows, dtype=torch.bool)
         eos = self.tokenizer.eos_token_id
         if eos is not None and eos < rows:

@@ -4,7 +4,7 @@ Continual pre-training (paper Sec. 3):
   init:   (W21, W22) initialisation pairs with SCALE-Preserve (Fig. 5)
   l_fp:   number of function-preserving lower layers with SCALE-Adapt (Fig. 6)
   collab: collaborative module, attention vs MLP, with SCALE-Adapt at l_fp = L/2 (Fig. 7)
-Biography, SCALE-Route (issue #12: what decides Route on this task), each on the cached stages 1-2:
+Biography, SCALE-Route (what decides Route on this task), each on the cached stages 1-2:
   tau:    the router's threshold; -1 always takes the preserve/adapt average, 0.99 almost never
   router: what the router compares (raw logits as the paper, logits centred over the vocabulary, softmax
           probabilities)

@@ -36,7 +36,7 @@ class PathState:
         self.products = products
         self.preserve_mask: torch.Tensor | None = None  # (B, T) bool, from the last routed forward
         self.route_score: torch.Tensor | None = None  # (B, T) float32 router score of that forward, detached
-        # Route's mechanism, measured (issue #18): when an experiment sets never_rows (a (V,) bool mask of the
+        # Route's mechanism, measured: when an experiment sets never_rows (a (V,) bool mask of the
         # vocabulary rows no training stage ever has as a target), every routed forward without autograd
         # (evaluation) keeps both paths' original-channel hidden states, (B, T, d) each, detached
         self.never_rows: torch.Tensor | None = None
