@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scalecl.methods.scale.layers import PathState, UpHead
+from scalecl.modeling.scale_layers import PathState, UpHead
 
 
 def _inputs(a) -> tuple[UpHead, torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalecl.compute.machine import tune_cpu_allocator
-from scalecl.methods.scale.layers import PathState, UpHead
+from scalecl.modeling.scale_layers import PathState, UpHead
 
 
 def explicit(head: UpHead, h: torch.Tensor) -> torch.Tensor:

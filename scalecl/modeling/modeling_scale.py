@@ -109,3 +109,16 @@ def remote_config(model) -> PretrainedConfig:
     config.architectures = [model_cls.__name__]
     config.auto_map = {"AutoModelForCausalLM": f"modeling_scale.{model_cls.__name__}"}
     return config
+
+
+def make_saveable(model) -> None:
+    """Make a model widened by `scale_surgery.widen` an instance of its family's SCALE class (the same
+    transformers class underneath) with the SCALE entries in its config, so that `save_pretrained` (and so
+    `Trainer.save_model` and `push_to_hub`) writes config.json with `auto_map` and `scale` plus this file and the
+    files it imports: a checkpoint that loads with `from_pretrained(dir, trust_remote_code=True)`."""
+    cls = CLASSES[model.config.model_type]
+    if not isinstance(model, cls):
+        model.__class__ = cls  # no __init__ runs: only the class's save and load behaviour is added
+    remote = remote_config(model)
+    model.config.scale, model.config.architectures = remote.scale, remote.architectures
+    cls.register_for_auto_class("AutoModelForCausalLM")  # save_pretrained copies the model code beside it

@@ -212,6 +212,19 @@ def load_base_model(name_or_path: str, dtype: torch.dtype = torch.float32) -> Pr
     return load_plain_strict(name_or_path, dtype)
 
 
+def _model_class(name_or_path: str) -> type:
+    """AutoModelForCausalLM, or for a widened model saved with save_pretrained (config.json's `scale`) its SCALE
+    class from scalecl.modeling: the code such a folder carries, taken from this package instead of run from it."""
+    cfg = Path(name_or_path) / "config.json"
+    if cfg.is_file():
+        raw = read_json(cfg, "model config")
+        if isinstance(raw.get("scale"), dict):
+            from scalecl.modeling.modeling_scale import CLASSES
+
+            return CLASSES.get(raw.get("model_type"), AutoModelForCausalLM)
+    return AutoModelForCausalLM
+
+
 def load_plain_strict(name_or_path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """`from_pretrained` that accepts only a complete match: a weight missing from the files (transformers would
     initialise it at random) or of another shape than the config says is one error line, and transformers'
@@ -222,8 +235,8 @@ def load_plain_strict(name_or_path: str, dtype: torch.dtype = torch.float32) -> 
     before = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, use_safetensors=True,
-                                                           output_loading_info=True)
+        model, info = _model_class(name_or_path).from_pretrained(name_or_path, dtype=dtype, use_safetensors=True,
+                                                                 output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as e:  # incl. safetensors' errors on a damaged file
         text = str(e)
         if "ignore_mismatched_sizes" in text:

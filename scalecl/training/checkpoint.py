@@ -310,7 +310,25 @@ def _resolve_method(model, method: Method | None) -> Method | None:
     if isinstance(method, ScaleMethod) != is_scale or (method.name == "lora") != is_lora:
         raise ScaleclError(f"method {method.name} does not match the model given to save_model "
                            f"({'SCALE' if is_scale else 'LoRA' if is_lora else 'plain'} model)")
+    if is_scale:
+        _check_scale_method(model, method)
     return method
+
+
+# what a SCALE checkpoint's structure and forward depend on (init and embed_init only decide the first weights)
+_SCALE_BUILT = ("variant", "hidden_up", "ffn_up", "l_fp", "collab", "tau", "router")
+
+
+def _check_scale_method(model, method) -> None:
+    """A SCALE method given to save_model must describe the widening the model has (else the checkpoint would
+    rebuild another model at load)."""
+    from scalecl.methods.scale.upscale import to_spec
+
+    want = to_spec(method.config, model.config.num_hidden_layers).to_dict()
+    have = model.scale_spec.to_dict()
+    differ = [f"{k} {want[k]!r} (the model has {have[k]!r})" for k in _SCALE_BUILT if want[k] != have[k]]
+    if differ:
+        raise ScaleclError(f"method {method.name} does not match the model given to save_model: {', '.join(differ)}")
 
 
 def _base_config_of(model, method: Method | None) -> dict[str, Any]:

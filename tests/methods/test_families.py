@@ -197,7 +197,7 @@ def test_gemma_embedding_keeps_the_base_scale():
 def test_head_norms_split_at_the_base_heads():
     """OLMo 2's q/k norm over all heads together is split at the base heads' width; Qwen3's and Gemma 3's
     per-head norms keep the frozen gain for the base heads and give the new heads their own."""
-    from scalecl.methods.scale.layers import HeadSplitNorm, SplitNorm
+    from scalecl.modeling.scale_layers import HeadSplitNorm, SplitNorm
 
     for fam in ("olmo2", "qwen3", "gemma3_text"):
         c = tiny_config(fam)

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE
 from scalecl.methods.scale.config import ScaleConfig
+from scalecl.modeling.modeling_scale import make_saveable
 from scalecl.modeling.scale_surgery import ScaleSpec, new_heads, widen, widened_sizes
 from scalecl.models.build import arch_of, head_dim, kv_heads
 
@@ -137,6 +138,7 @@ def upscale(
     if not inplace:
         model = copy.deepcopy(model)
     widen(model, spec, arch, init_weights)
+    make_saveable(model)  # save_pretrained / Trainer.save_model write a checkpoint transformers loads
     model.scale_config = cfg
     model.scalecl_base_config = base_config
     return model
