@@ -11,7 +11,16 @@ import pandas as pd
 
 from scalecl.report.context import Plot
 from scalecl.report.registry import table
-from scalecl.report.runs import _get, _seeds_text, group_label, inputs_text, load_runs, replicate_groups
+from scalecl.report.runs import (
+    _config_id,
+    _get,
+    _seeds_text,
+    group_label,
+    inputs_text,
+    load_runs,
+    replicate_groups,
+    study_names,
+)
 from scalecl.report.settings import _study_setting, _study_sort_key
 from scalecl.report.spec import Metric, ReportSpec
 from scalecl.report.stats import binomial_se, interval_note, t_interval
@@ -112,37 +121,63 @@ def _per_base(g: pd.DataFrame, path: str) -> dict[int, float]:
     return {b: t_interval(_get(r, path) for r in sub["result"]).mean for b, sub in g.groupby("base_seed")}
 
 
-def paired_table(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
+def paired_table(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.DataFrame:
     """Per pair of replicate groups on the same bases (SCALE-Route and each other method) and metric: the
-    per-base differences a - b and their mean with a 95% t interval over the bases shared."""
-    runs, rows = load_runs(plot, spec), []
+    differences a - b per unit (_paired_units) and their mean with a 95% t interval over the units shared. With
+    `study`: among that study's runs, grouped as main runs are (method, options, config outside the seeds)."""
+    runs, rows = load_runs(plot, spec, study=study), []
+    if study is not None and len(runs):
+        runs["group"] = [_config_id(r) for r in runs["result"]]
     for _, share in runs.groupby("pair", sort=False):
         reps = replicate_groups(share)
         for a in (g for g in reps if g.iloc[0]["method"] == PAIR_REFERENCE):
             for b in (g for g in reps if g.iloc[0]["method"] != PAIR_REFERENCE):
-                rows += [_paired_row(a, b, col, path) for col, path in spec.paired]
+                rows += [row for col, path in spec.paired for row in _paired_row(a, b, col, path)]
     return pd.DataFrame(rows)
 
 
-def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> dict:
+def _paired_views(a: pd.DataFrame, b: pd.DataFrame, path: str) -> list[tuple[list[str], list[float], str]]:
+    """(unit labels, differences a - b, unit) for each way the two groups can be paired, never pooling the two
+    seed axes: per base seed over the bases they share (each base's run seeds averaged), and per run seed on
+    each shared base where they share several run seeds."""
     va, vb = _per_base(a, path), _per_base(b, path)
     bases = sorted(set(va) & set(vb))
-    diffs = [va[x] - vb[x] for x in bases]
-    iv = t_interval(diffs)
-    return {"preset": a.iloc[0]["preset"], "a": group_label(a.iloc[0]), "b": group_label(b.iloc[0]),
+    views = [([str(x) for x in bases], [va[x] - vb[x] for x in bases], "base seeds")]
+    for base in bases:
+        ra, rb = ({int(s): _get(r, path) for s, r in zip(g.loc[g["base_seed"] == base, "run_seed"],
+                                                          g.loc[g["base_seed"] == base, "result"], strict=True)}
+                  for g in (a, b))
+        runs = sorted(set(ra) & set(rb))
+        if len(runs) >= 2:
+            views.append(([f"{base}/{s}" for s in runs], [ra[s] - rb[s] for s in runs], f"run seeds of base {base}"))
+    return views
+
+
+def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> list[dict]:
+    va, vb = _per_base(a, path), _per_base(b, path)
+    bases = sorted(set(va) & set(vb))
+    rows = []
+    for units, diffs, unit in _paired_views(a, b, path):
+        iv = t_interval(diffs)
+        rows.append({
+            "preset": a.iloc[0]["preset"], "a": group_label(a.iloc[0]), "b": group_label(b.iloc[0]),
             "metric": col, "n_bases": len(bases), "bases": ", ".join(map(str, bases)),
             "a_runs": int(a["base_seed"].isin(bases).sum()), "b_runs": int(b["base_seed"].isin(bases).sum()),
             "a_mean": t_interval(va[x] for x in bases).mean, "b_mean": t_interval(vb[x] for x in bases).mean,
             "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi,
-            "interval": iv.note if len(bases) >= 2 else (NO_INTERVAL if bases else "no base seed shared"),
-            "per_base": "; ".join(f"{x}: {d:+.6g}" for x, d in zip(bases, diffs, strict=True))}
+            "interval": f"t over {len(units)} {unit}" if len(units) >= 2 else (
+                NO_INTERVAL if bases else "no base seed shared"),
+            "per_base": "; ".join(f"{x}: {d:+.6g}" for x, d in zip(units, diffs, strict=True))})
+    return rows
 
 
-PAIRED_CAPTION = ("Paired differences a - b of runs on the same base (same base seed, preset and config outside "
-                  "the seeds and per-method options): per base seed the difference of the two methods' values (each "
-                  "the mean over its run seeds on that base), then their mean over the bases with the 95% "
-                  "Student-t interval (diff_ci_lo, diff_ci_hi: mean ± t_0.975,n-1 · s/√n, n = n_bases); a_mean, "
-                  "b_mean: each method's mean over the same bases. {what}")
+PAIRED_CAPTION = ("Paired differences a - b of runs on the same base (same preset and config outside the seeds and "
+                  "per-method options). When the two share several base seeds: per base seed the difference of "
+                  "their values (each the mean over its run seeds on that base); when they share one base and "
+                  "several run seeds on it: per run seed. Then the mean over those units with the 95% Student-t "
+                  "interval (diff_ci_lo, diff_ci_hi: mean ± t_0.975,n-1 · s/√n; 'interval' names the unit and n; "
+                  "the two seed axes are never pooled); per_base: each unit's difference (base, or base/run); "
+                  "a_mean, b_mean: each method's mean over the shared bases. {what}")
 
 
 def summary_table(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
@@ -160,11 +195,14 @@ def summary_tables(plot: Plot, spec: ReportSpec) -> list[Path]:
         written += write_table(plot, df, f"table_{spec.name}", shown=shown_aggregate(df, spec.metrics),
                                caption=f"{AGG_CAPTION} {spec.table_note}".strip(),
                                inputs=inputs_text(runs, f"table_{spec.name}: one row per replicate group"))
-    paired = paired_table(plot, spec)
-    if len(paired):
-        written += write_table(plot, paired, f"paired_{spec.name}", float_fmt="{:.4f}",
-                               caption=PAIRED_CAPTION.format(what=spec.paired_note),
-                               inputs=inputs_text(runs, f"paired_{spec.name}: runs compared per base seed"))
+    for study in (None, *study_names(plot, spec)):  # the main runs, then each study's methods on shared bases
+        paired = paired_table(plot, spec, study)
+        stem = f"paired_{spec.name}" + (f"_{study}" if study else "")
+        if len(paired):
+            written += write_table(plot, paired, stem, float_fmt="{:.4f}",
+                                   caption=PAIRED_CAPTION.format(what=spec.paired_note),
+                                   inputs=inputs_text(load_runs(plot, spec, study=study) if study else runs,
+                                                      f"{stem}: runs compared per base seed or run seed"))
     return written
 
 

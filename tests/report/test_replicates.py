@@ -152,7 +152,7 @@ def test_paired_differences_per_base(tmp_path):
     assert row["diff_ci_hi"] - 0.4 == pytest.approx(half(0.1, 3, T2), rel=1e-6)
     assert 0.4 - row["diff_ci_lo"] == pytest.approx(half(0.1, 3, T2), rel=1e-6)
     assert (row["a_mean"], row["b_mean"]) == (pytest.approx(0.6), pytest.approx(0.2))
-    assert row["interval"] == "t interval, n = 3"
+    assert row["interval"] == "t over 3 base seeds"
     t1 = paired.set_index("metric").loc["task1_full_end"]
     assert t1["diff_mean"] == pytest.approx(0.0) and t1["diff_ci_hi"] == pytest.approx(0.0)  # equal per base
 
@@ -389,3 +389,19 @@ def test_run_seeds_of_one_base_are_the_unit_when_a_group_has_one_base(tmp_path):
     (row,) = summary_table(Plot.of(tmp_path), BIO_REPORT).to_dict("records")
     assert (row["n"], row["interval"], row["seeds"]) == (3, "t over 3 run seeds of base 0", "0/0, 0/1, 0/2")
     assert row["task0_full_end_ci_hi"] - 0.3 == pytest.approx(half(0.1, 3, T2), rel=1e-6)
+
+
+def test_paired_differences_per_base_seed_and_per_run_seed_are_separate_rows(tmp_path):
+    """Route and FFT on base 0 with run seeds 0-2 and on base 1: one row over the 2 bases (base 0's run seeds
+    averaged), one over base 0's 3 run seeds; never one interval over the 4 runs."""
+    for r, (route, fft) in enumerate(((0.5, 0.2), (0.6, 0.2), (0.7, 0.3))):
+        bio_run(tmp_path, "scale-route", 0, r, final0=route)
+        bio_run(tmp_path, "fft", 0, r, final0=fft)
+    bio_run(tmp_path, "scale-route", 1, 0, final0=0.4)
+    bio_run(tmp_path, "fft", 1, 0, final0=0.3)
+    rows = paired_table(Plot.of(tmp_path), BIO_REPORT).query("metric == 'task0_full_end'").set_index("interval")
+    assert sorted(rows.index) == ["t over 2 base seeds", "t over 3 run seeds of base 0"]
+    bases, runs = rows.loc["t over 2 base seeds"], rows.loc["t over 3 run seeds of base 0"]
+    assert bases["diff_mean"] == pytest.approx(((0.3 + 0.4 + 0.4) / 3 + 0.1) / 2)
+    assert runs["diff_mean"] == pytest.approx((0.3 + 0.4 + 0.4) / 3)
+    assert runs["per_base"] == "0/0: +0.3; 0/1: +0.4; 0/2: +0.4"
