@@ -96,6 +96,7 @@ class ExperimentBase:
         self.device = torch.device("cpu")
         self.numerics = run_numerics(rc.compute, self.device)  # the sweep sets the device's (set_device)
         self.started: dict[str, Any] = {}
+        self.never_rows: torch.Tensor | None = None  # stages: vocabulary rows never a target (SCALE-Route measures)
 
     def set_device(self, device: torch.device) -> None:
         """The device the sweep checked; from here on compute.threads is in force and runs are named by it."""
@@ -130,6 +131,14 @@ class ExperimentBase:
                     "config_hash": h, "numerics": self.numerics}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / self.name / name,
                    keep=rc.checkpoint.keep, main=d.main, method=method)
+
+    def attach(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What a method's model needs from the experiment besides its weights, whether built for step 0 or
+        loaded from a checkpoint to resume: SCALE-Route's never-target rows, whose logit shares it measures."""
+        state = getattr(model, "scale_state", None)
+        if state is not None and state.mode == "route" and self.never_rows is not None:
+            state.never_rows = self.never_rows
+        return model
 
     # -- the result --------------------------------------------------------------------------------------
 

@@ -355,7 +355,6 @@ class BioExperiment(ExperimentBase):
         self.data: BioData | None = None  # prepare
         self.base_cfg: Any = None  # prepare: the model's config with the tokenizer's rows
         self.slices: dict[str, QATensors] = {}  # prepare: the evaluation slices
-        self.never_rows: torch.Tensor | None = None  # stages: vocabulary rows never a target
         self.stage2_dir: Path | None = None  # stages: the model every method starts from
         self.stage_info: dict[str, Any] = {}
 
@@ -492,11 +491,7 @@ class BioExperiment(ExperimentBase):
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(self.stream_seed)  # methods with random initialisation (rnd blocks) draw from here
-        model = method.apply(load_model(self.stage2_dir))
-        state = getattr(model, "scale_state", None)
-        if state is not None and state.mode == "route":  # measure what decides the router (never_shares)
-            state.never_rows = self.never_rows
-        return model
+        return self.attach(method.apply(load_model(self.stage2_dir)))
 
     def save_kw(self) -> dict[str, Any]:
         return {"tokenizer": self.data.tokenizer, "base_model": str(self.stage2_dir)}

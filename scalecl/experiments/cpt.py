@@ -216,7 +216,6 @@ class CptExperiment(ExperimentBase):
         self.evals: EvalSets | None = None  # prepare: the evaluation sets
         self.data_s = 0.0  # prepare: seconds
         self.base_source, self.base_info = "", {}  # stages: the base model and its record
-        self.never_rows: torch.Tensor | None = None  # stages, when eval.never_tokens > 0
         self.never_info: dict[str, Any] = {}
         self.chunks: PackedChunks | None = None  # batches: the training stream
 
@@ -343,11 +342,7 @@ class CptExperiment(ExperimentBase):
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
-        model = method.apply(self.load_base())
-        state = getattr(model, "scale_state", None)
-        if state is not None and state.mode == "route" and self.never_rows is not None:
-            state.never_rows = self.never_rows  # measure what decides the router (route_stats)
-        return model
+        return self.attach(method.apply(self.load_base()))
 
     def save_kw(self) -> dict[str, Any]:
         return {"base_model": self.base_source, "tokenizer": self.tokenizer}

@@ -162,11 +162,13 @@ def fit(
     batches: Iterator[dict[str, torch.Tensor]],
     evaluate: Callable[[nn.Module, int, float], dict[str, Any]] | None = None,
     rt: Runtime | None = None,
+    attach: Callable[[nn.Module], nn.Module] | None = None,
 ) -> Fit:
     """Train one run from step 0 or its latest checkpoint, evaluating at plan.eval_steps and checkpointing.
 
     build() makes the model of step 0 (e.g. method.apply(base)); when resuming, the checkpoint's model is
-    loaded instead (checked to be of the run's method and options). evaluate(model, step, loss) returns one
+    loaded instead (checked to be of the run's method and options) and given to attach(), which adds what
+    build() adds besides weights (the experiment's measurement state). evaluate(model, step, loss) returns one
     record; it runs on every process (under FSDP every process must run the same forwards). The model is
     moved to rt.device and prepared by plan.compute (activation checkpointing, compile, DDP or FSDP2 across
     rt.d.world processes; scalecl.compute.parallel.prepare).
@@ -180,6 +182,8 @@ def fit(
     start = _start(run, plan, rt)
     state = start[1] if start else None
     model = run.load_checkpoint_model(start[0]) if start else build()
+    if start and attach is not None:
+        model = attach(model)
     sharding = plan.compute is not None and plan.compute.parallel == "fsdp" and d.world > 1
     host = host_copy(model) if sharding and d.main else None  # rank 0 saves full models from it
     flops = model_flops(model)

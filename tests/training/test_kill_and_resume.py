@@ -95,6 +95,7 @@ KILLS = [  # bio: stage 1 checkpoints at steps 4..24 (6), stage 2 at 4 (1), then
     ("bio", "checkpoint-state-written:9"),  # fft's step-8 checkpoint, complete but not yet renamed into place
     ("bio", "final-model-written:3"),  # fft finished (after stages 1, 2): final model written, results not yet
     ("bio", "metrics-written:2"),  # scale-route: metrics.jsonl written, result.json not yet
+    ("bio", "checkpoint-renamed:11"),  # scale-route's step-8 checkpoint: resumed, Route measures its never rows again
     # cpt: the base's checkpoints at steps 2, 4, 6, 8 (4), then each method at 2, 4, 6, 8
     ("cpt", "checkpoint-renamed:2"),  # the base's step-4 checkpoint, just renamed into place
     ("cpt", "checkpoint-model-written:6"),  # fft's step-4 checkpoint, between its model and its state
