@@ -17,7 +17,7 @@ from scalecl.common.readers import read_json, read_jsonl
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
-from scalecl.training.record import read_record
+from scalecl.training.record import base_identity, read_record
 
 LABELS = {"fft": "FFT", "lora": "LoRA", "freeze": "Freeze", "llama-pro": "LLaMA Pro", "scale-preserve": "SCALE-Preserve",
           "scale-adapt": "SCALE-Adapt", "scale-route": "SCALE-Route"}
@@ -55,7 +55,7 @@ def _result_or_none(plot: Plot, f: Path) -> dict | None:
         return None
 
 
-RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair"]
+RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build"]
 SEED_KEYS = ("seed", "run_seed")  # what replicates of one setting differ in
 METHOD_KEYS = ("methods", "lr_scale", "lr")  # per-method tables of a config: runs of other methods differ there
 
@@ -90,7 +90,7 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
                          "run_seed": seeds[1], "group": _config_id(r) if study is None else str(f.parent),
-                         "pair": _config_id(r, pair=True)})
+                         "pair": _config_id(r, pair=True), "base_build": _base_build(r)})
     if not rows:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
@@ -100,6 +100,13 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def _base_build(r: dict) -> str:
+    """Which build of its base a run started from (scalecl.training.record.base_identity, as a short hash; ''
+    when the run does not record it): two builds of one base seed are not the same base to pair runs on."""
+    ident = base_identity(r)
+    return "" if ident is None else hashlib.sha256(repr(ident).encode()).hexdigest()[:10]
 
 
 def find_files(root: Path, name: str) -> list[Path]:

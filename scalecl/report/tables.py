@@ -116,9 +116,10 @@ PAIR_REFERENCE = "scale-route"  # each other method is compared with it: referen
 NO_INTERVAL = "fewer than 2 bases: interval cannot be computed"
 
 
-def _per_base(g: pd.DataFrame, path: str) -> dict[int, float]:
+def _per_base(g: pd.DataFrame, path: str) -> dict[tuple[int, str], float]:
     """A replicate group's value per base seed (the mean over its run seeds on that base)."""
-    return {b: t_interval(_get(r, path) for r in sub["result"]).mean for b, sub in g.groupby("base_seed")}
+    return {(int(b), build): t_interval(_get(r, path) for r in sub["result"]).mean
+            for (b, build), sub in g.groupby(["base_seed", "base_build"])}
 
 
 def paired_table(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.DataFrame:
@@ -138,19 +139,23 @@ def paired_table(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.D
 
 def _paired_views(a: pd.DataFrame, b: pd.DataFrame, path: str) -> list[tuple[list[str], list[float], str]]:
     """(unit labels, differences a - b, unit) for each way the two groups can be paired, never pooling the two
-    seed axes: per base seed over the bases they share (each base's run seeds averaged), and per run seed on
-    each shared base where they share several run seeds."""
+    seed axes: per base over the bases they share (same base seed and the same build of it, each base's run
+    seeds averaged), and per run seed on each shared base where they share several run seeds."""
     va, vb = _per_base(a, path), _per_base(b, path)
     bases = sorted(set(va) & set(vb))
-    views = [([str(x) for x in bases], [va[x] - vb[x] for x in bases], "base seeds")]
-    for base in bases:
-        ra, rb = ({int(s): _get(r, path) for s, r in zip(g.loc[g["base_seed"] == base, "run_seed"],
-                                                          g.loc[g["base_seed"] == base, "result"], strict=True)}
-                  for g in (a, b))
+    views = [([str(x[0]) for x in bases], [va[x] - vb[x] for x in bases], "base seeds")]
+    for seed, build in bases:
+        ra, rb = ({int(s): _get(r, path) for s, r in zip(on["run_seed"], on["result"], strict=True)}
+                  for on in (g[(g["base_seed"] == seed) & (g["base_build"] == build)] for g in (a, b)))
         runs = sorted(set(ra) & set(rb))
         if len(runs) >= 2:
-            views.append(([f"{base}/{s}" for s in runs], [ra[s] - rb[s] for s in runs], f"run seeds of base {base}"))
+            views.append(([f"{seed}/{s}" for s in runs], [ra[s] - rb[s] for s in runs], f"run seeds of base {seed}"))
     return views
+
+
+def _on(g: pd.DataFrame, bases: list[tuple[int, str]]) -> int:
+    """How many of a group's runs are on one of `bases` ((base seed, build) pairs)."""
+    return int(sum((int(s), bld) in bases for s, bld in zip(g["base_seed"], g["base_build"], strict=True)))
 
 
 def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> list[dict]:
@@ -161,8 +166,8 @@ def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> list[d
         iv = t_interval(diffs)
         rows.append({
             "preset": a.iloc[0]["preset"], "a": group_label(a.iloc[0]), "b": group_label(b.iloc[0]),
-            "metric": col, "n_bases": len(bases), "bases": ", ".join(map(str, bases)),
-            "a_runs": int(a["base_seed"].isin(bases).sum()), "b_runs": int(b["base_seed"].isin(bases).sum()),
+            "metric": col, "n_bases": len(bases), "bases": ", ".join(str(x[0]) for x in bases),
+            "a_runs": _on(a, bases), "b_runs": _on(b, bases),
             "a_mean": t_interval(va[x] for x in bases).mean, "b_mean": t_interval(vb[x] for x in bases).mean,
             "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi,
             "interval": f"t over {len(units)} {unit}" if len(units) >= 2 else (
@@ -171,13 +176,14 @@ def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> list[d
     return rows
 
 
-PAIRED_CAPTION = ("Paired differences a - b of runs on the same base (same preset and config outside the seeds and "
-                  "per-method options). When the two share several base seeds: per base seed the difference of "
-                  "their values (each the mean over its run seeds on that base); when they share one base and "
-                  "several run seeds on it: per run seed. Then the mean over those units with the 95% Student-t "
-                  "interval (diff_ci_lo, diff_ci_hi: mean ± t_0.975,n-1 · s/√n; 'interval' names the unit and n; "
-                  "the two seed axes are never pooled); per_base: each unit's difference (base, or base/run); "
-                  "a_mean, b_mean: each method's mean over the shared bases. {what}")
+PAIRED_CAPTION = ("Paired differences a - b of runs on the same base: same preset, config outside the seeds and "
+                  "per-method options, and the same build of the base (the stages or base model result.json "
+                  "records). One row over the base seeds the two share (per base, the difference of their values, "
+                  "each the mean over its run seeds there) and, for each shared base where both have several run "
+                  "seeds, one row over those run seeds: the two seed axes are never pooled. Each row: the mean "
+                  "difference with its 95% Student-t interval (diff_ci_lo, diff_ci_hi: mean ± t_0.975,n-1 · s/√n; "
+                  "'interval' names the unit and n); per_base: each unit's difference (base, or base/run); a_mean, "
+                  "b_mean: each method's mean over the shared bases. {what}")
 
 
 def summary_table(plot: Plot, spec: ReportSpec) -> pd.DataFrame:

@@ -405,3 +405,22 @@ def test_paired_differences_per_base_seed_and_per_run_seed_are_separate_rows(tmp
     assert bases["diff_mean"] == pytest.approx(((0.3 + 0.4 + 0.4) / 3 + 0.1) / 2)
     assert runs["diff_mean"] == pytest.approx((0.3 + 0.4 + 0.4) / 3)
     assert runs["per_base"] == "0/0: +0.3; 0/1: +0.4; 0/2: +0.4"
+
+
+def test_runs_on_two_builds_of_one_base_seed_are_not_paired(tmp_path):
+    """Two builds of base seed 0 (stages 1-2 trained anew end with other losses) are two bases: Route on one and
+    FFT on the other share none, whatever their seeds say."""
+    def build(d: Path, stage1_loss: float) -> None:
+        r = json.loads((d / "result.json").read_text())
+        r |= {"stage1": {"final_loss": stage1_loss}, "stage2": {"final_loss": 0.01}}
+        (d / "result.json").write_text(json.dumps(r))
+
+    for r in range(3):
+        build(bio_run(tmp_path / "a", "scale-route", 0, r, final0=0.5), 0.40)
+        build(bio_run(tmp_path / "a", "fft", 0, r, final0=0.2), 0.40)
+        build(bio_run(tmp_path / "b", "scale-route", 0, r, final0=0.5), 0.40)
+        build(bio_run(tmp_path / "b", "fft", 0, r, final0=0.2), 0.41)  # another build of base 0
+    same = paired_table(Plot.of(tmp_path / "a"), BIO_REPORT).query("metric == 'task0_full_end'")
+    assert "t over 3 run seeds of base 0" in same["interval"].tolist()
+    other = paired_table(Plot.of(tmp_path / "b"), BIO_REPORT).query("metric == 'task0_full_end'")
+    assert other["interval"].tolist() == ["no base seed shared"]
