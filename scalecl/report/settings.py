@@ -70,6 +70,7 @@ def _setting(spec: ReportSpec, study: str | None, r: dict) -> str:
     opts = r.get("method_options") or {}
     if study is None:
         return LABELS.get(r["method"], r["method"])
+    study = study.split("-", 1)[0]  # <study>-<suffix> (vocab-rebuild: a second build of its stages) reads as <study>
     if study in ROUTE_STUDIES and r.get("method") != "scale-route":  # a reference run beside the Route runs
         return f"{LABELS.get(r['method'], r['method'])}, " + _setting(spec, study, {**r, "method": "scale-route"})
     if study in ("tau", "router"):
@@ -77,11 +78,9 @@ def _setting(spec: ReportSpec, study: str | None, r: dict) -> str:
             f"router={opts.get('router', 'logit')}"
         model, tok = _vocab_rows(r)  # a sweep repeated on a padded vocabulary (--set model.vocab=50304)
         return label + ("" if model is None or tok is None or model == tok else f", vocab {model:,}")
-    if study == "vocab":
+    if study == "vocab":  # the rows, not the tokenizer's size, which differs between base seeds
         model, tok = _vocab_rows(r)
-        if model is None:
-            return "vocab=tokenizer's size"
-        return f"vocab={model:,}" + ("" if tok is None or tok == model else f" (tokenizer {tok:,})")
+        return "vocab=tokenizer's size" if model is None or model == tok else f"vocab={model:,} (padded)"
     return spec.study_label(study, opts)
 
 

@@ -299,8 +299,8 @@ def test_route_figures_and_tables(tmp_path):
     assert router["setting"].tolist()[1:] == ["router=prob", "router=centered, vocab 50,304"]
     vocab = pd.read_csv(out / "table_fig8_route_vocab.csv")
     assert vocab["vocab_model"].tolist() == [1045, 50304, 50304] and vocab["vocab_tokenizer"].tolist() == [1045] * 3
-    assert vocab["setting"].tolist() == ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)",
-                                         "FFT, vocab=50,304 (tokenizer 1,045)"]
+    assert vocab["setting"].tolist() == ["vocab=tokenizer's size", "vocab=50,304 (padded)",
+                                         "FFT, vocab=50,304 (padded)"]
     assert vocab["method"].tolist()[-1] == "fft" and pd.isna(vocab["task0_answer_preserve_end"].iloc[-1])
     assert len(pd.read_csv(out / "table_bio.csv").query("method == 'fft'")) == 1  # the study's FFT stays out
 
@@ -581,7 +581,7 @@ def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
     assert [ax.get_xlabel() for ax in fig.axes] == ["Task 1 step"] * 3
     assert texts(fig.legends[0]) == [*settings, "Task 0 chance floor", "Task 0 slice", "Task 1 slice"]
     fig = drawn(draw_route_study(Plot.of(roots), BIO_REPORT, "vocab"))["fig8_route_vocab"]
-    vocab = ["vocab=1,045", "vocab=50,304 (tokenizer 1,045)", "FFT, vocab=50,304 (tokenizer 1,045)"]
+    vocab = ["vocab=tokenizer's size", "vocab=50,304 (padded)", "FFT, vocab=50,304 (padded)"]
     assert labels(fig.axes[0])[:3] == vocab
     assert [line(fig.axes[0], v).get_linestyle() for v in vocab] == ["-", "-", "--"]  # a reference run: dashed
     assert ys(line(fig.axes[0], vocab[2])) == pytest.approx([90, 20, 30])
