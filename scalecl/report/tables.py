@@ -133,16 +133,15 @@ def paired_table(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.D
         reps = replicate_groups(share)
         for a in (g for g in reps if g.iloc[0]["method"] == PAIR_REFERENCE):
             for b in (g for g in reps if g.iloc[0]["method"] != PAIR_REFERENCE):
-                rows += [row for col, path in spec.paired for row in _paired_row(a, b, col, path)]
+                rows += [row for col, path in spec.paired for row in _paired_rows(a, b, col, path)]
     return pd.DataFrame(rows)
 
 
-def _paired_views(a: pd.DataFrame, b: pd.DataFrame, path: str) -> list[tuple[list[str], list[float], str]]:
+def _paired_views(a: pd.DataFrame, b: pd.DataFrame, path: str, va: dict, vb: dict, bases: list
+                  ) -> list[tuple[list[str], list[float], str]]:
     """(unit labels, differences a - b, unit) for each way the two groups can be paired, never pooling the two
-    seed axes: per base over the bases they share (same base seed and the same build of it, each base's run
-    seeds averaged), and per run seed on each shared base where they share several run seeds."""
-    va, vb = _per_base(a, path), _per_base(b, path)
-    bases = sorted(set(va) & set(vb))
+    seed axes: per base over the `bases` they share (same base seed and the same build of it; `va`, `vb` each
+    base's value, its run seeds averaged), and per run seed on each shared base where they share several."""
     views = [([str(x[0]) for x in bases], [va[x] - vb[x] for x in bases], "base seeds")]
     for seed, build in bases:
         ra, rb = ({int(s): _get(r, path) for s, r in zip(on["run_seed"], on["result"], strict=True)}
@@ -158,17 +157,18 @@ def _on(g: pd.DataFrame, bases: list[tuple[int, str]]) -> int:
     return int(sum((int(s), bld) in bases for s, bld in zip(g["base_seed"], g["base_build"], strict=True)))
 
 
-def _paired_row(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> list[dict]:
+def _paired_rows(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> list[dict]:
+    """One row per way the two groups pair on metric `col` (_paired_views)."""
     va, vb = _per_base(a, path), _per_base(b, path)
     bases = sorted(set(va) & set(vb))
+    shared = {"preset": a.iloc[0]["preset"], "a": group_label(a.iloc[0]), "b": group_label(b.iloc[0]),
+              "metric": col, "n_bases": len(bases), "bases": ", ".join(str(x[0]) for x in bases),
+              "a_runs": _on(a, bases), "b_runs": _on(b, bases),
+              "a_mean": t_interval(va[x] for x in bases).mean, "b_mean": t_interval(vb[x] for x in bases).mean}
     rows = []
-    for units, diffs, unit in _paired_views(a, b, path):
+    for units, diffs, unit in _paired_views(a, b, path, va, vb, bases):
         iv = t_interval(diffs)
-        rows.append({
-            "preset": a.iloc[0]["preset"], "a": group_label(a.iloc[0]), "b": group_label(b.iloc[0]),
-            "metric": col, "n_bases": len(bases), "bases": ", ".join(str(x[0]) for x in bases),
-            "a_runs": _on(a, bases), "b_runs": _on(b, bases),
-            "a_mean": t_interval(va[x] for x in bases).mean, "b_mean": t_interval(vb[x] for x in bases).mean,
+        rows.append(shared | {
             "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi,
             "interval": f"t over {len(units)} {unit}" if len(units) >= 2 else (
                 NO_INTERVAL if bases else "no base seed shared"),
