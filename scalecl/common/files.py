@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +233,57 @@ def fingerprints(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def digest(path: Path) -> str:
+    """`size:hash` of a regular file's whole content: what verification on read compares (equal to its
+    `fingerprint` for a file of up to 64 MiB, whose fingerprint already hashes all of it)."""
+    size, h = os.lstat(path).st_size, hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return f"{size}:{h.hexdigest()}"
+
+
+def large_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """The whole-content digest of every file under `folder` over 64 MiB, whose fingerprint is only a sample:
+    recorded beside the fingerprints so that reading verifies every byte."""
+    out = {}
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            p = Path(root) / name
+            rel = p.relative_to(folder).as_posix()
+            if rel not in skip and not p.is_symlink() and p.is_file() and os.lstat(p).st_size > _SAMPLED_ABOVE:
+                out[rel] = digest(p)
+    return dict(sorted(out.items()))
+
+
+def changed_file(folder: Path, written: dict[str, Any], digests: dict[str, Any] | None = None) -> str | None:
+    """The first file a record lists (relative path -> fingerprint; `digests`: whole-content digests of the
+    large ones) that is no longer what was written, as `<path> <how>`; None when every one matches. Files the
+    record does not list are not looked at (a note the user put beside them is theirs)."""
+    digests = digests or {}
+    for rel in sorted(written):
+        p, rec = Path(folder) / rel, written[rel]
+        accepted = [rec] if isinstance(rec, str) else rec if isinstance(rec, list) else []
+        if p.is_symlink() or not p.is_file():
+            return f"{p} is missing" if not os.path.lexists(p) else f"{p} is not a regular file"
+        try:
+            size = os.lstat(p).st_size
+            sizes = {a.split(":")[0] for a in accepted}
+            if str(size) not in sizes:
+                return f"{p} has {size:,} bytes, {' or '.join(f'{int(s):,}' for s in sorted(sizes) if s.isdigit())} " \
+                       f"were written"
+            full = digests.get(rel)
+            if isinstance(full, str) and size > _SAMPLED_ABOVE:
+                ok = digest(p) == full
+            else:
+                ok = fingerprint(p) in accepted
+        except OSError as e:
+            return f"{p} cannot be read ({e.strerror or e})"
+        if not ok:
+            return f"{p} differs from what was written (same size, other content)"
+    return None
+
+
 def is_owned(path: Path, recorded: Any) -> bool:
     """Whether `path` is a regular file (no link) whose fingerprint is the one a manifest recorded for it (or
     one of those it recorded: the old and the new content while a replacement is being renamed into place)."""
@@ -261,6 +312,66 @@ def unowned_entries(folder: Path, manifest: dict[str, Any], allow: tuple[str, ..
             if p.is_symlink() or not (p.is_dir() or is_owned(p, manifest.get(rel))):
                 bad.add(top)
     return sorted(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cache entries: sealed when written, verified when read
+
+SEAL = "scalecl-cache.json"  # in every cache entry the suite fills: each file's fingerprint when it was complete
+
+
+def seal(folder: Path) -> None:
+    """Record every file of a complete cache entry (still in its temporary folder, before the rename)."""
+    skip = (TMP_MARK, SEAL)
+    write_json(Path(folder) / SEAL, {"written_by": "scalecl cache", "written": fingerprints(folder, skip=skip),
+                                     "digests": large_digests(folder, skip=skip)})
+
+
+def set_aside(folder: Path) -> Path:
+    """Rename a damaged entry to a free `<name>.damaged-N` beside it (nothing is deleted); returns the new path."""
+    folder = Path(folder)
+    for n in range(1, 10_000):
+        aside = folder.with_name(f"{folder.name}.damaged-{n}")
+        if not os.path.lexists(aside):
+            os.rename(folder, aside)
+            return aside
+    raise ScaleclError(f"{folder} is damaged and 9,999 earlier damaged copies lie beside it; clean them up")
+
+
+def usable_entry(folder: Path, what: str, *, rebuild: bool, legacy_ok: bool = True,
+                 say: Callable[[str], None] = print) -> bool:
+    """Whether the cache entry `folder` can be read: its files are those its seal records (verify on read).
+
+    Damaged (a file changed, truncated or gone, or an unreadable seal): with `rebuild` (the command's
+    --force) the entry is set aside and False returned, so the caller builds it again; without, one error
+    that says so. An entry an older scalecl wrote without a seal has nothing to verify against: it is used
+    (`legacy_ok`) with only the caller's own checks of its content, as before (delete it to have it made again,
+    sealed).
+    """
+    folder = Path(folder)
+    s = folder / SEAL
+    how = None
+    if not os.path.lexists(s):
+        if legacy_ok:
+            return True
+        how = f"{s} is missing"
+    else:
+        try:
+            doc = json.loads(s.read_text()) if not s.is_symlink() else None
+        except (OSError, ValueError):
+            doc = None
+        if not (isinstance(doc, dict) and isinstance(doc.get("written"), dict) and doc["written"]):
+            how = f"its record {s} is not one scalecl wrote"
+        else:
+            digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else None
+            how = changed_file(folder, doc["written"], digests)
+    if how is None:
+        return True
+    if rebuild:
+        aside = set_aside(folder)
+        say(f"{what} {folder} is damaged ({how}); moved to {aside}, building it again")
+        return False
+    raise ScaleclError(f"{what} {folder} is damaged: {how}; --force moves it aside and builds it again")
 
 
 class OwnedFiles:

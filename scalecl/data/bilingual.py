@@ -235,22 +235,23 @@ def train_bpe_tokenizer(texts, vocab_size: int = 2048):
                                    model_max_length=1 << 20)
 
 
-def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048) -> Path:
-    """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept.
-    One process writes it at a time (a second one waits for the first, then finds it complete)."""
+def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048, *, rebuild: bool = False) -> Path:
+    """Generate both languages into root (jsonl splits + tokenizer), once: an existing complete root is kept,
+    after verifying its files against the seal written with it (a damaged one is an error, or with `rebuild`
+    set aside and generated again). One process writes it at a time (a second one waits for the first, then
+    finds it complete)."""
+    from scalecl.common.files import usable_entry
     from scalecl.common.locks import locked
 
     root = Path(root)
-    if (root / "corpus.json").exists():
-        return root
     with locked(root, wait=True, what=f"corpus {root}"):
-        if not (root / "corpus.json").exists():
+        if not ((root / "corpus.json").exists() and usable_entry(root, "stand-in corpus", rebuild=rebuild)):
             _write_corpus(root, cfg, vocab_size)
     return root
 
 
 def _write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int) -> None:
-    from scalecl.common.files import atomic_dir, remove_temporaries, write_atomic, write_json
+    from scalecl.common.files import atomic_dir, remove_temporaries, seal, write_atomic, write_json
     for folder in (root, *(root / f for f in (*LANGUAGES, "base"))):  # a killed earlier attempt's temporaries
         remove_temporaries(folder)
 
@@ -273,3 +274,4 @@ def _write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int) -> None:
         tok.save_pretrained(str(tmp))
     write_json(root / "corpus.json", {"config": asdict(cfg), "vocab_size": vocab_size, "splits": stats,
                                       "note": "synthetic stand-in (scalecl.data.bilingual), not FineWeb"})
+    seal(root)  # last: what reading verifies

@@ -260,7 +260,8 @@ ENCODING_FILES = ("ids.npy", "offsets.npy")  # a cached encoding: every text's i
 
 
 def cached_encoding(
-    tokenizer: PreTrainedTokenizerBase, texts: Callable[[], Sequence[str]], folder: Path, *, write: bool = True
+    tokenizer: PreTrainedTokenizerBase, texts: Callable[[], Sequence[str]], folder: Path, *, write: bool = True,
+    rebuild: bool = False, say: Callable[[str], None] = print,
 ) -> list[np.ndarray]:
     """Token ids of each text (as `encode_plain`), read from `folder` when an earlier run cached them there.
 
@@ -269,10 +270,11 @@ def cached_encoding(
     `write`, caches them (one process at a time, written to a temporary sibling and renamed). Each text comes
     back as a 1-D int64 view into one array: the paper preset's 500,000 biographies (34M tokens) load in a
     second, and take 8 bytes a token instead of a Python int's 36.
-    A damaged entry is one error naming it.
+    An entry is verified before it is read (its files against the fingerprints sealed when it was written): a
+    damaged one is one error naming it, or with `rebuild` (--force) set aside and encoded again.
     """
     from scalecl.common.errors import ScaleclError
-    from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
+    from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries, seal, usable_entry
     from scalecl.common.locks import locked
 
     def load() -> list[np.ndarray]:
@@ -286,7 +288,8 @@ def cached_encoding(
                                f"{folder} and run again to encode anew") from None
         return np.split(ids.astype(np.int64, copy=False), offsets[1:-1])
 
-    if all((folder / f).exists() for f in ENCODING_FILES):
+    if all((folder / f).exists() for f in ENCODING_FILES) and usable_entry(folder, "cached encoding", rebuild=rebuild,
+                                                                           say=say):
         return load()
     ids, offsets = encode_flat(tokenizer, texts())
     if not write:
@@ -298,6 +301,7 @@ def cached_encoding(
         with atomic_dir(folder) as tmp:
             np.save(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
             np.save(tmp / "offsets.npy", offsets)
+            seal(tmp)
     return np.split(ids, offsets[1:-1])
 
 

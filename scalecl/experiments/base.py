@@ -17,12 +17,13 @@ import torch
 from rich.table import Table
 
 from scalecl.common.consoles import make_console
-from scalecl.common.errors import Busy
+from scalecl.common.errors import Busy, ScaleclError
+from scalecl.common.files import set_aside
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, numerics_key, seed_key, seed_tag
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import Method
-from scalecl.training.checkpoint import read_meta
+from scalecl.training.checkpoint import damage, read_meta
 from scalecl.training.fit import Runtime
 from scalecl.training.record import Envelope, fft_reference, params
 from scalecl.training.run import Run
@@ -195,6 +196,9 @@ def cached_stage(run: Run, rt: Runtime, train: Callable[[], dict], *, alone: boo
     trained = None
     with hold(run.final_dir, rt, wait=True, what=f"cached {run.name}"):
         rt.d.barrier()  # every process sees the same cache
+        refused = rt.d.share(_damaged_stage(run, rt) if rt.d.main else None)  # verified on read, by rank 0
+        if refused is not None:
+            raise ScaleclError(refused)
         if read_meta(run.final_dir) is None and (rt.d.main or not alone):
             trained = train()
     if alone:
@@ -206,6 +210,26 @@ def cached_stage(run: Run, rt: Runtime, train: Callable[[], dict], *, alone: boo
         check_numerics(meta.get("stage"), run.identity["numerics"], f"cached {run.name} ({run.final_dir})",
                        f"delete {run.final_dir} to train it again")
     return {**meta.get("stage", {}), "cached": True}
+
+
+def _damaged_stage(run: Run, rt: Runtime) -> str | None:
+    """Verify a cached stage before it is used: every file its record lists must be what was written. A damaged
+    entry is the error returned, or with --force (rt.force) set aside (`<name>.damaged-N`, nothing deleted) so
+    that it is trained again."""
+    if not run.final_dir.exists():
+        return None
+    try:
+        how = damage(run.final_dir) if read_meta(run.final_dir) is not None else None
+    except ScaleclError as e:  # its scalecl.json itself is damaged
+        how = str(e)
+    if how is None:
+        return None
+    if rt.force:
+        aside = set_aside(run.final_dir)
+        rt.say(f"cached {run.name} is damaged ({how}); moved to {aside}, training it again")
+        return None
+    return (f"cached {run.name} ({run.final_dir}) is damaged: {how}; --force moves it aside and trains it "
+            f"again")
 
 
 def stage_record(run: Run, res: Any, started: float, **info: Any) -> dict[str, Any]:

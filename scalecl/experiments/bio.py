@@ -35,7 +35,7 @@ import torch
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError, cause
-from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries
+from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries, seal, usable_entry
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
 from scalecl.compute.perf import autocast_dtype
@@ -139,13 +139,14 @@ def pretrain_texts(people: People, cfg: BioConfig, lo: int, hi: int) -> list[str
     return [" " + t for t in render_biographies(people, cfg, lo, hi)]
 
 
-def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
-    """People, tokenizer (trained locally and cached unless one is given) and tokenised QA sets."""
+def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None, *, rebuild: bool = False) -> BioData:
+    """People, tokenizer (trained locally and cached unless one is given) and tokenised QA sets; `rebuild`
+    (--force): a damaged cached tokenizer is set aside and trained again."""
     cfg = bio_config(rc)
     people = generate_people(cfg)
     if rc.tokenizer == "local":
         tok_dir = cache / f"tokenizer-{config_hash(asdict(cfg), TEXT_FORMAT)}"
-        tokenizer = _cached_tokenizer(rc, people, tok_dir)
+        tokenizer = _cached_tokenizer(rc, people, tok_dir, rebuild)
         tok_src = str(tok_dir)
     else:
         tokenizer = tokenizer or open_tokenizer(rc.tokenizer, LOCAL_HINT)
@@ -161,9 +162,10 @@ def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None) -> BioData:
     return BioData(cfg, people, tokenizer, tok_src, qa)
 
 
-def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path):
-    """The local tokenizer from the cache, or trained and cached (one process at a time: scalecl.common.locks)."""
-    if (tok_dir / "tokenizer.json").exists():
+def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path, rebuild: bool = False):
+    """The local tokenizer from the cache (verified first: scalecl.common.files.usable_entry), or trained and
+    cached (one process at a time: scalecl.common.locks)."""
+    if (tok_dir / "tokenizer.json").exists() and usable_entry(tok_dir, "cached tokenizer", rebuild=rebuild):
         return _load_cached_tokenizer(tok_dir)
     tokenizer = train_bio_tokenizer(people)
     vocab_rows(rc, len(tokenizer))  # a bad model.vocab fails before the cache is written
@@ -173,6 +175,7 @@ def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path):
         remove_temporaries(tok_dir.parent, f"{TMP_PREFIX}{tok_dir.name}-")
         with atomic_dir(tok_dir) as tmp:
             tokenizer.save_pretrained(str(tmp))
+            seal(tmp)
     return tokenizer
 
 
@@ -409,7 +412,7 @@ class BioExperiment(ExperimentBase):
         for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it
             if d.main == (turn == "main"):
                 with console.status("generating biographies and tokenizer") if d.main else contextlib.nullcontext():
-                    self.data = prepare_data(rc, self.cache, tokenizer)
+                    self.data = prepare_data(rc, self.cache, tokenizer, rebuild=rt.force and d.main)
             d.barrier()
         data = self.data
         self.stage_info["data_s"] = round(time.perf_counter() - t0, 1)
@@ -457,7 +460,7 @@ class BioExperiment(ExperimentBase):
         docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
             data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi),
             self.cache / f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}",
-            write=d.main)
+            write=d.main, rebuild=rt.force and d.main, say=rt.say)
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         if corpus // rc.model.context < rc.stage1.batch:
             raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "

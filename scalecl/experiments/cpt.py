@@ -273,7 +273,7 @@ class CptExperiment(ExperimentBase):
         if self.root is not None:
             if d.main:
                 with self._status(d, "generating the bilingual stand-in corpus"):
-                    write_corpus(self.root, self.bilingual, rc.builtin.vocab)
+                    write_corpus(self.root, self.bilingual, rc.builtin.vocab, rebuild=rt.force)
             d.barrier()
         self.tok_src = tokenizer_source(rc, self.root)
         self.tokenizer = open_tokenizer(self.tok_src)

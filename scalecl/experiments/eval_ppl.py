@@ -101,7 +101,7 @@ def eval_ppl(
         bil = bilingual_config(rc)
         check_writable_dir(cache, "--cache")
         root = builtin_root(rc, cache)
-        write_corpus(root, bil, rc.builtin.vocab)
+        write_corpus(root, bil, rc.builtin.vocab, rebuild=True)  # derived: a damaged copy is set aside and made again
     else:
         check_corpus(corpus_spec(spec_cfg, None))
     spec = corpus_spec(spec_cfg, root)

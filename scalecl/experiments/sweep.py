@@ -247,13 +247,13 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
         torch.cuda.set_device(dev)
     configure_device(dev, exp.rc.compute.tf32)
     clock = clock or WallClock.begin()
-    exp.prepare(Runtime(d, dev, None, say))
+    exp.prepare(Runtime(d, dev, None, say, force=opts.force))
     clock.lap("prepare")
     _check_budget(exp, [n for n in prepared if opts.force or done[n] is None], dev, d)  # before any training
     clock.lap("check")
     results = []
     with progress_bar() if d.main else contextlib.nullcontext() as progress:
-        rt = Runtime(d, dev, progress, say)
+        rt = Runtime(d, dev, progress, say, force=opts.force)
         exp.stages(rt)
         clock.lap("stages")
         for name, method in prepared.items():

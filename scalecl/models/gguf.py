@@ -74,7 +74,7 @@ def resolve_model(name: str | None, cache: Path) -> str | None:
 def gguf_folder(path: Path, cache: Path) -> Path:
     """The cached transformers folder of a GGUF file: <cache>/gguf/<sha256[:16]>, dequantized once (under a
     lock, written into a temporary folder renamed when complete, so a killed process leaves nothing used)."""
-    from scalecl.common.files import atomic_dir, check_writable_dir
+    from scalecl.common.files import atomic_dir, check_writable_dir, seal
     from scalecl.common.locks import locked
 
     if not path.is_file():
@@ -93,11 +93,17 @@ def gguf_folder(path: Path, cache: Path) -> Path:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             (tmp / RECORD).write_text(json.dumps(_record(path, digest), indent=2) + "\n")
+            seal(tmp)
     return dest
 
 
 def _cached(dest: Path, digest: str) -> bool:
-    """Whether dest is a complete copy made from the file with this sha256."""
+    """Whether dest is a complete copy made from the file with this sha256, still as it was written (verified
+    against its seal; a damaged copy is set aside, `<name>.damaged-N`, and made again from the GGUF file)."""
+    from scalecl.common.files import usable_entry
+
+    if (dest / RECORD).is_file() and not usable_entry(dest, "dequantized copy", rebuild=True):
+        return False
     try:
         rec = json.loads((dest / RECORD).read_text())
     except (OSError, ValueError):

@@ -53,10 +53,12 @@ from transformers.initialization import no_init_weights
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.files import (
+    changed_file,
     check_path_length,
     check_writable_dir,
     fingerprints,
     is_marked_temporary,
+    large_digests,
     make_temporary,
     unmark,
     unowned_entries,
@@ -246,6 +248,7 @@ def save_model(
         unmark(tmp)  # complete: from here on its files are the checkpoint's (a kill now leaves an unmarked folder)
         meta["files"] = sorted({p.name for p in tmp.iterdir()} | {META_FILE})
         meta["written"] = fingerprints(tmp)  # what a later overwrite may replace: these files, unchanged
+        meta["digests"] = large_digests(tmp)  # with the fingerprints: what reading verifies, every byte
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
         _move_into_place(tmp, out)
     except BaseException:
@@ -421,7 +424,8 @@ def _write_lora(model, folder: Path, out: Path, base_model: str | None, tokenize
 # wrongly typed field (a method that is a number, options that are a list); _check_meta adds their values
 _META_TYPES: dict[str, type | tuple] = {
     "format_version": int, "method": (str, type(None)), "options": dict, "layout": str, "dtype": str,
-    "base_model": (str, type(None)), "base_config": dict, "files": list, "written": dict, "lora_base": str,
+    "base_model": (str, type(None)), "base_config": dict, "files": list, "written": dict, "digests": dict,
+    "lora_base": str,
     "stage": dict, "merged_from": str, "merged_method": (str, type(None)), "merged_options": dict,
 }
 
@@ -474,17 +478,33 @@ def _base_config(meta: dict[str, Any], p: Path):
     return config
 
 
-def check_model_files(path: str | os.PathLike) -> dict[str, Any] | None:
+def damage(path: str | os.PathLike, meta: dict[str, Any] | None = None) -> str | None:
+    """How a checkpoint the suite wrote differs from what it wrote (a file changed, truncated or gone, checked
+    against the fingerprints and digests its scalecl.json records), or None when intact. A folder without a
+    record, or a checkpoint of an older scalecl that records no fingerprints, has nothing to verify: None."""
+    p = Path(path)
+    meta = read_meta(p) if meta is None else meta
+    written = (meta or {}).get("written")
+    return changed_file(p, written, meta.get("digests")) if isinstance(written, dict) else None
+
+
+def check_model_files(path: str | os.PathLike, *, verify: bool = True) -> dict[str, Any] | None:
     """Check a model folder's record and weight files (headers only, nothing loaded); its scalecl.json or None.
 
     A damaged scalecl.json, an empty or truncated safetensors file, a folder with only pickled weights: one
-    ScaleclError naming the file, before any weights load (and before anything could be unpickled)."""
+    ScaleclError naming the file, before any weights load (and before anything could be unpickled). With
+    `verify`, a checkpoint the suite wrote is read only if every file it records is still what was written
+    (`damage`); False where the caller has just verified it (a training checkpoint's own record)."""
     from scalecl.models.build import read_config
 
     p = Path(path)
     if not p.is_dir():
         raise ScaleclError(f"model path {path} does not exist or is not a directory")
     meta = read_meta(p)
+    how = damage(p, meta) if verify and meta is not None else None
+    if how is not None:
+        raise ScaleclError(f"checkpoint {p} is damaged: {how} (verified against the fingerprints recorded when it "
+                           f"was written); nothing was loaded: restore the file or write the checkpoint again")
     if meta is None or (p / "config.json").exists():  # what transformers reads, parsed as it will be
         read_config(p)
     if meta is None:
@@ -499,15 +519,18 @@ def check_model_files(path: str | os.PathLike) -> dict[str, Any] | None:
     return meta
 
 
-def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device: str | None = None) -> PreTrainedModel:
+def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device: str | None = None, *,
+               verify: bool = True) -> PreTrainedModel:
     """Load any checkpoint the suite wrote (or a plain transformers directory), ready to use (eval mode).
 
-    The model is rebuilt from the recorded base config and method options, then the weights are loaded
+    A checkpoint the suite wrote is verified first: every file it records must still be what was written
+    (size and content hash), else one error naming the file (`verify=False`: the caller has just verified
+    it). The model is rebuilt from the recorded base config and method options, then the weights are loaded
     strictly, so every parameter name and shape must match. A LoRA checkpoint in peft's format loads its
     base (base/, else the recorded folder or hub id) and then the adapter weights.
     """
     p = Path(path)
-    meta = check_model_files(p)
+    meta = check_model_files(p, verify=verify)
     if meta is None:  # a plain transformers checkpoint (safetensors only: checked above)
         return _load_plain(p, dtype)
     method = get_method(meta["method"], **meta.get("options", {})) if meta.get("method") else None

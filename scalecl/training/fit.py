@@ -38,6 +38,7 @@ class Runtime:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     progress: Any = None
     say: Callable[[str], None] = say
+    force: bool = False  # --force: a damaged cache entry is set aside and built again (else an error)
 
 
 @dataclass

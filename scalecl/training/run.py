@@ -49,7 +49,9 @@ from scalecl.common.files import (
     TMP_PREFIX,
     OwnedFiles,
     atomic_dir,
+    changed_file,
     fingerprints,
+    large_digests,
     remove_temporaries,
     unowned_entries,
     write_json,
@@ -77,6 +79,24 @@ def owned_checkpoint(p: Path) -> bool:
         return False
     written = doc.get("written") if isinstance(doc, dict) else None
     return isinstance(written, dict) and bool(written) and not unowned_entries(p, written, allow=(CKPT_MANIFEST,))
+
+
+def checkpoint_damage(p: Path) -> str | None:
+    """How a step folder differs from what its manifest records (a file changed, truncated or gone; the manifest
+    itself unreadable), or None when intact. A step folder of an older scalecl without a manifest: its model's
+    own record is verified when it loads."""
+    m = Path(p) / CKPT_MANIFEST
+    if not m.exists() and not m.is_symlink():
+        return None
+    try:
+        doc = json.loads(m.read_text()) if not m.is_symlink() else None
+    except (OSError, ValueError):
+        doc = None
+    written = doc.get("written") if isinstance(doc, dict) else None
+    if not isinstance(written, dict) or not written:
+        return f"its record {m} is not one scalecl wrote"
+    digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else None
+    return changed_file(p, written, digests)
 
 
 def process_age() -> float:
@@ -268,6 +288,11 @@ class Run:
             raise ScaleclError(f"{self.name} has checkpoints up to step {step} in {self.ckpt_root}: --resume continues "
                                f"it, --force starts it over")
         path = found[-1]
+        how = checkpoint_damage(path)
+        if how is not None:
+            raise ScaleclError(f"checkpoint {path} is damaged: {how} (verified against its {CKPT_MANIFEST}); nothing "
+                               f"was resumed: remove {path.name} to resume from an earlier checkpoint, or --force "
+                               f"to start over")
         state = load_state(path)
         theirs = state.get("run", {})
         for key in ("experiment", "name", "method", "options", "config_hash"):
@@ -292,7 +317,8 @@ class Run:
             save_state(tmp, state | {"run": self.identity})
             crash_point("checkpoint-state-written")
             written = fingerprints(tmp, skip=(TMP_MARK,))
-            write_json(tmp / CKPT_MANIFEST, {"written_by": RUN_WRITER, "written": written})
+            write_json(tmp / CKPT_MANIFEST, {"written_by": RUN_WRITER, "written": written,
+                                             "digests": large_digests(tmp, skip=(TMP_MARK,))})
         crash_point("checkpoint-renamed")
         done = self.own_checkpoints()
         for old in done[: max(len(done) - self.keep, 0)]:
@@ -310,7 +336,8 @@ class Run:
         if _jsonable(got) != _jsonable(want):
             raise ScaleclError(f"checkpoint {path} holds a {got[0] or 'plain'} model with options {got[1]}, this run "
                                f"trains {want[0] or 'a plain model'} with {want[1]}; refusing to resume from it")
-        return load_model(path / "model")
+        # begin() verified the whole step folder against its manifest; an older one without it: the model's own
+        return load_model(path / "model", verify=not (path / CKPT_MANIFEST).is_file())
 
     # -- records and logs -------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.files import OwnedFiles, check_writable_dir
 from tests.common.test_damaged_files import _copy, tree
+from tests.conftest import reseal
 
 runner = CliRunner()
 PREPARE = ["prepare", "--method", "fft", "--random-config", "llama"]
@@ -35,6 +36,8 @@ def one_error(res, code: int = 2) -> str:
 def _edit_weights(folder: Path, change) -> None:
     f = folder / "model.safetensors"
     save_file(change(load_file(str(f))), str(f), metadata={"format": "pt"})
+    if (folder / "scalecl.json").is_file():
+        reseal(folder)  # an edit made to look like the suite's: the checks behind verification refuse it
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -153,6 +153,14 @@ def test_resume_refuses_a_model_of_another_method(tmp_path):
     shutil.rmtree(step / "model")
     shutil.copytree(fft / "step-0000004" / "model", step / "model")  # right identity, wrong model inside
     res = runner.invoke(app, [*CPT, "--method", "scale-route", *folders(tmp_path), "--resume"])
+    assert res.exit_code == 2 and "is damaged" in res.output, res.output  # its manifest records other files
+    from scalecl.common.files import fingerprints, large_digests, write_json
+    from scalecl.training.run import CKPT_MANIFEST, RUN_WRITER
+
+    skip = (CKPT_MANIFEST,)  # a manifest made to match: the method check behind verification refuses it
+    write_json(step / CKPT_MANIFEST, {"written_by": RUN_WRITER, "written": fingerprints(step, skip=skip),
+                                      "digests": large_digests(step, skip=skip)})
+    res = runner.invoke(app, [*CPT, "--method", "scale-route", *folders(tmp_path), "--resume"])
     assert res.exit_code == 2 and "refusing to resume" in res.output, res.output
 
 

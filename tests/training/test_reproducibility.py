@@ -27,6 +27,7 @@ from scalecl.experiments.bio import BioExperiment
 from scalecl.experiments.sweep import SweepOptions, check
 from scalecl.methods import get_method
 from scalecl.training.run import Run
+from tests.conftest import reseal
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--preset", "tiny", "--set", "stage1.steps=6", "--set", "stage2.steps=2", "--set", "stage3.steps=2",
@@ -117,6 +118,7 @@ def test_cached_stage_and_checkpoint_of_another_thread_count_are_refused_in_one_
     assert run["numerics"] == LEGACY_NUMERICS  # every checkpoint records the numerics it was made with
     run["numerics"] = {"device": "cpu", "cpu_threads": 2}
     state_path.write_text(json.dumps(state))
+    reseal(state_path.parent)  # as an older version wrote it, not a damaged file
     res = _bio(tmp_path, "--method", "fft", "--resume")
     assert res.exit_code != 0 and len(_errors(res.output)) == 1, res.output
     assert "checkpoint" in res.output and "CPU, 2 threads" in res.output
