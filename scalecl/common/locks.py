@@ -1,15 +1,26 @@
-"""Locks: one process at a time trains a run or fills a cache entry.
+"""Locks: one process at a time writes a folder.
 
-Two identical commands started together must never delete each other's files. Every run folder and every
-cache entry has a hidden lock file beside it (`.<name>.lock`, through `filelock`, an OS-level lock that is
-released when its process dies, also after kill -9). A training run that finds its lock taken stops with
-one line (another process is training it); a cache entry waits for the process filling it, and the caller
-then finds the entry filled.
+Two commands started together must never delete each other's files nor lose each other's manifest entries.
+Every folder the suite writes has one lock: a hidden file beside it (`.<name>.lock`, through `filelock`, an
+OS-level lock that is released when its process dies, also after kill -9), or inside it (`.scalecl.lock`)
+when its parent folder cannot take a file. The rule, for every command:
+
+- a run folder (`--out/<run>`) and its checkpoint folder: held while the run trains; a second process stops
+  with one line (exit 1);
+- `plot --out`, and `upscale`/`prepare`/`merge --out`: held for the whole command; a second writer stops with
+  one line (exit 1);
+- `eval-harness --out` and the folder of `eval-ppl --out`: held while their records and manifest are
+  written (a second writer waits; both records land, and the manifest lists both);
+- a cache entry (stage, base, encoding, tokenizer, corpus): a second process waits, then finds it filled.
+
+A path is locked by its real location (links resolved, however it is spelled), and a process may take a lock
+it already holds (nested writers of one command share it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,12 +28,18 @@ from filelock import FileLock, Timeout
 
 from scalecl.common.errors import Busy
 
+_HELD: dict[str, int] = {}  # lock files this process holds -> how many blocks hold each
+
 
 def lock_path(target: Path) -> Path:
-    """The lock file of a run folder or cache entry: a hidden sibling `.<name>.lock` (hidden, so that a
-    pattern such as `tiny-fft-*` still names the run folders alone)."""
-    target = Path(target)
-    return target.with_name(f".{target.name}.lock")
+    """The lock file of a folder: a hidden sibling `.<name>.lock` of its real location (hidden, so that a
+    pattern such as `tiny-fft-*` still names the run folders alone), or `.scalecl.lock` inside it when the
+    parent folder exists and takes no file (e.g. `--out .` in a folder whose parent is read-only)."""
+    real = Path(os.path.realpath(Path(target).expanduser()))
+    beside = real.with_name(f".{real.name}.lock")
+    if real.parent.is_dir() and not os.access(real.parent, os.W_OK | os.X_OK) and real.is_dir():
+        return real / ".scalecl.lock"
+    return beside
 
 
 @contextlib.contextmanager
@@ -36,6 +53,14 @@ def locked(target: Path, *, wait: bool, what: str, say: Callable[[str], None] | 
     empty: a refused or finished command leaves no lock behind.
     """
     path = lock_path(target)
+    key = str(path)
+    if key in _HELD:  # this process holds it already (an outer block of the same command)
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
     made = [q for q in (path.parent, *path.parent.parents) if not q.exists()]
     for _ in range(100):  # a folder made here may be removed by another process releasing its lock: make again
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,9 +81,11 @@ def locked(target: Path, *, wait: bool, what: str, say: Callable[[str], None] | 
         except FileNotFoundError:
             continue
         break
+    _HELD[key] = 1
     try:
         yield
     finally:
+        del _HELD[key]
         with contextlib.suppress(OSError):
             path.unlink()
         lock.release()

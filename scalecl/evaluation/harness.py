@@ -411,7 +411,7 @@ def run_harness(
                      "num_fewshot": s.num_fewshot, "limit": s.limit, "max_length": s.max_length, "dtype": dtype}
     name = f"{path.resolve().name}-{config_hash(settings_json)}"
     out_dir = Path(out) / name
-    owned = results_folder(out, name)  # before the evaluation: a user's file in the way is refused first
+    results_folder(out, name)  # before the evaluation: a user's file in the way is refused first
     results = evaluate_model(model, tok, selection, tm, s)
     rows = score_rows(results, method, metric_overrides=metric_overrides, order=selection.specs)
 
@@ -426,9 +426,12 @@ def run_harness(
     }
     texts = {"lm_eval_results.json": _json_text(json_safe(results)), "scores.csv": rows_to_csv(rows),
              "scores.md": rows_to_markdown(rows, title, caption), "run.json": _json_text(record)}
-    results_folder(out, name)  # again: a file may have appeared while lm-eval ran
-    for file, text in texts.items():
-        owned.write(f"{name}/{file}", text)
+    from scalecl.common.locks import locked
+
+    with locked(Path(out), wait=True, what=f"eval-harness folder {out}"):  # one writer of its files and manifest
+        owned = results_folder(out, name)  # read again: files may have appeared while lm-eval ran
+        for file, text in texts.items():
+            owned.write(f"{name}/{file}", text)
     return HarnessRun(out_dir, rows, method, title, caption, s.max_length, results)
 
 

@@ -59,8 +59,11 @@ def write_record(out: Path, record: dict[str, Any]) -> None:
     """Write the record to `out` (checked again: the file may have appeared while the model ran) and its
     fingerprint to the folder's manifest. The record is renamed into place: a hard link to the old record
     keeps the old content, its inode is never written through."""
-    check_record_out(out)
-    _records(out).write(out.name, json.dumps(record, indent=2, default=str) + "\n")
+    from scalecl.common.locks import locked
+
+    with locked(out.parent, wait=True, what=f"eval-ppl folder {out.parent}"):  # one writer of its manifest
+        check_record_out(out)
+        _records(out).write(out.name, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def eval_ppl(
@@ -107,7 +110,7 @@ def eval_ppl(
     spec = corpus_spec(spec_cfg, root)
     t = time.perf_counter()
     chunks = eval_chunks(spec, tok, seq_len, "dataset")
-    model = load_model(model_path).to(dev)
+    model = load_model(model_path, verify=False).to(dev)  # verified by check_model_files above
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
     from scalecl.training.loop import eval_progress, progress_bar

@@ -192,6 +192,7 @@ def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
     trained again; None when the study's own folder has the run, or no such main run has finished (then the
     value trains as an ordinary run). A main run this layer cannot prove finished is never referenced."""
     from scalecl.common.files import OwnedFiles
+    from scalecl.common.locks import locked
     from scalecl.compute.processes import Dist
 
     run = exp.run_of(method, Dist())
@@ -207,8 +208,9 @@ def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
     text, ref = json.dumps(doc, indent=2) + "\n", run.out_dir / REFERENCE
     if int(os.environ.get("RANK", "0")) == 0:
         run.out_dir.mkdir(parents=True, exist_ok=True)
-        files = OwnedFiles(run.out_dir, REFERENCE_WRITER)
-        if not (ref.is_file() and files.owns(REFERENCE) and ref.read_text() == text):  # written once
-            files.write(REFERENCE, text)
+        with locked(run.out_dir, wait=False, what=f"study folder {run.out_dir}"):  # its manifest: one writer
+            files = OwnedFiles(run.out_dir, REFERENCE_WRITER)
+            if not (ref.is_file() and files.owns(REFERENCE) and ref.read_text() == text):  # written once
+                files.write(REFERENCE, text)
     say(f"{s.method}: finished run found at {target}; {run.out_dir / REFERENCE} refers to it (no copy)")
     return result

@@ -268,7 +268,10 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
 def train_one(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
     """Train one method's run and write its files, holding the run's lock (a second process training the same
     run stops with one line); its result (None: stopped early, or not the main process)."""
-    with hold(run.ckpt_root, rt, wait=False, what=f"run {run.name}"):
+    with contextlib.ExitStack() as held:  # its results folder and its checkpoints, whatever --out and --checkpoints
+        for folder in (run.out_dir, run.ckpt_root):
+            if folder is not None:
+                held.enter_context(hold(folder, rt, wait=False, what=f"run {run.name} ({folder})"))
         finished = run.result() if rt.d.main and not opts.force else None
         if rt.d.share(finished is not None):  # finished by another process since the sweep looked
             rt.say(f"{method.name}: finished run found at {run.out_dir} (use --force to rerun)")

@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # before any module of the package imports pyplot
 
 from scalecl.common.files import OwnedFiles  # noqa: E402
+from scalecl.common.locks import locked  # noqa: E402
 from scalecl.report import registry  # noqa: E402
 from scalecl.report.bio import draw_fig8, fig8  # noqa: E402
 from scalecl.report.context import WRITER, Plot, PlotResult  # noqa: E402
@@ -94,15 +95,16 @@ def plot_all(results: Path | Sequence[Path], out: Path, specs: Sequence[ReportSp
     earlier outputs that these results no longer give are removed (none when nothing was written)."""
     registry.check_specs(specs)
     out = Path(out)
-    plot = Plot.of(results, out)
-    plot.files = OwnedFiles(out, WRITER, deferred=True)
-    for o in registry.outputs(RUN_ORDER):
-        if not o.each_experiment:
-            o.make(plot)
-            continue
-        for spec in specs:
-            if o.name in spec.outputs:
-                o.make(plot, spec)
-    written = plot.files.flush()  # every name was checked as it was drawn, and is again before the first write
-    removed = plot.files.prune({p.name for p in written}) if written else []
+    with locked(out, wait=False, what=f"plot folder {out}"):  # one writer of the folder and its manifest
+        plot = Plot.of(results, out)
+        plot.files = OwnedFiles(out, WRITER, deferred=True)
+        for o in registry.outputs(RUN_ORDER):
+            if not o.each_experiment:
+                o.make(plot)
+                continue
+            for spec in specs:
+                if o.name in spec.outputs:
+                    o.make(plot, spec)
+        written = plot.files.flush()  # every name was checked as it was drawn, and is again before the first write
+        removed = plot.files.prune({p.name for p in written}) if written else []
     return PlotResult(written, [out / name for name in removed], dict(plot.skipped))

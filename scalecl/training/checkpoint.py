@@ -63,6 +63,7 @@ from scalecl.common.files import (
     unmark,
     unowned_entries,
 )
+from scalecl.common.locks import locked
 from scalecl.common.readers import check_weights_folder, field, model_weights_header, read_json
 from scalecl.methods import Method, get_method
 
@@ -221,6 +222,13 @@ def save_model(
     checkpoint records it for peft, and stores the base itself when it is not a hub id or plain folder.
     overwrite: replace an existing checkpoint of the suite at out_dir (never anything else).
     """
+    check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # one writer (scalecl.common.locks)
+        return _save_model(model, out_dir, method, base_model, tokenizer, extra, overwrite)
+
+
+def _save_model(model: PreTrainedModel, out_dir: str | os.PathLike, method: Method | None, base_model: str | None,
+                tokenizer, extra: dict[str, Any] | None, overwrite: bool) -> Path:
     out = check_checkpoint_dest(out_dir, overwrite)
     method = _resolve_method(model, method)
     layout = "scale" if getattr(model, "scale_spec", None) is not None else "lora" if _is_peft(model) else "plain"
@@ -280,14 +288,16 @@ def prepare_checkpoint(
     from scalecl.models.build import resolve_base
     from scalecl.models.summary import param_counts
 
-    check_checkpoint_dest(out_dir, overwrite)
-    base = resolve_base(model, random_config, seed)
-    method.check(base.config)
-    weights = base.load()
-    base_total, _ = param_counts(weights)
-    torch.manual_seed(seed)
-    prepared = method.apply(weights)
-    path = save_model(prepared, out_dir, method, base_model=base.source, overwrite=overwrite)
+    check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # from the check to the write
+        check_checkpoint_dest(out_dir, overwrite)
+        base = resolve_base(model, random_config, seed)
+        method.check(base.config)
+        weights = base.load()
+        base_total, _ = param_counts(weights)
+        torch.manual_seed(seed)
+        prepared = method.apply(weights)
+        path = save_model(prepared, out_dir, method, base_model=base.source, overwrite=overwrite)
     return Prepared(path, prepared, base.source, base_total)
 
 
@@ -623,20 +633,22 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrit
         raise ScaleclError(f"{name} cannot be merged into a plain model of the base's shape (split norms, new heads); "
                            f"its checkpoint already loads with AutoModelForCausalLM.from_pretrained(DIR, "
                            f"trust_remote_code=True)")
-    out = check_checkpoint_dest(out_dir, overwrite)
-    model = load_model(p)
-    if name == "lora":
-        from scalecl.methods.lora import merge_lora
+    check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # from the check to the write
+        out = check_checkpoint_dest(out_dir, overwrite)
+        model = load_model(p)
+        if name == "lora":
+            from scalecl.methods.lora import merge_lora
 
-        model = merge_lora(model)
-    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:  # an export is a model others will load as sound: refuse rather than copy NaN or inf onward
-        raise ScaleclError(f"checkpoint {path} holds non-finite weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
-                           f"nothing was written")
-    tokenizer = _checkpoint_tokenizer(p)
-    source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
-    return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,
-                      overwrite=overwrite)
+            model = merge_lora(model)
+        bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad:  # an export is a model others will load as sound: refuse rather than copy NaN or inf onward
+            raise ScaleclError(f"checkpoint {path} holds non-finite weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
+                               f"nothing was written")
+        tokenizer = _checkpoint_tokenizer(p)
+        source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
+        return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,
+                          overwrite=overwrite)
 
 
 def _checkpoint_tokenizer(p: Path):

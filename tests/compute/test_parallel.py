@@ -157,7 +157,7 @@ def test_torchrun_refuses_a_run_another_process_holds_on_every_rank(tmp_path, lo
         holder.wait()
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors and all(f"run {name} is being written by another process" in e for e in errors), proc.stderr[-2000:]
+    assert errors and all(f"run {name} (" in e and "is being written by another process" in e for e in errors), proc.stderr[-2000:]
     # no frame of scalecl's: the one traceback is torchrun's own report that a child exited non-zero
     assert "/scalecl/" not in "".join(line for line in proc.stderr.splitlines() if line.lstrip().startswith("File"))
     assert proc.stderr.count("Traceback") <= 1 and "Traceback" not in proc.stdout
