@@ -16,6 +16,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from scalecl.common.consoles import make_console
+from scalecl.common.environment import check_environment
 from scalecl.common.errors import ScaleclError
 
 console = make_console()  # off a terminal: lines and paths are not wrapped at 80 columns
@@ -81,12 +82,14 @@ def os_error_line(e: BaseException) -> str | None:
 
 
 def user_errors(fn):
-    """Turn a ScaleclError into one red line on stderr and its exit code (2: bad input, 1: the run failed); a
-    read-only or full disk, a missing permission or an impossible path (USER_ERRNOS) is one line and exit 1."""
+    """Check the SCALECL_* environment variables (scalecl.common.environment), then run the command; a
+    ScaleclError is one red line on stderr and its exit code (2: bad input, 1: the run failed); a read-only or
+    full disk, a missing permission or an impossible path (USER_ERRNOS) is one line and exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            check_environment()  # every command, before it reads or writes anything
             return fn(*args, **kwargs)
         except ScaleclError as e:
             print_error(e.cli_message())  # the flags' names, where the library's message names its arguments

@@ -220,18 +220,23 @@ def _finite_float(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _check_range(value: Any, meta: dict, key: str) -> None:
+def check_range(value: Any, meta: dict, label: str) -> None:
+    """`value` within the choices and bounds `meta` declares (opt's ge, gt, le, lt, choices), else one
+    ScaleclError naming `label` ("config key stage1.steps", "SCALECL_PEAK_TFLOPS"); None passes."""
     if value is None:
         return
     if "choices" in meta and value not in meta["choices"]:
-        raise ScaleclError(f"config key {key} must be one of {', '.join(map(str, meta['choices']))}, "
-                           f"got {show_value(value)}")
+        raise ScaleclError(f"{label} must be one of {', '.join(map(str, meta['choices']))}, got {show_value(value)}")
     if isinstance(value, int) and not isinstance(value, bool):
-        check_int64(value, f"config key {key}")
+        check_int64(value, label)
     for op, test, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
                            ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
         if op in meta and not test(value, meta[op]):
-            raise ScaleclError(f"config key {key} must be {word} {show_bound(meta[op])}, got {show_value(value)}")
+            raise ScaleclError(f"{label} must be {word} {show_bound(meta[op])}, got {show_value(value)}")
+
+
+def _check_range(value: Any, meta: dict, key: str) -> None:
+    check_range(value, meta, f"config key {key}")
 
 
 def merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
