@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from scalecl.common.errors import ScaleclError
-from scalecl.common.schema import show_text
+from scalecl.common.schema import int_span, show_text
 from scalecl.compute.processes import say
 from scalecl.experiments import load_preset
 from scalecl.experiments.base import Paths
@@ -80,17 +80,11 @@ def study_values(study: str, rc, values: str | None) -> list[str]:
     if study not in STUDIES:
         raise ScaleclError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
     text = values or STUDIES[study].default or f"0..{_layers(rc)}"
-    if ".." in text:
-        lo, _, hi = text.partition("..")
-        try:
-            first, last = int(lo), int(hi)
-        except ValueError:
-            raise ScaleclError(f"{study} values must be integers or a range a..b, got {show_text(text)}") from None
-        vals = range(first, last + 1) if last - first < MAX_VALUES else None
-    else:
+    vals = int_span(text, f"{study} values", MAX_VALUES, "runs")  # its length checked before it is expanded
+    if vals is None:
         vals = [v.strip() for v in text.split(";") if v.strip()]
-    if vals is None or len(vals) > MAX_VALUES:
-        raise ScaleclError(f"{study} values {show_text(text)} are more than the {MAX_VALUES:,} runs a study may have")
+    if len(vals) > MAX_VALUES:
+        raise ScaleclError(f"{study} values {show_text(text)} give more than the {MAX_VALUES:,} runs a study may have")
     if not vals:
         raise ScaleclError(f"no values to sweep in {text!r}")
     return [str(v) for v in vals]

@@ -66,15 +66,17 @@ def parse_seeds(text: str | None, key: str) -> list[int] | None:
     when not given. Each is checked like a config seed; repeats are dropped."""
     if text is None:
         return None
-    from scalecl.common.schema import check_seed
+    from scalecl.common.schema import check_seed, int_span, show_text, show_value
 
-    lo, dots, hi = text.partition("..")
-    try:
-        vals = list(range(int(lo), int(hi) + 1)) if dots else [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ScaleclError(f"{key} takes integers separated by commas or a range a..b, got {text!r}") from None
+    vals = int_span(text, key, MAX_REPLICATES, "seeds")  # its length checked before it is expanded
+    if vals is None:
+        try:
+            vals = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise ScaleclError(f"{key} takes integers separated by commas or a range a..b, got "
+                               f"{show_text(text)}") from None
     if not vals or len(vals) > MAX_REPLICATES:
-        raise ScaleclError(f"{key} {text!r} gives {len(vals)} seeds; give 1..{MAX_REPLICATES}")
+        raise ScaleclError(f"{key} {show_value(text)} gives {len(vals)} seeds; give 1..{MAX_REPLICATES}")
     return list(dict.fromkeys(check_seed(v, key) for v in vals))
 
 

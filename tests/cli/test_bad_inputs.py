@@ -116,7 +116,14 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["train-bio", "--preset", "tiny", "--method", ""], "names no method"),
         (["train-cpt", "--preset", "tiny", "--method", " , "], "names no method"),
         ([*tiny_bio, "--seeds", "a,b"], "--seeds takes integers"),
-        ([*tiny_bio, "--run-seeds", "0..99999"], "--run-seeds '0..99999' gives 100000 seeds"),
+        ([*tiny_bio, "--run-seeds", "0..99999"], "--run-seeds 0..99999: 100,000 seeds, more than the 1,000 seeds"),
+        # ranges: their length checked before they are expanded (0..10**11 is no list of 10**11 seeds)
+        ([*tiny_bio, "--seeds", "0..100000000000"], "--seeds 0..100000000000: 100,000,000,001 seeds, more than"),
+        ([*tiny_bio, "--run-seeds", "0..100000000000"], "--run-seeds 0..100000000000: 100,000,000,001 seeds"),
+        ([*tiny_bio, "--seeds", "2..1"], "--seeds 2..1 is an empty range"),
+        # sizes the machine can hold: CPU threads at most max(256, 4 x its cores)
+        ([*tiny_bio, "--set", "compute.threads=100000"], "compute.threads must be <= "),
+        ([*tiny_bio, "--set", f"compute.threads={2**20}"], "compute.threads must be <= "),
         ([*tiny_bio, "--seeds", "4294967296"], "--seeds must be an integer in 0..4294967295"),
         ([*tiny_bio, "--set", "seed=1", "--seeds", "0,1"], "given twice"),
         ([*tiny_cpt, "--set", "run_seed=1", "--run-seeds", "0,1"], "given twice"),
@@ -246,3 +253,4 @@ def test_bad_input(i, fx, tmp_path, monkeypatch):
     assert len(lines) == 1 and lines[0].startswith("error:"), (args, out)
     assert phrase in lines[0], (args, phrase, lines[0])
     assert listing(fx, cwd) == before, args
+

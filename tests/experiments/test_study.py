@@ -27,6 +27,10 @@ def test_values():
         study_values("width", rc, None)
     with pytest.raises(ScaleclError, match="integers or a range"):
         study_values("l_fp", rc, "a..b")
+    with pytest.raises(ScaleclError, match="more than the 1,000 runs"):  # refused before it is expanded
+        study_values("l_fp", rc, f"0..{10**30}")
+    with pytest.raises(ScaleclError, match="empty range"):
+        study_values("l_fp", rc, "2..1")
 
 
 def test_bad_study_one_line(tmp_path):
