@@ -283,6 +283,9 @@ def merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
                 raise ScaleclError(f"config key {where}{k} is a table, not a value")
             setattr(obj, k, _update_table(cur, v, typing.get_args(hint)[1], f"{where}{k}."))
         else:
+            if isinstance(v, Raw) and not v.strip() and names[k].default not in ("", ()):
+                # `--set key=` gives no value: refused, unless the key's own default is the empty text
+                raise ScaleclError(f"config key {where}{k} is empty: give a value")
             value = coerce(v, hint, f"config key {where}{k}")
             _check_range(value, names[k].metadata, f"{where}{k}")
             setattr(obj, k, value)

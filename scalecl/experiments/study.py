@@ -79,7 +79,9 @@ def study_values(study: str, rc, values: str | None) -> list[str]:
     """The swept values as --set strings; a range 'a..b' of integers is expanded (at most MAX_VALUES values)."""
     if study not in STUDIES:
         raise ScaleclError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
-    text = values or STUDIES[study].default or f"0..{_layers(rc)}"
+    if values is not None and not values.strip():  # given but empty: never the default set
+        raise ScaleclError(f"{study}: --values is empty; give values, or leave it out for the study's default set")
+    text = values if values is not None else STUDIES[study].default or f"0..{_layers(rc)}"
     vals = int_span(text, f"{study} values", MAX_VALUES, "runs")  # its length checked before it is expanded
     if vals is None:
         vals = [v.strip() for v in text.split(";") if v.strip()]

@@ -31,6 +31,9 @@ def test_values():
         study_values("l_fp", rc, f"0..{10**30}")
     with pytest.raises(ScaleclError, match="empty range"):
         study_values("l_fp", rc, "2..1")
+    for empty in ("", "  "):  # given but empty is never the default set (which would train every default value)
+        with pytest.raises(ScaleclError, match="--values is empty"):
+            study_values("tau", load_preset("bio", "tiny"), empty)
 
 
 def test_bad_study_one_line(tmp_path):
