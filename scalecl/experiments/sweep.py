@@ -11,7 +11,8 @@ display, training each run with scalecl.training.fit, writing its files, and the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -212,15 +213,15 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
         return results
 
 
-def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist) -> None:
-    """Print the estimated peak memory and time of what the sweep will train (scalecl.experiments.budget), once its data
-    is ready; a run that cannot fit is one error on every process before any training."""
+def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist, show=say) -> None:
+    """Show the estimated peak memory and time of what the sweep will train (scalecl.experiments.budget), once its
+    data is ready; a run that cannot fit is one error on every process before any training."""
     from scalecl.experiments.budget import check_fits, describe, sweep_estimate
 
     refused = None
     if d.main:
         e = sweep_estimate(exp, methods, dev, d.world)
-        say(describe(e))
+        show(describe(e))
         try:
             check_fits(e)
         except ScaleclError as err:
@@ -230,12 +231,34 @@ def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dis
         raise ScaleclError(refused)
 
 
+def check_data(exps: Sequence[tuple[str, Experiment]], methods: list[str], opts: SweepOptions) -> None:
+    """The checks that need an experiment's data (the tokenizer's size against model.vocab, the corpus against the
+    batch, the memory estimate) for each of `exps` that has a run to train, so that a bad one fails before any of
+    them trains (a sweep runs them only once its data are ready, just before it trains). Each prepares its data
+    on a throwaway copy of itself: the experiment's own sweep prepares them again, from what this cached on disk
+    (tokenizer, encoded corpus), and no set of data is held for long. A refusal names its label (a study's
+    value, a replicate's seeds)."""
+    for label, exp in exps:
+        try:
+            with distributed() as d:
+                dev, prepared = check(exp, methods, opts, d)
+                todo = [n for n, m in prepared.items() if opts.force or exp.run_of(m, d).result() is None]
+                if todo:
+                    trial = copy.copy(exp)  # prepare assigns the data to the copy; `exp` stays unprepared
+                    trial.prepare(Runtime(d, dev, None, lambda _: None))
+                    _check_budget(trial, todo, dev, d, show=lambda _: None)
+        except ScaleclError as e:
+            raise type(e)(f"{label}: {e}", cli=f"{label}: {e.cli_message()}") from None
+
+
 def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOptions) -> list[dict[str, Any]]:
-    """Sweep every replicate (one experiment per seed pair) after checking all of them, so a bad one fails
-    before the first trains; every replicate is an ordinary run with its own name."""
+    """Sweep every replicate (one experiment per seed pair) after checking all of them, data included, so a bad
+    one fails before the first trains; every replicate is an ordinary run with its own name."""
     if len(exps) > 1:
         for exp in exps:
             check(exp, methods, opts)
+        # the first checks its data itself before it trains: the others, before it
+        check_data([(f"base seed {e.rc.seed}, run seed {e.rc.run_seed}", e) for e in exps[1:]], methods, opts)
     return [r for exp in exps for r in sweep(exp, methods, opts)]
 
 

@@ -46,6 +46,26 @@ def test_seed_lists_are_parsed_and_checked():
         replicate_sets([" run_seed = 2"], None, "0")
 
 
+def test_every_replicate_is_checked_against_its_data_before_the_first_trains(tmp_path):
+    """Each base seed has its own people and tokenizer: a model.vocab that holds the first seed's tokenizer but not
+    the second's is refused before the first trains."""
+    from scalecl.data.biography import generate_people
+    from scalecl.data.tokenizer import train_bio_tokenizer
+    from scalecl.experiments import load_preset
+    from scalecl.experiments.bio import bio_config
+
+    sizes = {s: len(train_bio_tokenizer(generate_people(bio_config(load_preset("bio", "tiny", [f"seed={s}"])))))
+             for s in (0, 1, 2, 3)}
+    small, big = min(sizes, key=sizes.get), max(sizes, key=sizes.get)
+    assert sizes[small] < sizes[big]
+    res = runner.invoke(app, ["train-bio", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"),
+                              "--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck"), *FAST,
+                              "--set", f"model.vocab={sizes[small]}", "--seeds", f"{small},{big}"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1].startswith(f"error: base seed {big}, run seed 0: model.vocab=")
+    assert not list(tmp_path.rglob("result.json")) and not (tmp_path / "ck").exists()  # nothing trained
+
+
 def _bio(tmp, out, *args):
     res = runner.invoke(app, ["train-bio", "--preset", "tiny", "--method", "fft", "--out", str(tmp / out),
                               "--cache", str(tmp / "cache"), "--checkpoints", str(tmp / "ck"), *FAST, *args])

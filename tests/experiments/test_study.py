@@ -42,6 +42,18 @@ def test_bad_study_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_every_value_is_checked_against_the_data_before_any_trains(tmp_path):
+    """vocab=10 is smaller than the tokenizer, which only the prepared data tell: it is refused before value 0
+    (which would pass) trains, not after."""
+    r = runner.invoke(app, ["study", "vocab", "--preset", "tiny", "--values", "0;10", "--out", str(tmp_path / "o"),
+                            "--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck"),
+                            "--set", "stage1.steps=4", "--set", "stage2.steps=2", "--set", "stage3.steps=2"])
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert r.exit_code == 2 and lines == [r.output.strip().splitlines()[-1]], r.output
+    assert "vocab value '10': model.vocab=10 is smaller than the tokenizer's" in lines[0]
+    assert not list(tmp_path.rglob("result.json")) and not (tmp_path / "ck").exists()  # nothing trained
+
+
 def test_init_study_end_to_end(tmp_path):
     args = ["--preset", "tiny", "--out", str(tmp_path / "results" / "studies"), "--cache", str(tmp_path / "cache"),
             "--checkpoints", str(tmp_path / "runs")]
