@@ -12,7 +12,7 @@ Biography, SCALE-Route (what decides Route on this task), each on the cached sta
           value is its own stages 1-2
 
 Every value's config is resolved and checked (keys, types, ranges, the method's sizes), then against its
-prepared data (scalecl.experiments.sweep.check_data: the tokenizer's size, the memory estimate), before the
+prepared data (scalecl.experiments.sweep.check_ahead: the tokenizer's size, the memory estimate), before the
 first run starts, so a bad value fails before the values before it trained. Runs are written under
 `<out>/<study>/` and drawn by `scalecl plot`.
 
@@ -37,7 +37,7 @@ from scalecl.common.schema import int_span, show_text
 from scalecl.compute.processes import say
 from scalecl.experiments import load_preset
 from scalecl.experiments.base import Paths
-from scalecl.experiments.sweep import SweepOptions, check, check_data, sweep
+from scalecl.experiments.sweep import SweepOptions, check, check_ahead, sweep
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
 REFERENCE_WRITER = "scalecl study"
@@ -138,7 +138,7 @@ def run_study(study: str, preset: str, values: str | None, sets: list[str] | lis
             raise ScaleclError(f"{study} value {v!r}: {e}") from None
     found = {id(exp): None if opts.force else find_shared(s, exp, methods[id(exp)]) for _, exp in exps}
     to_train = [(f"{study} value {v!r}", exp) for v, exp in exps if found[id(exp)] is None]
-    check_data(to_train[1:], [s.method], opts)  # the first to train checks its data itself, before it trains
+    check_ahead(to_train[1:], [s.method], opts)  # the first to train makes these checks itself, before it trains
     out, labels = [], []
     for v, exp in exps:
         shared = found[id(exp)]

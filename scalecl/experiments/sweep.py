@@ -197,6 +197,8 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
                 for name, run in runs.items():
                     if opts.force or done[name] is None:
                         run.check_destinations()
+                        if not opts.force:  # --force starts the run over: its checkpoints go
+                            run.check_stop(opts.stop_after, opts.resume)
             except ScaleclError as e:
                 refused = str(e)
             refused = d.share(refused)
@@ -231,18 +233,27 @@ def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dis
         raise ScaleclError(refused)
 
 
-def check_data(exps: Sequence[tuple[str, Experiment]], methods: list[str], opts: SweepOptions) -> None:
-    """The checks that need an experiment's data (the tokenizer's size against model.vocab, the corpus against the
-    batch, the memory estimate) for each of `exps` that has a run to train, so that a bad one fails before any of
-    them trains (a sweep runs them only once its data are ready, just before it trains). Each prepares its data
-    on a throwaway copy of itself: the experiment's own sweep prepares them again, from what this cached on disk
-    (tokenizer, encoded corpus), and no set of data is held for long. A refusal names its label (a study's
-    value, a replicate's seeds)."""
+def check_ahead(exps: Sequence[tuple[str, Experiment]], methods: list[str], opts: SweepOptions) -> None:
+    """The checks a sweep makes only just before it trains, for each of `exps` that has a run to train, so that
+    a bad one fails before any of them trains: --stop-after against each run's latest checkpoint, and those
+    that need the data (the tokenizer's size against model.vocab, the corpus against the batch, the memory
+    estimate). Each prepares its data on a throwaway copy of itself: the experiment's own sweep prepares them
+    again, from what this cached on disk (tokenizer, encoded corpus), and no set of data is held for long. A
+    refusal names its label (a study's value, a replicate's seeds)."""
     for label, exp in exps:
         try:
             with distributed() as d:
                 dev, prepared = check(exp, methods, opts, d)
                 todo = [n for n, m in prepared.items() if opts.force or exp.run_of(m, d).result() is None]
+                refused = None
+                try:
+                    for n in todo if not opts.force else []:
+                        exp.run_of(prepared[n], d).check_stop(opts.stop_after, opts.resume)  # the main process
+                except ScaleclError as e:
+                    refused = str(e)
+                refused = d.share(refused)
+                if refused is not None:
+                    raise ScaleclError(refused)
                 if todo:
                     trial = copy.copy(exp)  # prepare assigns the data to the copy; `exp` stays unprepared
                     trial.prepare(Runtime(d, dev, None, lambda _: None))
@@ -257,8 +268,8 @@ def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOpti
     if len(exps) > 1:
         for exp in exps:
             check(exp, methods, opts)
-        # the first checks its data itself before it trains: the others, before it
-        check_data([(f"base seed {e.rc.seed}, run seed {e.rc.run_seed}", e) for e in exps[1:]], methods, opts)
+        # the first makes these checks itself before it trains: the others, before it
+        check_ahead([(f"base seed {e.rc.seed}, run seed {e.rc.run_seed}", e) for e in exps[1:]], methods, opts)
     return [r for exp in exps for r in sweep(exp, methods, opts)]
 
 
