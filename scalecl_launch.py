@@ -22,8 +22,15 @@ _WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def cpu_thread_defaults(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables to add to `environ`: the defaults it does not already decide; none if opted out."""
-    if environ.get("SCALECL_CPU_DEFAULTS", "1") == "0":
+    """The variables to add to `environ`: the defaults it does not already decide; none if opted out (or if
+    SCALECL_CPU_DEFAULTS is not 0 or 1: the command then refuses it with one line when it starts)."""
+    from scalecl.common.environment import env  # no torch (scalecl/__init__.py loads its names lazily)
+    from scalecl.common.errors import ScaleclError
+
+    try:
+        if not env("SCALECL_CPU_DEFAULTS", environ):
+            return {}
+    except ScaleclError:
         return {}
     out = {}
     if not any(v in environ for v in _WAIT_VARS):

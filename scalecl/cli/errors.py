@@ -16,6 +16,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from scalecl.common.consoles import make_console
+from scalecl.common.environment import check_environment
 from scalecl.common.errors import ScaleclError
 
 console = make_console()  # off a terminal: lines and paths are not wrapped at 80 columns
@@ -40,6 +41,8 @@ class OneLineErrors(TyperGroup):
                     # typer's rich help gives a flag the type column of a value (`--force <bool>`): a flag
                     # takes none, so it shows no type (plain click help already leaves it out)
                     param.metavar = ""
+                if not getattr(param, "is_flag", False) and not getattr(param, "refuses_empty", False):
+                    refuse_empty(param)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -58,6 +61,33 @@ class OneLineErrors(TyperGroup):
             print_error(f"{e.format_message()}{hint}")
             sys.exit(getattr(e, "exit_code", 2))
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+class EmptyValue(typer.BadParameter):
+    """An option or argument given as empty text: its message names it already ("--out is empty: ...")."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def refuse_empty(param: Any) -> None:
+    """An empty value given to `param` (`--values ''`, `--out ''`, one empty `--set ''`) is a usage error, never
+    "not given": left to the command it would mean the default (a whole sweep), or the current folder for a path
+    (Path('') is '.'). Only a value the user gave is checked (a default of "" stays allowed); the check runs
+    before the text is converted, where '' and '.' still differ."""
+    process = param.process_value
+    name = param.opts[0] if param.opts else param.name  # --out; an argument: its name
+    leave_out = "" if param.required else ", or leave it out for its default"
+
+    def process_value(ctx: typer.Context, value: Any) -> Any:
+        source = getattr(ctx.get_parameter_source(param.name), "name", None)
+        texts = value if isinstance(value, list | tuple) else (value,)
+        if source in ("COMMANDLINE", "ENVIRONMENT") and any(isinstance(t, str) and not t.strip() for t in texts):
+            raise EmptyValue(f"{name} is empty: give a value{leave_out}", ctx=ctx, param=param)
+        return process(ctx, value)
+
+    param.process_value = process_value
+    param.refuses_empty = True
 
 
 # OS errors that are the user's machine, not a bug: a read-only or full disk, no permission, a path that
@@ -81,12 +111,14 @@ def os_error_line(e: BaseException) -> str | None:
 
 
 def user_errors(fn):
-    """Turn a ScaleclError into one red line on stderr and its exit code (2: bad input, 1: the run failed); a
-    read-only or full disk, a missing permission or an impossible path (USER_ERRNOS) is one line and exit 1."""
+    """Check the SCALECL_* environment variables (scalecl.common.environment), then run the command; a
+    ScaleclError is one red line on stderr and its exit code (2: bad input, 1: the run failed); a read-only or
+    full disk, a missing permission or an impossible path (USER_ERRNOS) is one line and exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            check_environment()  # every command, before it reads or writes anything
             return fn(*args, **kwargs)
         except ScaleclError as e:
             print_error(e.cli_message())  # the flags' names, where the library's message names its arguments

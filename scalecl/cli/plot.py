@@ -32,9 +32,7 @@ def plot(
     from scalecl.experiments import EXPERIMENTS
     from scalecl.report import plot_all
 
-    if not out_text.strip():
-        raise ScaleclError("--out is empty: give a folder for the figures and tables")
-    out = Path(out_text)
+    out = Path(out_text)  # not empty: scalecl.cli.errors.refuse_empty
 
     roots = results or [p for p in (Path("runs"), Path("results")) if p.is_dir()]
     if not roots:

@@ -24,7 +24,6 @@ from scalecl.cli.options import (
     sets_option,
     stop_after_option,
 )
-from scalecl.common.errors import ScaleclError
 
 commands = typer.Typer()
 
@@ -65,8 +64,6 @@ def train_bio(
     from scalecl.experiments.sweep import SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
-    if tokenizer is not None and not tokenizer.strip():
-        raise ScaleclError("--tokenizer is empty: give 'local', a hub id or a folder (or leave it out)")
     extra = [f"tokenizer={tokenizer}"] if tokenizer else []
     exps = [EXPERIMENTS["bio"].make(preset, rep + extra, Paths(out, cache, checkpoints))
             for rep in replicate_sets(sets, seeds, run_seeds)]

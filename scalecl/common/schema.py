@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import types
 import typing
 import unicodedata
@@ -37,6 +38,13 @@ MAX_STEPS = 10**9
 # - no document count (a corpus slice's skip and take) exceeds 10**12, over 50 times the documents of the
 #   largest public web corpora, so that skip + take still fits a 64-bit integer.
 MAX_DOCS = 10**12
+# - no CPU thread count (compute.threads) exceeds max(256, 4 x this machine's cores): each thread is an OS thread
+#   with its own stack, and a typo (100000) would start threads until the OS refuses one, a traceback from
+#   inside torch. More threads than cores only wait for a core, so a few times the cores is all that is ever
+#   useful; but a run made at n threads is reproduced only at n threads (the count splits float sums,
+#   numerics_key), so a machine may need more threads than it has cores: 256 is more than the cores of any
+#   single CPU sold (192), and 512 threads were measured to start and run a matrix product on a 2-core machine.
+MAX_THREADS = max(256, 4 * (os.cpu_count() or 1))
 
 
 class Raw(str):
@@ -76,6 +84,25 @@ def show_value(value: Any, limit: int = 60) -> str:
 def show_text(text: str, limit: int = 60) -> str:
     """Text as an error shows it: as it is when it is short and printable, else as show_value does."""
     return text if text.isprintable() and len(text) <= limit else show_value(text, limit)
+
+
+def int_span(text: str, key: str, limit: int, unit: str = "values") -> range | None:
+    """An integer range 'a..b' (both ends included) as a `range`, or None when `text` is not a range. Its length
+    is checked against `limit` before anything is expanded: 0..100000000000 is one error, not a list of 10**11
+    integers that fills the memory first."""
+    lo, dots, hi = text.partition("..")
+    if not dots:
+        return None
+    try:
+        first, last = int(lo), int(hi)
+    except ValueError:  # not integers, or more digits than Python converts (4,300)
+        raise ScaleclError(f"{key} must be integers or a range a..b of integers, got {show_text(text)}") from None
+    n = last - first + 1
+    if n < 1:
+        raise ScaleclError(f"{key} {show_text(text)} is an empty range: a..b needs a <= b")
+    if n > limit:
+        raise ScaleclError(f"{key} {show_text(text)}: {n:,} {unit}, more than the {limit:,} {unit} allowed")
+    return range(first, last + 1)
 
 
 def check_int64(value: int, key: str) -> int:
@@ -220,18 +247,23 @@ def _finite_float(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _check_range(value: Any, meta: dict, key: str) -> None:
+def check_range(value: Any, meta: dict, label: str) -> None:
+    """`value` within the choices and bounds `meta` declares (opt's ge, gt, le, lt, choices), else one
+    ScaleclError naming `label` ("config key stage1.steps", "SCALECL_PEAK_TFLOPS"); None passes."""
     if value is None:
         return
     if "choices" in meta and value not in meta["choices"]:
-        raise ScaleclError(f"config key {key} must be one of {', '.join(map(str, meta['choices']))}, "
-                           f"got {show_value(value)}")
+        raise ScaleclError(f"{label} must be one of {', '.join(map(str, meta['choices']))}, got {show_value(value)}")
     if isinstance(value, int) and not isinstance(value, bool):
-        check_int64(value, f"config key {key}")
+        check_int64(value, label)
     for op, test, word in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
                            ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")):
         if op in meta and not test(value, meta[op]):
-            raise ScaleclError(f"config key {key} must be {word} {show_bound(meta[op])}, got {show_value(value)}")
+            raise ScaleclError(f"{label} must be {word} {show_bound(meta[op])}, got {show_value(value)}")
+
+
+def _check_range(value: Any, meta: dict, key: str) -> None:
+    check_range(value, meta, f"config key {key}")
 
 
 def merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
@@ -251,6 +283,9 @@ def merge(obj: Any, updates: dict[str, Any], where: str) -> Any:
                 raise ScaleclError(f"config key {where}{k} is a table, not a value")
             setattr(obj, k, _update_table(cur, v, typing.get_args(hint)[1], f"{where}{k}."))
         else:
+            if isinstance(v, Raw) and not v.strip() and names[k].default not in ("", ()):
+                # `--set key=` gives no value: refused, unless the key's own default is the empty text
+                raise ScaleclError(f"config key {where}{k} is empty: give a value")
             value = coerce(v, hint, f"config key {where}{k}")
             _check_range(value, names[k].metadata, f"{where}{k}")
             setattr(obj, k, value)

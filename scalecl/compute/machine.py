@@ -11,6 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scalecl.common.environment import env
+from scalecl.common.errors import ScaleclError
+
 if TYPE_CHECKING:  # torch loads on first use: the `scalecl` command's --help and tune_cpu_allocator need none
     import torch
 
@@ -35,7 +38,7 @@ def provenance() -> dict[str, Any]:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                     "gpu": gpu, "malloc_tuned": _ALLOCATOR["tuned"], **cpu_thread_settings(),
                     # SCALE's forward products: blocks (default) or concat (scalecl.modeling.scale_layers)
-                    "scale_products": os.environ.get("SCALECL_SCALE_PRODUCTS", "blocks")},
+                    "scale_products": env("SCALECL_SCALE_PRODUCTS")},
     }
 
 
@@ -52,7 +55,11 @@ def tune_cpu_allocator() -> bool:
     Done once per process by the `scalecl` command; set SCALECL_TUNE_MALLOC=0 to leave glibc alone.
     Returns whether the setting is in force (False off Linux/glibc).
     """
-    if _ALLOCATOR["tuned"] or os.environ.get("SCALECL_TUNE_MALLOC", "1") == "0" or not sys.platform.startswith("linux"):
+    try:
+        wanted = env("SCALECL_TUNE_MALLOC")
+    except ScaleclError:  # left alone: the command refuses the value with one line when it starts
+        wanted = False
+    if _ALLOCATOR["tuned"] or not wanted or not sys.platform.startswith("linux"):
         return _ALLOCATOR["tuned"]
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -90,8 +97,6 @@ def cpu_thread_settings() -> dict[str, Any]:
 def pick_device(name: str | None = None) -> torch.device:
     """The device to run on (default: cuda if available); a device this machine lacks is one clear error."""
     import torch
-
-    from scalecl.common.errors import ScaleclError
 
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -166,7 +171,6 @@ def recorded_numerics(record: dict[str, Any] | None) -> dict[str, Any] | None:
 def check_numerics(record: dict[str, Any] | None, ours: dict[str, Any], what: str, remedy: str) -> None:
     """One ScaleclError when `what` (a finished run, a cached stage, a checkpoint) was made with other numerics
     than this run's: its numbers are not the ones this run would compute. Records that cannot tell pass."""
-    from scalecl.common.errors import ScaleclError
     from scalecl.common.schema import numerics_tag
 
     theirs = recorded_numerics(record)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from scalecl.common.environment import env
 from scalecl.common.errors import ScaleclError
 
 # Dense (no structured sparsity) peak TFLOP/s from NVIDIA's datasheets (their sparsity figures halved).
@@ -75,12 +76,8 @@ def peak_tflops(device: torch.device, autocast: torch.dtype | None) -> dict[str,
     when unknown (CPU, an unlisted GPU) and SCALECL_PEAK_TFLOPS is not set."""
     prec = precision(device, autocast)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    env = os.environ.get("SCALECL_PEAK_TFLOPS")
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            raise ScaleclError(f"SCALECL_PEAK_TFLOPS={env!r} is not a number (TFLOP/s)") from None
+    value = env("SCALECL_PEAK_TFLOPS")  # finite, > 0 (scalecl.common.environment)
+    if value is not None:
         return {"tflops": value, "device": name or device.type, "precision": prec, "source": "SCALECL_PEAK_TFLOPS"}
     kind = device_kind(name)
     value = PEAK_TFLOPS[kind][prec] if kind else None
@@ -144,9 +141,7 @@ def check_compute(cc, device: torch.device, world: int) -> None:
                                                                          "clang++")):
             raise ScaleclError("compute.compile on CPU needs a C++ compiler (g++ or clang++) for inductor's "
                                "kernels; install one or leave compute.compile off")
-    products = os.environ.get("SCALECL_SCALE_PRODUCTS", "blocks")
-    if products not in ("blocks", "concat"):
-        raise ScaleclError(f"SCALECL_SCALE_PRODUCTS={products!r}: use blocks (default) or concat")
+    env("SCALECL_SCALE_PRODUCTS")  # blocks or concat, else one error (the command checked it at its start)
 
 
 def configure_device(device: torch.device, tf32: bool) -> None:
@@ -205,7 +200,7 @@ def ensure_sdpa(model: nn.Module) -> str:
 
 def scale_products() -> str:
     """How SCALE's widened linears form their forward products (SCALECL_SCALE_PRODUCTS; layers.py)."""
-    return os.environ.get("SCALECL_SCALE_PRODUCTS", "blocks")
+    return env("SCALECL_SCALE_PRODUCTS")
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:

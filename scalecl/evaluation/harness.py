@@ -249,14 +249,47 @@ def _param_identity(model) -> list[tuple[str, int, int]]:
     return [(n, id(p), p.data_ptr()) for n, p in model.named_parameters(remove_duplicate=False)]
 
 
+@functools.cache
+def _checked_hflm() -> type:
+    """lm-eval's HFLM, checking that the requests fit `max_length` before any forward.
+
+    What lm-eval needs of max_length depends on the tasks, so no range of --max-length states it: it asserts
+    deep inside (huggingface.py) that every scored continuation has at most max_length tokens (a choice's answer
+    tokens: 1 passes the option's range, 2-token answers fail), and that a generation of max_gen_toks tokens
+    leaves room for a prompt. Here both are one ScaleclError naming --max-length and the least it must be,
+    before the first forward (lm-eval hands a request type's whole list over at once).
+    """
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.models.utils import normalize_gen_kwargs
+
+    class CheckedHFLM(HFLM):
+        def _loglikelihood_tokens(self, requests, *args: Any, **kwargs: Any):
+            longest = max((len(cont) for _, _, cont in requests), default=0)
+            if longest > self.max_length:
+                raise ScaleclError(f"--max-length {self.max_length} is shorter than an answer the tasks score "
+                                   f"({longest} tokens); give at least {longest}")
+            return super()._loglikelihood_tokens(requests, *args, **kwargs)
+
+        def generate_until(self, requests, *args: Any, **kwargs: Any):
+            gen = max((normalize_gen_kwargs(dict(r.args[1]), self.max_gen_toks)["max_gen_toks"] for r in requests),
+                      default=0)
+            if requests and gen >= self.max_length:
+                raise ScaleclError(f"--max-length {self.max_length} leaves no room for a prompt: the tasks generate "
+                                   f"up to {gen} tokens; give more than {gen}")
+            return super().generate_until(requests, *args, **kwargs)
+
+    return CheckedHFLM
+
+
 def wrap_model(model, tokenizer, *, batch_size: int | str = 8, max_length: int | None = None):
-    """lm-eval's HFLM around the in-memory model, without letting it re-tie the head.
+    """lm-eval's HFLM around the in-memory model, without letting it re-tie the head, checking that the tasks'
+    requests fit `max_length` (_checked_hflm).
 
     Parameter identity is checked before and after, so no tensor can have been swapped or re-tied.
     Returns (lm, max_length). The model must already be on the device to evaluate on (HFLM reads
     ``model.device`` for a model object).
     """
-    from lm_eval.models.huggingface import HFLM
+    HFLM = _checked_hflm()  # noqa: N806 (lm-eval's class, checked)
 
     max_length = int(max_length or default_max_length(model))
     before = _param_identity(model)

@@ -358,6 +358,7 @@ class BioExperiment(ExperimentBase):
         self.data: BioData | None = None  # prepare
         self.base_cfg: Any = None  # prepare: the model's config with the tokenizer's rows
         self.slices: dict[str, QATensors] = {}  # prepare: the evaluation slices
+        self.docs: Any = None  # prepare: the pre-training biographies, encoded
         self.stage2_dir: Path | None = None  # stages: the model every method starts from
         self.stage_info: dict[str, Any] = {}
 
@@ -422,6 +423,16 @@ class BioExperiment(ExperimentBase):
                f"{len(data.qa['task0_heldout']):,} / task1 {len(data.qa['task1']):,} ({self.stage_info['data_s']} s)")
         self.slices = {"task0": _slice(data.qa["task0_heldout"], rc.eval.slice_people),
                        "task1": _slice(data.qa["task1"], rc.eval.slice_people)}
+        lo, hi = ranges(data.cfg).pretrain
+        self.docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
+            data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi),
+            self.cache / f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}",
+            write=d.main, rebuild=rt.force and d.main, say=rt.say)
+        corpus = sum(len(doc) + 1 for doc in self.docs)  # tokens of one epoch (each biography + EOS)
+        if corpus // rc.model.context < rc.stage1.batch:  # a check on the data: before any stage or value trains
+            raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "
+                               f"model.context={rc.model.context} tokens the biographies give; lower stage1.batch or "
+                               f"model.context, or generate more people (data_overrides)")
 
     def _stage_plan(self, sc: StageConfig, desc: str, d: Dist, **kw: Any) -> TrainPlan:
         """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `d.world`
@@ -456,16 +467,8 @@ class BioExperiment(ExperimentBase):
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
         rc, data, d = self.rc, self.data, rt.d
         k1, k2 = self._stage_keys(d.world)
-        lo, hi = ranges(data.cfg).pretrain
-        docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
-            data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi),
-            self.cache / f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}",
-            write=d.main, rebuild=rt.force and d.main, say=rt.say)
+        docs = self.docs  # prepare: the encoded pre-training biographies
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
-        if corpus // rc.model.context < rc.stage1.batch:
-            raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "
-                               f"model.context={rc.model.context} tokens the biographies give; lower stage1.batch or "
-                               f"model.context, or generate more people (data_overrides)")
         self.never_rows = never_target_rows(docs, data.qa.values(), self.base_cfg.vocab_size,
                                             data.tokenizer.eos_token_id)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)

@@ -9,12 +9,12 @@ It sits above the methods and the experiment configs (it reads the bio paper pre
 from __future__ import annotations
 
 import copy
-import os
 from typing import Any, NamedTuple
 
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
 
+from scalecl.common.environment import env
 from scalecl.experiments import load_preset
 from scalecl.methods import count_parameters, get_method
 from scalecl.models.build import shape_config
@@ -422,7 +422,7 @@ def check_fits(e: Estimate) -> None:
     """One ScaleclError when the estimated peak passes the memory available, naming the keys that shrink it."""
     from scalecl.common.errors import ScaleclError
 
-    if e.available is None or e.peak <= e.available or os.environ.get("SCALECL_MEMORY_CHECK", "1") == "0":
+    if e.available is None or e.peak <= e.available or not env("SCALECL_MEMORY_CHECK"):
         return
     micro = next((k for k in e.phase.keys if k.endswith("micro_batch")), None)
     note = f" ({micro} below the batch keeps the batch: it accumulates)" if micro else ""

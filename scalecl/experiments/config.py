@@ -11,6 +11,7 @@ from scalecl.common.schema import (  # noqa: F401
     MAX_SEED,
     MAX_SIZE,
     MAX_STEPS,
+    MAX_THREADS,
     Raw,
     check_config,
     coerce,
@@ -79,7 +80,7 @@ class ComputeConfig:
     # end with different numbers, so the count in force is part of a CPU run's name. 1, as every committed run
     # used: their numbers are reproduced, and 2 was no faster at the cpu presets on 2 shared cores (docs/runs.md,
     # "Reproducibility")
-    threads: int = opt(1, ge=0, le=MAX_SIZE)
+    threads: int = opt(1, ge=0, le=MAX_THREADS)  # at most max(256, 4 x the cores): schema.MAX_THREADS says why
     # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
     # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
     activation_checkpointing: bool = False

@@ -92,7 +92,7 @@ def eval_ppl(
         raise ScaleclError(f"--seq-len {seq_len} exceeds the model's {n_pos} positions")
     if seq_len < 2:
         raise ScaleclError(f"--seq-len must be at least 2, got {seq_len}")
-    src = tokenizer or model_path
+    src = model_path if tokenizer is None else tokenizer  # an empty --tokenizer is not "none given"
     try:
         tok = load_tokenizer(src)
     except (OSError, ValueError) as e:

@@ -11,8 +11,9 @@ Biography, SCALE-Route (what decides Route on this task), each on the cached sta
   vocab:  rows of the embedding and head (0 = the tokenizer's; 50304 = Pythia's padded vocabulary); each
           value is its own stages 1-2
 
-Every value's config is resolved and checked (keys, types, ranges, the method's sizes) before the first
-run starts, so a bad value fails in seconds, not after the values before it trained. Runs are written under
+Every value's config is resolved and checked (keys, types, ranges, the method's sizes), then against its
+prepared data (scalecl.experiments.sweep.check_ahead: the tokenizer's size, the memory estimate), before the
+first run starts, so a bad value fails before the values before it trained. Runs are written under
 `<out>/<study>/` and drawn by `scalecl plot`.
 
 One copy of each run: a value whose run (same name: same config, seeds and method options) has finished
@@ -32,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from scalecl.common.errors import ScaleclError
-from scalecl.common.schema import show_text
+from scalecl.common.schema import int_span, show_text
 from scalecl.compute.processes import say
 from scalecl.experiments import load_preset
 from scalecl.experiments.base import Paths
-from scalecl.experiments.sweep import SweepOptions, check, sweep
+from scalecl.experiments.sweep import SweepOptions, check, check_ahead, sweep
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
 REFERENCE_WRITER = "scalecl study"
@@ -79,18 +80,14 @@ def study_values(study: str, rc, values: str | None) -> list[str]:
     """The swept values as --set strings; a range 'a..b' of integers is expanded (at most MAX_VALUES values)."""
     if study not in STUDIES:
         raise ScaleclError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
-    text = values or STUDIES[study].default or f"0..{_layers(rc)}"
-    if ".." in text:
-        lo, _, hi = text.partition("..")
-        try:
-            first, last = int(lo), int(hi)
-        except ValueError:
-            raise ScaleclError(f"{study} values must be integers or a range a..b, got {show_text(text)}") from None
-        vals = range(first, last + 1) if last - first < MAX_VALUES else None
-    else:
+    if values is not None and not values.strip():  # given but empty: never the default set
+        raise ScaleclError(f"{study}: --values is empty; give values, or leave it out for the study's default set")
+    text = values if values is not None else STUDIES[study].default or f"0..{_layers(rc)}"
+    vals = int_span(text, f"{study} values", MAX_VALUES, "runs")  # its length checked before it is expanded
+    if vals is None:
         vals = [v.strip() for v in text.split(";") if v.strip()]
-    if vals is None or len(vals) > MAX_VALUES:
-        raise ScaleclError(f"{study} values {show_text(text)} are more than the {MAX_VALUES:,} runs a study may have")
+    if len(vals) > MAX_VALUES:
+        raise ScaleclError(f"{study} values {show_text(text)} give more than the {MAX_VALUES:,} runs a study may have")
     if not vals:
         raise ScaleclError(f"no values to sweep in {text!r}")
     return [str(v) for v in vals]
@@ -139,10 +136,13 @@ def run_study(study: str, preset: str, values: str | None, sets: list[str] | lis
             methods[id(exp)] = check(exp, [s.method], opts)[1][s.method]
         except ScaleclError as e:
             raise ScaleclError(f"{study} value {v!r}: {e}") from None
+    found = {id(exp): None if opts.force else find_shared(s, exp, methods[id(exp)]) for _, exp in exps}
+    to_train = [(f"{study} value {v!r}", exp) for v, exp in exps if found[id(exp)] is None]
+    check_ahead(to_train[1:], [s.method], opts)  # the first to train makes these checks itself, before it trains
     out, labels = [], []
     for v, exp in exps:
-        shared = None if opts.force else reference_shared(s, exp, methods[id(exp)])
-        got = [shared] if shared is not None else sweep(exp, [s.method], opts, summary=False)
+        shared = found[id(exp)]
+        got = [refer(s, exp, methods[id(exp)], *shared)] if shared else sweep(exp, [s.method], opts, summary=False)
         out += got
         labels += [_row_label(study, s, v, r) for r in got]
     if out:  # one table for the whole study, a row per value (and seeds), not one per value
@@ -187,12 +187,11 @@ def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     return result
 
 
-def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
-    """The result of a finished main run with this value's name, referenced from the study's folder instead of
-    trained again; None when the study's own folder has the run, or no such main run has finished (then the
-    value trains as an ordinary run). A main run this layer cannot prove finished is never referenced."""
-    from scalecl.common.files import OwnedFiles
-    from scalecl.common.locks import locked
+def find_shared(s: Study, exp: Any, method: Any) -> tuple[Path, dict[str, Any]] | None:
+    """(folder, result) of a finished main run with this value's name, which the study's folder will refer to
+    instead of training it again; None when the study's own folder has the run, or no such main run has finished
+    (then the value trains as an ordinary run). A main run this layer cannot prove finished is never referenced.
+    Writes nothing (refer writes the reference)."""
     from scalecl.compute.processes import Dist
 
     run = exp.run_of(method, Dist())
@@ -200,9 +199,16 @@ def reference_shared(s: Study, exp: Any, method: Any) -> dict[str, Any] | None:
         return None
     found = ((t, finished_elsewhere(run, t)) for t in shared_run_dirs(s, exp, run.name)
              if t.resolve() != run.out_dir.resolve())
-    target, result = next(((t, r) for t, r in found if r is not None), (None, None))
-    if result is None:
-        return None
+    return next(((t, r) for t, r in found if r is not None), None)
+
+
+def refer(s: Study, exp: Any, method: Any, target: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Write `<out>/<study>/<name>/reference.json` pointing at the finished run in `target` (once); its result."""
+    from scalecl.common.files import OwnedFiles
+    from scalecl.common.locks import locked
+    from scalecl.compute.processes import Dist
+
+    run = exp.run_of(method, Dist())
     doc = {"reference": Path(os.path.relpath(target, run.out_dir)).as_posix(), "run": run.name,
            "experiment": s.experiment}
     text, ref = json.dumps(doc, indent=2) + "\n", run.out_dir / REFERENCE

@@ -11,7 +11,8 @@ display, training each run with scalecl.training.fit, writing its files, and the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -66,15 +67,17 @@ def parse_seeds(text: str | None, key: str) -> list[int] | None:
     when not given. Each is checked like a config seed; repeats are dropped."""
     if text is None:
         return None
-    from scalecl.common.schema import check_seed
+    from scalecl.common.schema import check_seed, int_span, show_text, show_value
 
-    lo, dots, hi = text.partition("..")
-    try:
-        vals = list(range(int(lo), int(hi) + 1)) if dots else [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ScaleclError(f"{key} takes integers separated by commas or a range a..b, got {text!r}") from None
+    vals = int_span(text, key, MAX_REPLICATES, "seeds")  # its length checked before it is expanded
+    if vals is None:
+        try:
+            vals = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise ScaleclError(f"{key} takes integers separated by commas or a range a..b, got "
+                               f"{show_text(text)}") from None
     if not vals or len(vals) > MAX_REPLICATES:
-        raise ScaleclError(f"{key} {text!r} gives {len(vals)} seeds; give 1..{MAX_REPLICATES}")
+        raise ScaleclError(f"{key} {show_value(text)} gives {len(vals)} seeds; give 1..{MAX_REPLICATES}")
     return list(dict.fromkeys(check_seed(v, key) for v in vals))
 
 
@@ -194,6 +197,8 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
                 for name, run in runs.items():
                     if opts.force or done[name] is None:
                         run.check_destinations()
+                        if not opts.force:  # --force starts the run over: its checkpoints go
+                            run.check_stop(opts.stop_after, opts.resume)
             except ScaleclError as e:
                 refused = str(e)
             refused = d.share(refused)
@@ -210,15 +215,15 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
         return results
 
 
-def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist) -> None:
-    """Print the estimated peak memory and time of what the sweep will train (scalecl.experiments.budget), once its data
-    is ready; a run that cannot fit is one error on every process before any training."""
+def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist, show=say) -> None:
+    """Show the estimated peak memory and time of what the sweep will train (scalecl.experiments.budget), once its
+    data is ready; a run that cannot fit is one error on every process before any training."""
     from scalecl.experiments.budget import check_fits, describe, sweep_estimate
 
     refused = None
     if d.main:
         e = sweep_estimate(exp, methods, dev, d.world)
-        say(describe(e))
+        show(describe(e))
         try:
             check_fits(e)
         except ScaleclError as err:
@@ -228,12 +233,43 @@ def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dis
         raise ScaleclError(refused)
 
 
+def check_ahead(exps: Sequence[tuple[str, Experiment]], methods: list[str], opts: SweepOptions) -> None:
+    """The checks a sweep makes only just before it trains, for each of `exps` that has a run to train, so that
+    a bad one fails before any of them trains: --stop-after against each run's latest checkpoint, and those
+    that need the data (the tokenizer's size against model.vocab, the corpus against the batch, the memory
+    estimate). Each prepares its data on a throwaway copy of itself: the experiment's own sweep prepares them
+    again, from what this cached on disk (tokenizer, encoded corpus), and no set of data is held for long. A
+    refusal names its label (a study's value, a replicate's seeds)."""
+    for label, exp in exps:
+        try:
+            with distributed() as d:
+                dev, prepared = check(exp, methods, opts, d)
+                todo = [n for n, m in prepared.items() if opts.force or exp.run_of(m, d).result() is None]
+                refused = None
+                try:
+                    for n in todo if not opts.force else []:
+                        exp.run_of(prepared[n], d).check_stop(opts.stop_after, opts.resume)  # the main process
+                except ScaleclError as e:
+                    refused = str(e)
+                refused = d.share(refused)
+                if refused is not None:
+                    raise ScaleclError(refused)
+                if todo:
+                    trial = copy.copy(exp)  # prepare assigns the data to the copy; `exp` stays unprepared
+                    trial.prepare(Runtime(d, dev, None, lambda _: None))
+                    _check_budget(trial, todo, dev, d, show=lambda _: None)
+        except ScaleclError as e:
+            raise type(e)(f"{label}: {e}", cli=f"{label}: {e.cli_message()}") from None
+
+
 def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOptions) -> list[dict[str, Any]]:
-    """Sweep every replicate (one experiment per seed pair) after checking all of them, so a bad one fails
-    before the first trains; every replicate is an ordinary run with its own name."""
+    """Sweep every replicate (one experiment per seed pair) after checking all of them, data included, so a bad
+    one fails before the first trains; every replicate is an ordinary run with its own name."""
     if len(exps) > 1:
         for exp in exps:
             check(exp, methods, opts)
+        # the first makes these checks itself before it trains: the others, before it
+        check_ahead([(f"base seed {e.rc.seed}, run seed {e.rc.run_seed}", e) for e in exps[1:]], methods, opts)
     return [r for exp in exps for r in sweep(exp, methods, opts)]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+from scalecl.common.environment import env
+
 
 def crash_point(name: str) -> None:
     """SIGKILL this process the n-th time `name` is reached, when SCALECL_CRASH_AT=name[:n] asks for it.
@@ -13,7 +15,7 @@ def crash_point(name: str) -> None:
     the final files) are too short to hit with a timer; tests name them instead. Unset, this is one dict
     lookup.
     """
-    want = os.environ.get("SCALECL_CRASH_AT")
+    want = env("SCALECL_CRASH_AT")
     if not want:
         return
     target, _, nth = want.partition(":")

@@ -22,7 +22,7 @@ from torch import nn
 from scalecl.common.errors import TrainingDiverged
 from scalecl.compute.processes import Dist, say
 from scalecl.training.loop import Hooks, TrainPlan, train
-from scalecl.training.run import Run
+from scalecl.training.run import Run, check_stop
 from scalecl.training.state import load_state
 from scalecl.training.trackers import open_trackers
 
@@ -64,6 +64,8 @@ class Fit:
 def _start(run: Run, plan: TrainPlan, rt: Runtime) -> tuple[Path, dict] | None:
     """The checkpoint and state to resume from (None: step 0): rank 0 decides, every process follows."""
     start = run.begin(resume=plan.resume, force=plan.force, say=rt.say) if rt.d.main else None
+    if start is not None:  # resuming at or past the step to stop at would train past it (Run.check_stop)
+        check_stop(run.name, int(start[1]["step"]), plan.stop_at)
     if rt.d.main:  # a folder named like a checkpoint the run will write, and not the run's own: refused now
         run.check_free(_save_steps(plan, int(start[1]["step"]) if start else 0))
     if rt.d.world > 1:

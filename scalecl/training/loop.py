@@ -208,9 +208,9 @@ class LineProgress:
     only after it has run `every` seconds, and then its end too."""
 
     def __init__(self, every: float | None = None, write: Callable[[str], None] | None = None) -> None:
-        import os
+        from scalecl.common.environment import env
 
-        self.every = float(os.environ.get("SCALECL_PROGRESS_EVERY", 30)) if every is None else every
+        self.every = env("SCALECL_PROGRESS_EVERY") if every is None else every
         self.write = write or (lambda line: print(line, flush=True))
         self.tasks: dict[int, dict[str, Any]] = {}
         self._ids = itertools.count()

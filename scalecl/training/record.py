@@ -4,12 +4,14 @@ reader, and what end-of-run tables compare a run with (the FFT run of the same b
 Every experiment's record carries the `Envelope` keys plus its own (the biography: stages, priors, vocabulary
 rows; continual pre-training: the base, the corpora). `run` is the identity the run was named by
 (scalecl.training.run.Run.identity). A record names no folder of the machine that wrote it: `checkpoint` is
-the final model's folder relative to the run folder.
+the final model's folder relative to the run folder. A record is strict JSON: a number that is not finite (NaN,
+infinity) is written as null, and the record's `non_finite` lists where.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -56,11 +58,32 @@ def params(model) -> dict[str, int]:
 
 def record_text(identity: dict[str, Any], result: dict[str, Any], out_dir: Path, final_dir: Path | None) -> str:
     """The text of result.json: the run's identity, then the result, with the final model's folder relative to
-    the run folder (the caller's dict keeps the path it can open)."""
+    the run folder (the caller's dict keeps the path it can open). Strict JSON: a number that is not finite is
+    written as null and its key listed under `non_finite` (finite_json)."""
     doc = {"run": identity} | result
     if final_dir is not None and "checkpoint" in result:
         doc["checkpoint"] = Path(os.path.relpath(Path(final_dir).absolute(), Path(out_dir).absolute())).as_posix()
-    return json.dumps(doc, indent=2, default=str) + "\n"
+    found: list[str] = []
+    doc = finite_json(doc, found)
+    if found:
+        doc["non_finite"] = found
+    return json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n"
+
+
+def finite_json(obj: Any, found: list[str], where: str = "") -> Any:
+    """`obj` with every float that is not finite replaced by None, its key path ("speed.mfu") added to `found`.
+
+    JSON has no NaN or Infinity: json.dumps would write a bare NaN, which strict readers (JSON.parse, jq) refuse.
+    A result is not thrown away for one such number (an evaluation that is not finite stops the run before any
+    record, scalecl.training.fit), so it is kept as null, and `non_finite` says which keys were so written."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        found.append(where or "(the record)")
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_json(v, found, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_json(v, found, f"{where}[{i}]") for i, v in enumerate(obj)]
+    return obj
 
 
 def read_record(f: Path, what: str = "run result", identity: bool = True) -> dict[str, Any]:

@@ -68,6 +68,13 @@ FINALS = ("metrics.jsonl", "train_log.jsonl", RESULT_FILE)
 CKPT_MANIFEST = "scalecl-checkpoint.json"  # in every step folder: the fingerprint of each file in it
 
 
+def check_stop(name: str, step: int, stop_at: int | None) -> None:
+    """One ScaleclError when run `name`, resuming at `step`, is asked to stop at or before it (stop_at)."""
+    if stop_at is not None and step >= stop_at:
+        raise ScaleclError(f"{name}: its latest checkpoint is at step {step}, at or past --stop-after {stop_at}; "
+                           f"give a later --stop-after to continue it, or leave it out to finish the run")
+
+
 def owned_checkpoint(p: Path) -> bool:
     """Whether `p` is a step folder the suite wrote: its manifest records every file in it and all still match."""
     m = Path(p) / CKPT_MANIFEST
@@ -209,6 +216,14 @@ class Run:
             from scalecl.training.checkpoint import check_checkpoint_dest
 
             check_checkpoint_dest(self.final_dir, overwrite=True)
+
+    def check_stop(self, stop_at: int | None, resume: bool | str) -> None:
+        """Before any data or stage is built: a stop step (--stop-after) at or before the checkpoint --resume would
+        continue from is refused (training on would pass the step asked for; --force starts over, so it is not
+        checked then)."""
+        found = self.checkpoints() if self.main and stop_at is not None and resume else []
+        if found:
+            check_stop(self.name, int(STEP_DIR.match(found[-1].name).group(1)), stop_at)
 
     # -- finished runs --------------------------------------------------------------------------------
 

@@ -113,10 +113,17 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["prepare", "--method", "llama-pro", "--random-config", "llama", "--out", "p", "--set", "n=2"], "divisor"),
         (["prepare", "--method", "fft", "--model", str(fx / "truncated"), "--out", "p"], "truncated"),
         # train-bio
-        (["train-bio", "--preset", "tiny", "--method", ""], "names no method"),
+        (["train-bio", "--preset", "tiny", "--method", ""], "--method is empty"),
         (["train-cpt", "--preset", "tiny", "--method", " , "], "names no method"),
         ([*tiny_bio, "--seeds", "a,b"], "--seeds takes integers"),
-        ([*tiny_bio, "--run-seeds", "0..99999"], "--run-seeds '0..99999' gives 100000 seeds"),
+        ([*tiny_bio, "--run-seeds", "0..99999"], "--run-seeds 0..99999: 100,000 seeds, more than the 1,000 seeds"),
+        # ranges: their length checked before they are expanded (0..10**11 is no list of 10**11 seeds)
+        ([*tiny_bio, "--seeds", "0..100000000000"], "--seeds 0..100000000000: 100,000,000,001 seeds, more than"),
+        ([*tiny_bio, "--run-seeds", "0..100000000000"], "--run-seeds 0..100000000000: 100,000,000,001 seeds"),
+        ([*tiny_bio, "--seeds", "2..1"], "--seeds 2..1 is an empty range"),
+        # sizes the machine can hold: CPU threads at most max(256, 4 x its cores)
+        ([*tiny_bio, "--set", "compute.threads=100000"], "compute.threads must be <= "),
+        ([*tiny_bio, "--set", f"compute.threads={2**20}"], "compute.threads must be <= "),
         ([*tiny_bio, "--seeds", "4294967296"], "--seeds must be an integer in 0..4294967295"),
         ([*tiny_bio, "--set", "seed=1", "--seeds", "0,1"], "given twice"),
         ([*tiny_cpt, "--set", "run_seed=1", "--run-seeds", "0,1"], "given twice"),
@@ -214,6 +221,8 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["study", "init", "--preset", "tiny", "--values", "svd,ones"], "init must be"),
         (["study", "tau", "--preset", "tiny", "--set", "stage1.steps=-1"], "stage1.steps must be >= 1"),
         (["study", "tau", "--preset", "tiny", "--values", ";"], "no values"),
+        (["study", "tau", "--preset", "tiny", "--values", ""], "--values is empty"),  # not the default set
+        ([*tiny_bio, "--set", "tokenizer="], "config key tokenizer is empty"),  # its default is not ""
         # plot
         (["plot", "--results", str(fx / "nope")], "does not exist"),
         (["plot", "--results", str(fx / "results_garbage"), "--out", "figs"], "unreadable result"),
@@ -246,3 +255,25 @@ def test_bad_input(i, fx, tmp_path, monkeypatch):
     assert len(lines) == 1 and lines[0].startswith("error:"), (args, out)
     assert phrase in lines[0], (args, phrase, lines[0])
     assert listing(fx, cwd) == before, args
+
+
+def _valued_params() -> list[tuple[str, str]]:
+    """(command, option or argument) for every parameter of every command that takes a value."""
+    import typer
+
+    group = typer.main.get_command(app)
+    return [(name, p.opts[0] if p.param_type_name == "option" else "")
+            for name, cmd in group.commands.items() for p in cmd.params if not getattr(p, "is_flag", False)]
+
+
+@pytest.mark.parametrize("command, option", _valued_params())
+def test_an_empty_value_is_refused_for_every_option(command, option, tmp_path, monkeypatch):
+    """An empty value is never "not given" (`study tau --values ''` trained the default sweep; `--out ''` is the
+    current folder): every option and argument of every command refuses it with one line."""
+    monkeypatch.chdir(tmp_path)
+    args = [command, option, ""] if option else [command, ""]
+    res = runner.invoke(app, args)
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, (args, res.output, res.exception)
+    assert lines[0].startswith("error:") and f"{option or 'name'} is empty" in lines[0], (args, lines[0])
+    assert list(tmp_path.iterdir()) == []

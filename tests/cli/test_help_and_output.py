@@ -167,7 +167,8 @@ def test_study_prints_one_table_labelled_by_value(monkeypatch, capsys, tmp_path)
     values = ["-1", "0.9"]
     monkeypatch.setattr(study, "experiments", lambda *a: (study.STUDIES["tau"], [(v, Exp()) for v in values]))
     monkeypatch.setattr(study, "check", lambda *a: (None, {"scale-route": None}))
-    monkeypatch.setattr(study, "reference_shared", lambda *a: None)
+    monkeypatch.setattr(study, "find_shared", lambda *a: None)
+    monkeypatch.setattr(study, "check_ahead", lambda *a: None)
     monkeypatch.setattr(study, "sweep", lambda exp, methods, opts, summary=True: (
         [_bio_result("scale-route", "r", 0.5)] if not summary else exp.fail()))
     study.run_study("tau", "tiny", None, [], SimpleNamespace(out=tmp_path))

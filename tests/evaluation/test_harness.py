@@ -20,6 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from scalecl.cli import app
+from scalecl.common.errors import ScaleclError
 from scalecl.data.tokenizer import train_tokenizer
 from scalecl.evaluation import harness, harness_scores
 from scalecl.methods import get_method
@@ -308,6 +309,27 @@ def test_more_shots_than_the_pool_holds_is_one_error_line(env):
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert res.exit_code == 2 and len(errors) == 1 and "few-shot pool" in errors[0], res.output
     assert "Traceback" not in res.output and not (env["root"] / "bad_shots").exists()
+
+
+def test_a_max_length_the_tasks_do_not_fit_is_one_error_line(env):
+    """--max-length 1 passes the option's range, but lm-eval asserts that every scored answer fits it (KoBEST's
+    answers here are 2-3 tokens): one `error:` line naming the least length, before any forward, no results."""
+    out = env["root"] / "bad_length"
+    res = runner.invoke(app, ["eval-harness", "--model", str(env["ckpts"]["base"]), "--tasks", str(env["tasks"]),
+                              "--out", str(out), "--limit", "2", "--bootstrap-iters", "0", "--max-length", "1"])
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1, res.output
+    assert "--max-length 1 is shorter than an answer the tasks score" in errors[0] and "give at least" in errors[0]
+    assert "Traceback" not in res.output and not out.exists()
+
+
+def test_generation_must_leave_room_for_a_prompt(env):
+    from types import SimpleNamespace
+
+    lm, _ = harness.wrap_model(load_model(env["ckpts"]["base"]), env["tok"], batch_size=1, max_length=64)
+    request = SimpleNamespace(args=("Question:", {"until": ["\n"], "max_gen_toks": 64}))
+    with pytest.raises(ScaleclError, match="--max-length 64 leaves no room for a prompt: the tasks generate up to 64"):
+        lm.generate_until([request])
 
 
 def test_checkpoint_without_tokenizer_needs_one(env, tmp_path):

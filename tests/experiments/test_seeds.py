@@ -34,7 +34,8 @@ def test_seed_lists_are_parsed_and_checked():
     assert parse_seeds(None, "--seeds") is None
     assert parse_seeds("0..2", "--seeds") == [0, 1, 2]
     assert parse_seeds("3, 1,3", "--seeds") == [3, 1]
-    for bad in ("", "a", "1.5", "2..0", "-1", "0..5000", str(2**32)):
+    # a range's length is checked before it is expanded: 0..10**11 is one error, not a MemoryError
+    for bad in ("", "a", "1.5", "2..0", "-1", "0..5000", str(2**32), "0..100000000000", f"0..{10**30}"):
         with pytest.raises(ScaleclError, match="--seeds"):
             parse_seeds(bad, "--seeds")
     assert replicate_sets(["x=1"], None, None) == [["x=1"]]
@@ -43,6 +44,26 @@ def test_seed_lists_are_parsed_and_checked():
         replicate_sets(["seed=2"], "0,1", None)
     with pytest.raises(ScaleclError, match="given twice"):
         replicate_sets([" run_seed = 2"], None, "0")
+
+
+def test_every_replicate_is_checked_against_its_data_before_the_first_trains(tmp_path):
+    """Each base seed has its own people and tokenizer: a model.vocab that holds the first seed's tokenizer but not
+    the second's is refused before the first trains."""
+    from scalecl.data.biography import generate_people
+    from scalecl.data.tokenizer import train_bio_tokenizer
+    from scalecl.experiments import load_preset
+    from scalecl.experiments.bio import bio_config
+
+    sizes = {s: len(train_bio_tokenizer(generate_people(bio_config(load_preset("bio", "tiny", [f"seed={s}"])))))
+             for s in (0, 1, 2, 3)}
+    small, big = min(sizes, key=sizes.get), max(sizes, key=sizes.get)
+    assert sizes[small] < sizes[big]
+    res = runner.invoke(app, ["train-bio", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"),
+                              "--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck"), *FAST,
+                              "--set", f"model.vocab={sizes[small]}", "--seeds", f"{small},{big}"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1].startswith(f"error: base seed {big}, run seed 0: model.vocab=")
+    assert not list(tmp_path.rglob("result.json")) and not (tmp_path / "ck").exists()  # nothing trained
 
 
 def _bio(tmp, out, *args):

@@ -27,12 +27,31 @@ def test_values():
         study_values("width", rc, None)
     with pytest.raises(ScaleclError, match="integers or a range"):
         study_values("l_fp", rc, "a..b")
+    with pytest.raises(ScaleclError, match="more than the 1,000 runs"):  # refused before it is expanded
+        study_values("l_fp", rc, f"0..{10**30}")
+    with pytest.raises(ScaleclError, match="empty range"):
+        study_values("l_fp", rc, "2..1")
+    for empty in ("", "  "):  # given but empty is never the default set (which would train every default value)
+        with pytest.raises(ScaleclError, match="--values is empty"):
+            study_values("tau", load_preset("bio", "tiny"), empty)
 
 
 def test_bad_study_one_line(tmp_path):
     r = runner.invoke(app, ["study", "depth", "--preset", "tiny", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and r.output.strip().startswith("error:") and "unknown study" in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_every_value_is_checked_against_the_data_before_any_trains(tmp_path):
+    """vocab=10 is smaller than the tokenizer, which only the prepared data tell: it is refused before value 0
+    (which would pass) trains, not after."""
+    r = runner.invoke(app, ["study", "vocab", "--preset", "tiny", "--values", "0;10", "--out", str(tmp_path / "o"),
+                            "--cache", str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck"),
+                            "--set", "stage1.steps=4", "--set", "stage2.steps=2", "--set", "stage3.steps=2"])
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert r.exit_code == 2 and lines == [r.output.strip().splitlines()[-1]], r.output
+    assert "vocab value '10': model.vocab=10 is smaller than the tokenizer's" in lines[0]
+    assert not list(tmp_path.rglob("result.json")) and not (tmp_path / "ck").exists()  # nothing trained
 
 
 def test_init_study_end_to_end(tmp_path):

@@ -30,6 +30,17 @@ def test_the_record_names_its_checkpoint_relative_to_the_run_folder(tmp_path):
     assert checkpoint_dir(doc, out) == final
 
 
+def test_a_number_that_is_not_finite_is_written_as_null_and_listed(tmp_path):
+    """JSON has no NaN: a bare NaN (what json.dumps writes by default) is refused by strict readers."""
+    result = {"method": "fft", "speed": {"mfu": float("nan"), "tokens_per_s": 10.0},
+              "curve": [1.0, float("inf"), -float("inf")]}
+    text = record_text({"name": "r1"}, result, tmp_path, None)
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} written into result.json"))
+    assert doc["speed"] == {"mfu": None, "tokens_per_s": 10.0} and doc["curve"] == [1.0, None, None]
+    assert doc["non_finite"] == ["speed.mfu", "curve[1]", "curve[2]"]
+    assert "non_finite" not in json.loads(record_text({"name": "r1"}, {"method": "fft"}, tmp_path, None))
+
+
 def test_the_reader_refuses_what_is_not_a_result_in_one_error(tmp_path):
     f = tmp_path / "result.json"
     for doc, why in (([], "JSON object"), ({"experiment": "bio", "preset": "cpu", "method": "fft"}, "'run'"),

@@ -94,6 +94,32 @@ def test_a_non_finite_evaluation_is_not_recorded(tmp_path):
     assert not (tmp_path / "out" / "result.json").exists()
 
 
+def test_resuming_at_or_past_the_stop_step_is_refused(tmp_path):
+    """--resume --stop-after 3 from a checkpoint at step 4 would train on to step 5: refused before any step."""
+    config = tiny_config("llama")
+    build, batches = (lambda: model_from_config(config, seed=0)), (lambda: _batches(config.vocab_size))
+    fit(_run(tmp_path), TrainPlan(6, OptimConfig(lr=1e-3), save_every=2, stop_at=4), build=build, batches=batches())
+    for stop in (3, 4):
+        with pytest.raises(ScaleclError, match=f"latest checkpoint is at step 4, at or past --stop-after {stop}"):
+            fit(_run(tmp_path), TrainPlan(6, OptimConfig(lr=1e-3), save_every=2, stop_at=stop, resume=True),
+                build=build, batches=batches())
+    assert [p.name for p in _run(tmp_path).checkpoints()] == ["step-0000002", "step-0000004"]
+
+
+def test_cli_resume_with_an_earlier_stop_is_one_line_before_any_work(tmp_path):
+    args = ["train-bio", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"), "--cache",
+            str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck"), "--set", "stage1.steps=4", "--set",
+            "stage2.steps=2", "--set", "stage3.steps=8", "--set", "checkpoint.every=2"]
+    assert runner.invoke(app, [*args, "--stop-after", "4"]).exit_code == 0
+    before = sorted(p.name for p in (tmp_path / "ck" / "bio").glob("*/step-*"))
+    res = runner.invoke(app, [*args, "--resume", "--stop-after", "2"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output  # not even the data line: refused before work
+    assert "latest checkpoint is at step 4, at or past --stop-after 2" in lines[0]
+    assert sorted(p.name for p in (tmp_path / "ck" / "bio").glob("*/step-*")) == before == ["step-0000002",
+                                                                                              "step-0000004"]
+
+
 def test_cli_lr_1e30_exits_1_with_nothing_finished(tmp_path, local):
     args = ["train-cpt", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "out"), "--cache",
             str(tmp_path / "cache"), "--checkpoints", str(tmp_path / "ck")]
