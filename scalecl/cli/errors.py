@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import re
 import sys
 from typing import Any
 
@@ -18,6 +17,7 @@ from typer.core import TyperGroup
 from scalecl.common.consoles import make_console
 from scalecl.common.environment import check_environment
 from scalecl.common.errors import ScaleclError
+from scalecl.common.files import os_error_code
 
 console = make_console()  # off a terminal: lines and paths are not wrapped at 80 columns
 err_console = make_console(stderr=True)
@@ -90,30 +90,36 @@ def refuse_empty(param: Any) -> None:
     param.refuses_empty = True
 
 
-# OS errors that are the user's machine, not a bug: a read-only or full disk, no permission, a path that
-# cannot be one. Anywhere under a command they are one `error:` line naming the path and exit code 1.
-USER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
-               errno.ENAMETOOLONG)
-_RUST_IO = re.compile(r"Os \{ code: (\d+)")  # safetensors' I/O errors, as its Rust core words them
+# An OS error under a command is the user's machine, not a bug: a full or read-only disk, a file-size or quota
+# limit, no permission, a path that cannot be one, too many open files. Wherever it comes from (Python, or a
+# library's Rust core that words it "(os error 28)"), it is one `error:` line naming the path and exit code 1.
 
 
 def os_error_line(e: BaseException) -> str | None:
-    """The one line for a user-caused OS error (also as safetensors reports one), or None for any other error."""
-    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
-        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
-        name = errno.errorcode.get(e.errno, str(e.errno))
-        return f"{where + ': ' if where else ''}{e.strerror or os.strerror(e.errno)} ({name})"
-    m = _RUST_IO.search(str(e)) if type(e).__name__ == "SafetensorError" else None
-    if m and int(m[1]) in USER_ERRNOS:
-        code = int(m[1])
-        return f"reading or writing weights failed: {os.strerror(code)} ({errno.errorcode.get(code, code)})"
-    return None
+    """The one line for an OS error (also as safetensors or tokenizers report one, or as the cause of another
+    error), or None for any other error."""
+    code = os_error_code(e)
+    if code is None:
+        return None
+    named = next((x for x in _chain(e) if isinstance(x, OSError) and x.errno == code and x.filename is not None), None)
+    where = " -> ".join(str(f) for f in (named.filename, named.filename2) if f is not None) if named else ""
+    name = errno.errorcode.get(code, str(code))
+    strerror = named.strerror if named is not None and named.strerror else os.strerror(code)
+    return f"{where + ': ' if where else 'reading or writing files failed: '}{strerror} ({name})"
+
+
+def _chain(e: BaseException | None):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
 
 
 def user_errors(fn):
     """Check the SCALECL_* environment variables (scalecl.common.environment), then run the command; a
     ScaleclError is one red line on stderr and its exit code (2: bad input, 1: the run failed); a read-only or
-    full disk, a missing permission or an impossible path (USER_ERRNOS) is one line and exit 1."""
+    full disk, a missing permission or an impossible path (any OS error, os_error_line) is one line and exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -18,6 +18,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -90,6 +91,42 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         if isinstance(e, OSError) and e.filename is None and e.errno is not None:  # a full disk: name the file
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
+
+
+_OS_ERROR_TEXT = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")  # Rust libraries' I/O errors (safetensors, tokenizers)
+
+
+def os_error_code(e: BaseException) -> int | None:
+    """The errno behind an exception, wherever it comes from: an OSError, or a library's error whose message
+    carries one (safetensors' and tokenizers' Rust cores: "No space left on device (os error 28)"), also when
+    it is the cause or context of the exception raised; None for any other error."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return e.errno
+        m = _OS_ERROR_TEXT.search(str(e))
+        if m:
+            return int(m[1] or m[2])
+        e = e.__cause__ or e.__context__
+    return None
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OS error inside the block that names no file (a full disk met by a Rust library, a write to an open
+    file) is raised again as an OSError naming `path`, so the user is told where it happened."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno:
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
+        raise
+    except Exception as e:
+        code = os_error_code(e)
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code), str(path)) from e
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -274,7 +274,7 @@ def cached_encoding(
     damaged one is one error naming it, or with `rebuild` (--force) set aside and encoded again.
     """
     from scalecl.common.errors import ScaleclError
-    from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries, seal, usable_entry
+    from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
     from scalecl.common.locks import locked
 
     def load() -> list[np.ndarray]:
@@ -298,7 +298,7 @@ def cached_encoding(
         if all((folder / f).exists() for f in ENCODING_FILES):  # another process cached it meanwhile
             return load()
         remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
-        with atomic_dir(folder) as tmp:
+        with atomic_dir(folder) as tmp, naming(folder):
             np.save(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
             np.save(tmp / "offsets.npy", offsets)
             seal(tmp)

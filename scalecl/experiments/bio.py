@@ -35,7 +35,7 @@ import torch
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError, cause
-from scalecl.common.files import TMP_PREFIX, atomic_dir, remove_temporaries, seal, usable_entry
+from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
 from scalecl.compute.perf import autocast_dtype
@@ -173,7 +173,7 @@ def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path, rebuild: 
         if (tok_dir / "tokenizer.json").exists():  # another process cached it meanwhile
             return _load_cached_tokenizer(tok_dir)
         remove_temporaries(tok_dir.parent, f"{TMP_PREFIX}{tok_dir.name}-")
-        with atomic_dir(tok_dir) as tmp:
+        with atomic_dir(tok_dir) as tmp, naming(tok_dir):
             tokenizer.save_pretrained(str(tmp))
             seal(tmp)
     return tokenizer

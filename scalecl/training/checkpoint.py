@@ -60,6 +60,7 @@ from scalecl.common.files import (
     is_marked_temporary,
     large_digests,
     make_temporary,
+    naming,
     unmark,
     unowned_entries,
 )
@@ -223,7 +224,7 @@ def save_model(
     overwrite: replace an existing checkpoint of the suite at out_dir (never anything else).
     """
     check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
-    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # one writer (scalecl.common.locks)
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"), naming(Path(out_dir)):  # one writer
         return _save_model(model, out_dir, method, base_model, tokenizer, extra, overwrite)
 
 
