@@ -46,8 +46,18 @@ def make_temporary(parent: Path, prefix: str) -> Path:
 
 
 def unmark(tmp: Path) -> None:
-    """Take the mark out of a complete temporary folder before it is renamed into place."""
+    """Take the mark out of a complete temporary folder before it is renamed into place, and give it and what
+    it holds the permissions the umask allows (mkdtemp makes folders for their owner alone, and some writers,
+    safetensors among them, make files so): results and checkpoints are for everyone the user's umask admits."""
     (tmp / TMP_MARK).unlink(missing_ok=True)
+    for root, dirs, names in os.walk(tmp):
+        with contextlib.suppress(OSError):
+            os.chmod(root, 0o777 & ~_UMASK)
+        for name in names:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                with contextlib.suppress(OSError):
+                    os.chmod(p, 0o666 & ~_UMASK)
 
 
 def is_marked_temporary(p: Path) -> bool:

@@ -7,6 +7,7 @@ scalecl.experiments.sweep drives it through the `Experiment` protocol.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -159,6 +160,32 @@ class ExperimentBase:
 
 # ---------------------------------------------------------------------------------------------------------
 # cached stages: the biography's stages 1-2 and the CPT's builtin base
+
+
+def path_key(path: str, cache: Path) -> str:
+    """How a path enters a cache key, whatever its spelling: inside the cache, `cache/<its place there>` (what
+    the default `--cache cache` always gave, so those entries keep their keys); another existing path, its
+    real absolute location; anything else (a hub id), as given."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        return path
+    real, root = Path(os.path.realpath(p)), Path(os.path.realpath(cache))
+    if real == root or root in real.parents:
+        return Path("cache", real.relative_to(root)).as_posix()
+    return str(real)
+
+
+def adopt_entry(old: Path, new: Path, say: Callable[[str], None]) -> None:
+    """A cache entry an earlier version keyed by how a path was spelled (`--cache /abs/cache`, a relative
+    `--tokenizer`) is renamed to its spelling-independent key once, and said, instead of being built again
+    while the old one lies unused."""
+    if old == new or os.path.lexists(new) or old.is_symlink() or not old.is_dir():
+        return
+    with locked(new, wait=True, what=f"cache entry {new}"):
+        if os.path.lexists(new) or not old.is_dir():
+            return
+        os.rename(old, new)
+    say(f"cache entry {old.name} renamed to {new.name} (cache keys no longer depend on how a path is spelled)")
 
 
 def stage_run(folder: Path, name: str, experiment: str, key: str, keep: int, main: bool, save_kw: dict,

@@ -54,8 +54,10 @@ from scalecl.experiments.base import (
     EndTable,
     ExperimentBase,
     Paths,
+    adopt_entry,
     cached_stage,
     micro_split,
+    path_key,
     stage_record,
     stage_run,
 )
@@ -424,9 +426,13 @@ class BioExperiment(ExperimentBase):
         self.slices = {"task0": _slice(data.qa["task0_heldout"], rc.eval.slice_people),
                        "task1": _slice(data.qa["task1"], rc.eval.slice_people)}
         lo, hi = ranges(data.cfg).pretrain
+        encoded = self.cache / f"encoded-{config_hash(asdict(data.cfg), self.tokenizer_key, TEXT_FORMAT, (lo, hi))}"
+        if d.main:  # an entry keyed by an earlier version's spelling of --cache: renamed, not encoded again
+            adopt_entry(encoded.with_name(
+                f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}"), encoded, rt.say)
+        d.barrier()
         self.docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
-            data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi),
-            self.cache / f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}",
+            data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi), encoded,
             write=d.main, rebuild=rt.force and d.main, say=rt.say)
         corpus = sum(len(doc) + 1 for doc in self.docs)  # tokens of one epoch (each biography + EOS)
         if corpus // rc.model.context < rc.stage1.batch:  # a check on the data: before any stage or value trains
@@ -445,11 +451,17 @@ class BioExperiment(ExperimentBase):
     def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:
         return RowShards(batches, micro_batch(self.rc, sc, d.world)[0], d.world, d.rank)
 
-    def _stage_keys(self, world: int) -> tuple[str, str]:
-        """The cache keys of stages 1 and 2 (the data must be prepared)."""
+    @property
+    def tokenizer_key(self) -> str:
+        """The tokenizer as the cache keys name it: independent of how --cache or --tokenizer is spelled."""
+        return path_key(self.data.tokenizer_dir, self.cache.parent)
+
+    def _stage_keys(self, world: int, tokenizer: str | None = None) -> tuple[str, str]:
+        """The cache keys of stages 1 and 2 (the data must be prepared); `tokenizer`: as a key names it
+        (default `tokenizer_key`; an earlier version's spelled path, to find its entries)."""
         rc, data = self.rc, self.data
         m1, m2 = micro_key(rc, world, "stage1"), micro_key(rc, world, "stage2")
-        k1 = config_hash(asdict(data.cfg), data.tokenizer_dir, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
+        k1 = config_hash(asdict(data.cfg), tokenizer or self.tokenizer_key, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
                          *([m1] if m1 else []), *numerics_key(self.numerics))  # k2 inherits it through k1
         return k1, config_hash(k1, rc.stage2, *([m2] if m2 else []))
 
@@ -467,6 +479,11 @@ class BioExperiment(ExperimentBase):
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
         rc, data, d = self.rc, self.data, rt.d
         k1, k2 = self._stage_keys(d.world)
+        if d.main:  # entries keyed by an earlier version's spelling of the paths: renamed, not trained again
+            for stage, old, new in zip(("stage1", "stage2"), self._stage_keys(d.world, data.tokenizer_dir), (k1, k2),
+                                       strict=True):
+                adopt_entry(self.cache / f"{stage}-{old}", self.cache / f"{stage}-{new}", rt.say)
+        d.barrier()
         docs = self.docs  # prepare: the encoded pre-training biographies
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         self.never_rows = never_target_rows(docs, data.qa.values(), self.base_cfg.vocab_size,

@@ -46,8 +46,10 @@ from scalecl.experiments.base import (
     EndTable,
     ExperimentBase,
     Paths,
+    adopt_entry,
     cached_stage,
     micro_split,
+    path_key,
     stage_record,
     stage_run,
 )
@@ -101,8 +103,13 @@ def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: 
     """The builtin base: a small decoder pre-trained on the stand-in's base corpus (English training split plus
     a little Korean of other people, see scalecl.data.bilingual), cached. Rank 0 trains it alone (resuming its
     own checkpoints after a kill); the other processes wait."""
-    key = config_hash(asdict(rc.builtin), tok_src, rc.model, rc.pretrain, rc.seed,
-                      *numerics_key(numerics or run_numerics(rc.compute, rt.device)))
+    def key_of(tok: str) -> str:
+        return config_hash(asdict(rc.builtin), tok, rc.model, rc.pretrain, rc.seed,
+                           *numerics_key(numerics or run_numerics(rc.compute, rt.device)))
+
+    key = key_of(path_key(tok_src, cache))  # however --cache or --tokenizer is spelled
+    if rt.d.main:  # an entry keyed by an earlier version's spelling of the paths: renamed, not trained again
+        adopt_entry(cache / "cpt" / f"base-{key_of(tok_src)}", cache / "cpt" / f"base-{key}", rt.say)
     run = stage_run(cache / "cpt", f"base-{key}", "cpt-base", key, rc.checkpoint.keep, rt.d.main,
                     {"tokenizer": tokenizer}, numerics)
     info = cached_stage(run, rt, lambda: _train_base(rc, run, tokenizer, root, rt), alone=True)

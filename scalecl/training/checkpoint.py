@@ -82,13 +82,21 @@ _PLAIN_METHODS = (None, "fft", "freeze", "llama-pro")
 def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """Refuse, in one line and before any work, an output folder whose writing could lose the user's data.
 
-    Refused: the current folder or one of its ancestors, a file, a path under a file, a symbolic link, a
-    non-empty folder that is not a scalecl checkpoint, and an existing checkpoint unless overwrite=True (and
-    then still if it holds files the suite did not write). An empty folder is filled. Stale temporary
-    siblings of earlier crashed saves are cleaned up here.
+    Refused: the current folder or one of its ancestors, a file, a path under a file, a symbolic link to
+    nothing or to a file, a non-empty folder that is not a scalecl checkpoint, and an existing checkpoint
+    unless overwrite=True (and then still if it holds files the suite did not write). An empty folder is
+    filled. A symbolic link to a folder means that folder, as for every `--out` of the suite (the link
+    itself is never replaced). Stale temporary siblings of earlier crashed saves are cleaned up here.
     """
     out = Path(out_dir).expanduser()
     check_path_length(out, "output folder")  # first: stat() itself fails on too long a name
+    if out.is_symlink():
+        if not out.exists():
+            raise ScaleclError(f"output folder {out_dir} is a symbolic link to nothing ({os.readlink(out)}); give a "
+                               f"folder")
+        if not out.is_dir():
+            raise ScaleclError(f"output folder {out_dir} is a symbolic link to a file, not a folder")
+        out = Path(os.path.realpath(out))  # the folder it names: written there, the link left as it is
     where = Path(os.path.abspath(out))
     real, cwd = where.resolve(), Path.cwd().resolve()
     if real == cwd or real in cwd.parents:
@@ -96,8 +104,6 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
     for parent in real.parents:
         if parent.exists() and not parent.is_dir():
             raise ScaleclError(f"output folder {out_dir} lies under {parent}, which is a file")
-    if out.is_symlink():
-        raise ScaleclError(f"output folder {out_dir} is a symbolic link: give the folder itself")
     if out.exists() and not out.is_dir():
         raise ScaleclError(f"output folder {out_dir} is a file")
     _clean_stale_siblings(where)
