@@ -50,7 +50,7 @@ def unmark(tmp: Path) -> None:
     it holds the permissions the umask allows (mkdtemp makes folders for their owner alone, and some writers,
     safetensors among them, make files so): results and checkpoints are for everyone the user's umask admits."""
     (tmp / TMP_MARK).unlink(missing_ok=True)
-    for root, dirs, names in os.walk(tmp):
+    for root, _dirs, names in os.walk(tmp):
         with contextlib.suppress(OSError):
             os.chmod(root, 0o777 & ~_UMASK)
         for name in names:
