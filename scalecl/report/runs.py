@@ -17,7 +17,7 @@ from scalecl.common.readers import read_json, read_jsonl
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
-from scalecl.training.record import base_identity, read_record
+from scalecl.training.record import NUMBER, Fields, base_identity, mistyped, read_record
 
 LABELS = {"fft": "FFT", "lora": "LoRA", "freeze": "Freeze", "llama-pro": "LLaMA Pro", "scale-preserve": "SCALE-Preserve",
           "scale-adapt": "SCALE-Adapt", "scale-route": "SCALE-Route"}
@@ -32,13 +32,34 @@ def _study_of(f: Path) -> str | None:
     return None
 
 
+# What the report reads of any result besides its experiment's ReportSpec paths, with the type each must have
+# where present (parents before children): a result holding another is skipped with one line, not a traceback.
+RESULT_FIELDS: Fields = {
+    "provenance": dict, "provenance.date": str, "provenance.finished": str, "seeds": dict, "lr": NUMBER,
+    "config": dict, "config.model": dict, "config.model.vocab": int, "config.model.layers": int,
+    "config.compute": dict, "method_options": dict, "method_options.tau": NUMBER, "method_options.router": str,
+    "method_options.l_fp": NUMBER, "summary": dict, "final": dict, "priors": dict, "data": dict, "base": dict,
+    "base.source": str, "vocab": dict, "vocab.model": int, "vocab.tokenizer": int, "stage1": dict,
+    "stage2": dict, "never_target_rows": int,
+}
+
+
 def read_result(f: Path) -> dict:
-    """A result.json (scalecl.training.record.read_record: an object naming its experiment, preset and method), or
-    one clear error naming the file."""
+    """A result.json (scalecl.training.record.read_record: an object naming its experiment, preset and method,
+    every RESULT_FIELDS key it holds of its type), or one clear error naming the file."""
     try:
-        return read_record(f, "unreadable result", identity=False)
+        return read_record(f, "unreadable result", identity=False, fields=RESULT_FIELDS)
     except ScaleclError as e:
         raise ScaleclError(f"{e}; remove its run folder or rerun it") from None
+
+
+def spec_fields(spec: ReportSpec) -> dict:
+    """The types an experiment's results must have where the report reads them: its declared `fields`, and a
+    number at every other path its tables and frontier read (required, metrics, paired, frontier)."""
+    paths = [*spec.required, *(p for _, p, _ in spec.metrics), *(p for _, p in spec.paired),
+             spec.frontier.x[1], spec.frontier.y[1]]
+    declared = {**RESULT_FIELDS, **spec.fields}
+    return {**spec.fields, **{p: NUMBER for p in paths if p not in declared}}
 
 
 def _lacks(r: dict, keys: tuple[str, ...]) -> str | None:
@@ -82,6 +103,9 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
                 continue
             if _lacks(r, spec.required):
                 plot.skip(f, f"result {f} has no {_lacks(r, spec.required)!r}")
+                continue
+            if mistyped(r, spec_fields(spec)):
+                plot.skip(f, f"result {f}: {mistyped(r, spec_fields(spec))}")
                 continue
             seeds = seeds_of(r)
             if seeds is None:

@@ -24,10 +24,10 @@ from scalecl.report.tables import write_study_means, write_table
 def study_label(study: str, opts: dict) -> str:
     """A CPT study run's swept value: its init pair ('0,Z'), l_fp, or collaborative modules ('attn+mlp')."""
     if study == "init":
-        return ",".join(i.upper() if i != "zero" else "0" for i in opts.get("init", ()))
+        return ",".join(str(i).upper() if i != "zero" else "0" for i in opts.get("init", ()))
     if study == "l_fp":
         return l_fp_text(opts.get("l_fp"))
-    return "+".join(opts.get("collab", ()))
+    return "+".join(map(str, opts.get("collab", ())))
 
 
 def study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from scalecl.report import (
     summary_table,
 )
 from scalecl.report.stats import binomial_se, interval_note, t_interval, t_quantile
+from tests.report.fake_runs import write_result
 
 SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
 runner = CliRunner()
@@ -64,7 +65,7 @@ def bio_run(root: Path, method: str, base: int, run: int = 0, final0: float = 0.
     }
     if seeds == "new":
         result["seeds"] = {"base": base, "run": run}
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -187,7 +188,7 @@ def test_other_method_options_stay_separate(tmp_path):
     d = bio_run(tmp_path, "scale-route", 0, final0=0.0, date="2027-01-01T00:00:00")
     r = json.loads((d / "result.json").read_text())
     r["method_options"] = {"tau": 0.5}
-    (d / "result.json").write_text(json.dumps(r))
+    write_result(d, r)
     route = summary_table(Plot.of(tmp_path), BIO_REPORT).query("method == 'scale-route'").set_index("setting")
     assert route.loc["tau=unset", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # not replacing seed 0/0
     assert route.loc["tau=unset", "n"] == 3 and route.loc["tau=0.5", "n"] == 1  # n: base seeds
@@ -239,7 +240,7 @@ def test_malformed_seeds_are_skipped(tmp_path):
     d = bio_run(tmp_path, "fft", 7, final0=0.9)
     r = json.loads((d / "result.json").read_text())
     r["seeds"] = {"base": "seven", "run": 0}
-    (d / "result.json").write_text(json.dumps(r))
+    write_result(d, r)
     skipped = plot_all(tmp_path, tmp_path / "o", SPECS).skipped
     assert any("seeds" in why for why in skipped.values())
     assert pd.read_csv(tmp_path / "o" / "table_bio.csv").set_index("method").loc["fft", "n"] == 3
@@ -303,7 +304,7 @@ def cpt_run(root: Path, method: str, base: int, old_end: float, new_end: float) 
               "summary": {"old_ppl_start": 10.0, "old_ppl_end": old_end, "old_ppl_max": old_end,
                           "new_ppl_start": 50.0, "new_ppl_end": new_end, "rep_cos_end": 1.0},
               "final": lines[-1]}
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -336,7 +337,7 @@ def test_groups_that_differ_only_in_their_rate_are_labelled_by_it(tmp_path):
         d = cpt_run(tmp_path, "fft", 0, 12.0, 40.0)
         r = json.loads((d / "result.json").read_text())
         r["lr"], r["config"]["lr"]["fft"] = lr, lr
-        (d / "result.json").write_text(json.dumps(r))
+        write_result(d, r)
         d.rename(d.with_name(f"{d.name}-{lr:g}"))
     cpt_run(tmp_path, "scale-route", 0, 11.0, 30.0)
     runs = load_runs(Plot.of(tmp_path), CPT_REPORT)
@@ -413,7 +414,7 @@ def test_runs_on_two_builds_of_one_base_seed_are_not_paired(tmp_path):
     def build(d: Path, stage1_loss: float) -> None:
         r = json.loads((d / "result.json").read_text())
         r |= {"stage1": {"final_loss": stage1_loss}, "stage2": {"final_loss": 0.01}}
-        (d / "result.json").write_text(json.dumps(r))
+        write_result(d, r)
 
     for r in range(3):
         build(bio_run(tmp_path / "a", "scale-route", 0, r, final0=0.5), 0.40)
