@@ -19,6 +19,7 @@ from scalecl.report.draw import COLORS, LINESTYLES, Drawn, _figure_legend, _save
 from scalecl.report.registry import figure
 from scalecl.report.runs import (
     METHOD_KEYS,
+    UNVERIFIED,
     _config_rest,
     _flat,
     _get,
@@ -28,6 +29,7 @@ from scalecl.report.runs import (
     group_label,
     inputs_text,
     load_runs,
+    marked,
 )
 from scalecl.report.spec import FrontierSpec, ReportSpec
 from scalecl.report.stats import interval_note, t_interval
@@ -53,6 +55,11 @@ def _frontier_config(r: dict) -> dict:
     return rest
 
 
+def _unverified_part(r: dict) -> list[str]:
+    """What keeps a line of runs drawn unverified apart from the proven runs' (nothing for a proven run)."""
+    return [UNVERIFIED] if r.get(UNVERIFIED) else []
+
+
 def _short_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
@@ -70,7 +77,7 @@ def frontier_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
     if runs.empty:
         return runs
     runs["front"] = [_short_hash([spec.name, r["preset"], _frontier_config(r)]) for r in runs["result"]]
-    runs["line"] = [_short_hash([f, r["method"], r.get("method_options") or {}])
+    runs["line"] = [_short_hash([f, r["method"], r.get("method_options") or {}] + _unverified_part(r))
                     for f, r in zip(runs["front"], runs["result"], strict=True)]
     runs["lr"] = [float(r["lr"]) for r in runs["result"]]
     runs["point"] = runs["line"] + runs["lr"].map(lambda v: f"@{v:.6g}")
@@ -94,7 +101,7 @@ def _frontier_settings(runs: pd.DataFrame, most: int = 4) -> pd.Series:
             parts = [f"{k}={fronts[row['front']].get(k, 'unset')}" for k in keys]
             parts += [f"{k}={opts.get(k, 'unset')}" for k in _varying(same)]
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
-            labels[row["line"]] = label.replace('"', "")
+            labels[row["line"]] = marked(label.replace('"', ""), row["result"])
     return runs["line"].map(labels)
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 import pandas as pd
 
 from scalecl.common.errors import ScaleclError
+from scalecl.common.files import OwnedFiles
 from scalecl.common.readers import read_json, read_jsonl
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
 from scalecl.training.record import NUMBER, Fields, base_identity, mistyped, read_record
+from scalecl.training.run import RUN_WRITER
 
 LABELS = {"fft": "FFT", "lora": "LoRA", "freeze": "Freeze", "llama-pro": "LLaMA Pro", "scale-preserve": "SCALE-Preserve",
           "scale-adapt": "SCALE-Adapt", "scale-route": "SCALE-Route"}
@@ -67,13 +69,52 @@ def _lacks(r: dict, keys: tuple[str, ...]) -> str | None:
     return next((path for path in keys if _get(r, path) is None), None)
 
 
-def _result_or_none(plot: Plot, f: Path) -> dict | None:
-    """read_result, or None with the file recorded as skipped."""
+UNVERIFIED = "unverified"  # the key plot --unverified adds to a result its run's manifest does not prove: why
+
+
+def unproven(f: Path) -> str | None:
+    """Why the manifest of its run folder does not prove `f` is the result its run wrote, unchanged; None when it
+    does. The rule training applies before a result.json marks a run finished (scalecl.training.run.Run.result:
+    the run writer's scalecl.common.files.OwnedFiles), so that plot draws exactly the runs training trusts."""
+    record = ".scalecl-run-files.json"  # OwnedFiles(<run folder>, RUN_WRITER).manifest
     try:
-        return read_result(f)
+        files = OwnedFiles(f.parent, RUN_WRITER)
+    except ScaleclError:
+        return f"{record} beside it is not the record of the files a run wrote"
+    if f.is_symlink():
+        return "a symbolic link, not the file its run wrote"
+    if not files.manifest.exists():
+        return f"no {record} beside it records that a run wrote it (made or copied by hand?)"
+    if f.name not in files.files:
+        return f"{record} beside it does not record it"
+    if not files.owns(f.name):
+        return f"changed since its run wrote it (its fingerprint in {record} differs)"
+    return None
+
+
+def marked(label: str, r: dict) -> str:
+    """A label of a result drawn with plot --unverified, said so: '<label> (unverified)'."""
+    if not r.get(UNVERIFIED):
+        return label
+    return f"{label} ({UNVERIFIED})" if label else UNVERIFIED
+
+
+def _result_or_none(plot: Plot, f: Path) -> dict | None:
+    """read_result of a result its run folder's manifest proves (unproven); None with the file recorded as
+    skipped when it is unreadable or unproven (with plot.unverified, unproven ones are returned marked)."""
+    try:
+        r = read_result(f)
     except ScaleclError as e:
         plot.skip(f, str(e))
         return None
+    r.pop(UNVERIFIED, None)
+    why = unproven(f)
+    if why is not None and not plot.unverified:
+        plot.skip(f, f"{f}: {why}; not a finished run to training either (plot --unverified draws it, marked so)")
+        return None
+    if why is not None:
+        r[UNVERIFIED] = why
+    return r
 
 
 RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build"]
@@ -120,7 +161,7 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
         df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
-    df["setting"] = _settings(df) if study is None else ""
+    df["setting"] = _settings(df) if study is None else [marked("", r) for r in df["result"]]
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
@@ -202,6 +243,7 @@ def _config_id(r: dict, pair: bool = False) -> str:
     ident = [r["experiment"], r["preset"], _config_rest(r, pair)]
     if not pair:
         ident += [r["method"], r.get("method_options") or {}]
+        ident += [UNVERIFIED] if r.get(UNVERIFIED) else []  # never a replicate of runs that are proven
     text = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -237,7 +279,7 @@ def _settings(df: pd.DataFrame, most: int = 4) -> pd.Series:
             parts = [f"{k}={shared[row['group']].get(k, 'unset')}" for k in keys]
             parts += [f"{k}={opts[row['group']].get(k, 'unset')}" for k in _varying(same)]
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
-            labels[row["group"]] = label.replace('"', "")
+            labels[row["group"]] = marked(label.replace('"', ""), row["result"])
         for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their rates tell,
             rates = dict(zip(same["group"], (_lr_text(r) for r in same["result"]), strict=True))  # else hashes
             before = {x: labels[x] for x in same["group"]}

@@ -195,6 +195,79 @@ def test_other_method_options_stay_separate(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# what plot trusts: exactly the results training trusts
+
+
+def unproven_runs(root: Path) -> dict[str, Path]:
+    """three_bases, then four more Route runs that their run folder's manifest does not prove, each with a Task 0
+    end of 0.99 (what a hand edit would claim): name -> run folder."""
+    three_bases(root)
+    runs = {}
+    d = runs["edited"] = bio_run(root, "scale-route", 3, final0=0.5)
+    f = d / "result.json"
+    f.write_text(f.read_text().replace('"acc": 0.5', '"acc": 0.99'))  # edited by hand after the run wrote it
+    d = runs["no manifest"] = bio_run(root, "scale-route", 4, final0=0.99)
+    (d / ".scalecl-run-files.json").unlink()  # copied without it
+    d = runs["another writer"] = bio_run(root, "scale-route", 5, final0=0.99)
+    (d / ".scalecl-run-files.json").write_text(json.dumps({"written_by": "me", "files": {}}))
+    d = runs["not recorded"] = bio_run(root, "scale-route", 6, final0=0.99)
+    (d / ".scalecl-run-files.json").write_text(json.dumps({"written_by": "scalecl run", "files": {}}))
+    return runs
+
+
+UNPROVEN_WHY = {"edited": "changed since its run wrote it (its fingerprint in .scalecl-run-files.json differs)",
+                "no manifest": "no .scalecl-run-files.json beside it records that a run wrote it",
+                "another writer": ".scalecl-run-files.json beside it is not the record of the files a run wrote",
+                "not recorded": ".scalecl-run-files.json beside it does not record it"}
+
+
+def test_plot_skips_what_training_would_not_count_as_a_finished_run(tmp_path):
+    """A result.json its run folder's manifest does not prove (edited by hand, no manifest, another writer's, not
+    recorded) is refused by training (Run.result) and skipped by plot with one `skipped: <path>: <reason>` line;
+    the proven runs are drawn as before (before: the hand-edited 0.99 was drawn as a real Task 0)."""
+    from scalecl.common.errors import ScaleclError
+    from scalecl.training.run import Run
+
+    runs = unproven_runs(tmp_path / "res")
+    for d in runs.values():  # the training side of the rule
+        with pytest.raises(ScaleclError):
+            Run({"name": d.name}, d, tmp_path / "ck").result()
+    proven = [d for d in (tmp_path / "res" / "bio").iterdir() if d not in runs.values()]
+    assert all(Run({"name": d.name}, d, tmp_path / "ck").result() is not None for d in proven)
+    out = tmp_path / "figs"
+    res = runner.invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(out)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
+    assert len(skipped) == len(runs), res.stderr
+    for name, d in runs.items():
+        assert sum(ln.startswith(f"skipped: {d / 'result.json'}: {UNPROVEN_WHY[name]}") for ln in skipped) == 1, name
+    table = pd.read_csv(out / "table_bio.csv").set_index("method")
+    assert table.loc["scale-route", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # the proven runs only
+    assert table.loc["scale-route", "task0_full_end"] == pytest.approx(0.6)
+    assert "0.99" not in (out / "table_bio.csv").read_text() and "0.990" not in (out / "table_bio.md").read_text()
+
+
+def test_plot_unverified_draws_them_as_a_setting_of_their_own(tmp_path):
+    """--unverified: the unproven runs are drawn, never as replicates of proven runs: a group of their own whose
+    setting says '(unverified)', in tables, paired rows and inputs; nothing skipped."""
+    runs = unproven_runs(tmp_path / "res")
+    out = tmp_path / "figs"
+    res = runner.invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(out), "--unverified"])
+    assert res.exit_code == 0 and "skipped:" not in res.stderr, res.output
+    table = pd.read_csv(out / "table_bio.csv", keep_default_na=False)
+    route = table[table["method"] == "scale-route"].set_index("setting")
+    assert sorted(route.index) == ["", "unverified"]
+    assert route.loc["", "seeds"] == "0/0, 1/0, 2/0, 2/1" and route.loc["", "task0_full_end"] == pytest.approx(0.6)
+    assert route.loc["unverified", "seeds"] == "3/0, 4/0, 5/0, 6/0"
+    assert route.loc["unverified", "task0_full_end"] == pytest.approx(0.99)
+    assert table[table["method"] == "fft"]["setting"].tolist() == [""]  # proven runs keep their label
+    assert "SCALE-Route [unverified]" in set(pd.read_csv(out / "paired_bio.csv")["a"])
+    inputs = (out / "table_bio.inputs.txt").read_text()
+    assert all(d.name in inputs for d in runs.values()) and "SCALE-Route [unverified]" in inputs
+    assert "| scale-route | unverified " in (out / "table_bio.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
 # the files `scalecl plot` writes
 
 
