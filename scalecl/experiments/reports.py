@@ -4,6 +4,8 @@ and which of the registered figures and tables each gets."""
 
 from __future__ import annotations
 
+from scalecl.experiments.bio import BioExperiment
+from scalecl.experiments.cpt import CptExperiment
 from scalecl.report.bio import TASKS, bio_caption, slice_questions
 from scalecl.report.cpt import CPT_SETS, cpt_caption, embedding_variant
 from scalecl.report.settings import option_label
@@ -72,6 +74,7 @@ BIO_REPORT = ReportSpec(
                           "answer's first token; adapt = 1 - preserve)"),
     study_label=option_label,
     fields={"priors.task0_heldout": dict},
+    not_named=BioExperiment.not_named,
 )
 
 CPT_REPORT = ReportSpec(
@@ -98,4 +101,5 @@ CPT_REPORT = ReportSpec(
     fields={"final": dict, "final.up_norm": NUMBER, "config.train": dict, "config.base": str, "config.data": dict,
             "config.data.path": str, "config.model.tie_embeddings": bool, "method_options.embed_init": str,
             "method_options.init": list, "method_options.collab": list},
+    not_named=CptExperiment.not_named,
 )

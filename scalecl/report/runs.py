@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +16,7 @@ import pandas as pd
 from scalecl.common.errors import ScaleclError
 from scalecl.common.files import OwnedFiles
 from scalecl.common.readers import read_json, read_jsonl
+from scalecl.common.schema import without
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
@@ -154,14 +156,14 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
                 continue
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
-                         "run_seed": seeds[1], "group": _config_id(r) if study is None else str(f.parent),
-                         "pair": _config_id(r, pair=True), "base_build": _base_build(r)})
+                         "run_seed": seeds[1], "group": _config_id(r, spec.not_named) if study is None else str(f.parent),
+                         "pair": _config_id(r, spec.not_named, pair=True), "base_build": _base_build(r)})
     if not rows:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
         df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
-    df["setting"] = _settings(df) if study is None else [marked("", r) for r in df["result"]]
+    df["setting"] = _settings(df, spec.not_named) if study is None else [marked("", r) for r in df["result"]]
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
@@ -225,24 +227,22 @@ def seeds_of(r: dict) -> tuple[int, int] | None:
     return seeds if all(isinstance(v, int) and not isinstance(v, bool) for v in seeds) else None
 
 
-def _config_rest(r: dict, pair: bool = False) -> dict:
-    """The config without its seeds (pair=True: also without the per-method tables) and without the CPU thread
-    count (compute.threads): the thread count changes floating-point sums, not the experiment, and runs made
-    before the option existed record none, so a setting's replicates group across it (result.json's
-    `run.numerics` still tells them apart)."""
+def _config_rest(r: dict, not_named: Sequence[str], pair: bool = False) -> dict:
+    """The config a replicate group shares: without its seeds and without `not_named`, the keys a run's name
+    leaves out (its experiment's ExperimentBase.not_named): checkpointing and the compute options (thread count,
+    device options), which cannot change its numbers beyond float rounding, and the per-method tables, whose
+    entry for the run _config_id adds as its options and rate. pair=True: also without any per-method table."""
     cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
-    rest = {k: v for k, v in cfg.items()
-            if k not in SEED_KEYS and not (pair and k in METHOD_KEYS and isinstance(v, dict))}
-    if isinstance(rest.get("compute"), dict):
-        rest["compute"] = {k: v for k, v in rest["compute"].items() if k != "threads"}
-    return rest
+    rest = without(cfg, (*SEED_KEYS, *not_named))
+    return {k: v for k, v in rest.items() if not (pair and k in METHOD_KEYS and isinstance(v, dict))}
 
 
-def _config_id(r: dict, pair: bool = False) -> str:
-    """A short hash of a run's replicate group (pair=False) or of the base it shares with other methods."""
-    ident = [r["experiment"], r["preset"], _config_rest(r, pair)]
+def _config_id(r: dict, not_named: Sequence[str], pair: bool = False) -> str:
+    """A short hash of a run's replicate group (pair=False: its run name without seeds and numerics) or of the
+    base it shares with other methods (pair=True)."""
+    ident = [r["experiment"], r["preset"], _config_rest(r, not_named, pair)]
     if not pair:
-        ident += [r["method"], r.get("method_options") or {}]
+        ident += [r["method"], r.get("method_options") or {}, r.get("lr")]
         ident += [UNVERIFIED] if r.get(UNVERIFIED) else []  # never a replicate of runs that are proven
     text = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -265,13 +265,13 @@ def _varying(flats: list[dict[str, str]]) -> list[str]:
     return [k for k in keys if len({f.get(k) for f in flats}) > 1]
 
 
-def _settings(df: pd.DataFrame, most: int = 4) -> pd.Series:
+def _settings(df: pd.DataFrame, not_named: Sequence[str], most: int = 4) -> pd.Series:
     """Per run, what tells its replicate group from the others of its preset: the config keys that differ
     across the preset's groups and the method options that differ across the method's groups ('' if none)."""
     labels: dict[str, str] = {}
     firsts = df.drop_duplicates("group")
     for _, g in firsts.groupby("preset", sort=False):
-        shared = {row["group"]: _flat(_config_rest(row["result"], pair=True)) for _, row in g.iterrows()}
+        shared = {row["group"]: _flat(_config_rest(row["result"], not_named, pair=True)) for _, row in g.iterrows()}
         opts = {row["group"]: _flat(row["result"].get("method_options") or {}) for _, row in g.iterrows()}
         keys = _varying(list(shared.values()))
         for _, row in g.iterrows():

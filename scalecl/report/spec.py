@@ -46,7 +46,9 @@ class ReportSpec:
     study_label(study, method options): a study run's label, for studies other than the Route studies;
     study_variant(result): what a study's runs differ in besides the swept value (a panel each), or None;
     fields: the type of each further result.json key its captions and labels read (dotted path -> type; the
-    paths above are numbers unless declared here), checked before a run is used.
+    paths above are numbers unless declared here), checked before a run is used;
+    not_named: the config keys its run names leave out (its ExperimentBase.not_named), left out of replicate
+    groups too: runs that differ only there (and in their seeds) are replicates of one setting.
     """
 
     name: str
@@ -67,3 +69,4 @@ class ReportSpec:
     study_label: Callable[[str, dict], str]
     study_variant: Callable[[dict], str] | None = None
     fields: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
+    not_named: tuple[str, ...] = ()

@@ -14,6 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
+from scalecl.experiments.bio import BioExperiment
+from scalecl.experiments.cpt import CptExperiment
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.report import (
     NO_INTERVAL,
@@ -442,19 +444,59 @@ def test_committed_results_still_plot(tmp_path):
     assert (out / "paired_cpt.csv").exists() and (out / "fig8_bio_cpu.inputs.txt").exists()
 
 
-def test_replicate_groups_ignore_the_thread_count_only():
-    """compute.threads (absent in runs made before it existed, 1 today) changes float sums, not the setting:
-    runs differing in it and in their seeds are replicates; any other compute or config change is not."""
+def test_replicate_groups_leave_out_what_run_names_leave_out():
+    """A replicate group is what names a run (scalecl.experiments.base: the config but `not_named`, plus the
+    method, its options and its own rate), seeds and numerics aside: runs that differ in checkpointing, compute
+    options (threads: absent before the option existed) or another method's table or options are replicates;
+    another rate, option or config key is another setting."""
     from scalecl.report.runs import _config_id
 
-    def result(seed, compute, lr=1e-4):
-        return {"experiment": "bio", "preset": "cpu", "method": "fft", "method_options": {},
-                "config": {"seed": seed, "stage3": {"lr": lr}, "compute": compute}}
+    def result(seed, lr=1e-4, options=None, **config):
+        return {"experiment": "bio", "preset": "cpu", "method": "fft", "method_options": options or {}, "lr": lr,
+                "config": {"seed": seed, "stage3": {"lr": 1e-4}, "compute": {"threads": 1, "tf32": True},
+                           "checkpoint": {"every": 0, "keep": 2}, "lr_scale": {"fft": 1.0, "lora": 10.0},
+                           "methods": {}} | config}
 
-    old, new = result(1, {"threads": None, "tf32": True}), result(2, {"threads": 1, "tf32": True})
-    assert _config_id(old) == _config_id(new) and _config_id(old, pair=True) == _config_id(new, pair=True)
-    assert _config_id(result(1, {"threads": 1, "tf32": False})) != _config_id(new)
-    assert _config_id(result(1, {"threads": 1, "tf32": True}, lr=3e-4)) != _config_id(new)
+    def group(r, pair=False):
+        return _config_id(r, BIO_REPORT.not_named, pair=pair)
+
+    new = result(2)
+    for same in (result(1, compute={"threads": None, "tf32": True}), result(1, compute={"threads": 2, "tf32": False}),
+                 result(1, checkpoint={"every": 50, "keep": 3}), result(1, lr_scale={"fft": 1.0, "lora": 3.0}),
+                 result(1, methods={"lora": {"rank": 4}})):
+        assert group(same) == group(new) and group(same, pair=True) == group(new, pair=True), same["config"]
+    for other in (result(1, lr=3e-4, lr_scale={"fft": 3.0, "lora": 10.0}), result(1, stage3={"lr": 3e-4}),
+                  result(1, options={"k": 2})):
+        assert group(other) != group(new), other
+    assert BIO_REPORT.not_named == BioExperiment.not_named and CPT_REPORT.not_named == CptExperiment.not_named
+
+
+def test_runs_differing_only_in_checkpointing_are_one_setting(tmp_path):
+    """FFT on three bases, one of them checkpointed every 5 steps with other compute options (and, for the
+    CPT, measuring never-target rows): one setting of 3 replicates, not two settings (before: 'checkpoint.every=0'
+    n=2 beside 'checkpoint.every=5' n=1)."""
+    for b in range(3):
+        d = bio_run(tmp_path, "fft", b, final0=FFT_FINAL[b])
+        if b == 2:
+            r = json.loads((d / "result.json").read_text())
+            r["config"] |= {"checkpoint": {"every": 5, "keep": 1}, "compute": {"threads": 2, "compile": True}}
+            write_result(d, r)
+    (row,) = summary_table(Plot.of(tmp_path), BIO_REPORT).to_dict("records")
+    assert (row["setting"], row["n"], row["seeds"]) == ("", 3, "0/0, 1/0, 2/0")
+    assert row["task0_full_end"] == pytest.approx(0.2)
+    cpt = {"experiment": "cpt", "preset": "cpu", "method": "fft", "method_options": {}, "lr": 1e-4,
+           "trainable_params": 10, "provenance": {"date": "2026-12-01"}, "final": {},
+           "summary": dict.fromkeys(("old_ppl_start", "old_ppl_end", "old_ppl_max", "new_ppl_start", "new_ppl_end",
+                                     "rep_cos_end"), 2.0),
+           "config": {"train": {"steps": 10, "batch": 2, "seq_len": 8}, "eval": {"every": 5, "never_tokens": 0},
+                      "lr": {"fft": 1e-4}, "checkpoint": {"every": 0, "keep": 2}}}
+    for b, never, every in ((0, 0, 0), (1, 0, 10), (2, 1000, 0)):
+        d = tmp_path / "cpt" / f"cpu-fft-s{b}"
+        d.mkdir(parents=True)
+        write_result(d, cpt | {"seeds": {"base": b, "run": 0}, "config": cpt["config"] | {
+            "eval": {"every": 5, "never_tokens": never}, "checkpoint": {"every": every, "keep": 2}}})
+    (row,) = summary_table(Plot.of(tmp_path), CPT_REPORT).to_dict("records")
+    assert (row["setting"], row["n"]) == ("", 3)
 
 
 def test_run_seeds_of_one_base_are_the_unit_when_a_group_has_one_base(tmp_path):
