@@ -1,6 +1,7 @@
 """Reading results folders: result.json and metrics files into frames of runs, their replicate groups (runs of
 one setting that differ only in their seeds), and what a figure or table says about the runs it used. Every
-reader records a run it leaves out (a file missing or malformed) in the Plot it is given, instead of failing."""
+reader records a run it leaves out (a file missing or malformed, a result its run folder's manifest does not
+prove) in the Plot it is given, instead of failing."""
 
 from __future__ import annotations
 
@@ -147,8 +148,9 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             if _lacks(r, spec.required):
                 plot.skip(f, f"result {f} has no {_lacks(r, spec.required)!r}")
                 continue
-            if mistyped(r, spec_fields(spec)):
-                plot.skip(f, f"result {f}: {mistyped(r, spec_fields(spec))}")
+            wrong = mistyped(r, spec_fields(spec))
+            if wrong is not None:
+                plot.skip(f, f"result {f}: {wrong}")
                 continue
             seeds = seeds_of(r)
             if seeds is None:
