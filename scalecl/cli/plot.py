@@ -26,6 +26,10 @@ def plot(
                                  "(CSV/MD/TeX). The committed figures: --results results --out paper_figures. Only plot's own "
                                  "earlier outputs are replaced, and those these results no longer give are removed; "
                                  "any other file there is never touched."),
+    unverified: bool = typer.Option(False, "--unverified", help="Also draw results their run folder's manifest "
+                                    "(.scalecl-run-files.json) does not prove a run wrote unchanged (edited by hand, "
+                                    "copied without it), each setting marked '(unverified)'. Without it they are "
+                                    "skipped, as training does not count them as finished runs either."),
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from scalecl.common.files import check_writable_dir
@@ -41,7 +45,7 @@ def plot(
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
     check_writable_dir(out)
-    result = plot_all(roots, out, [spec.report_spec() for spec in EXPERIMENTS.values()])
+    result = plot_all(roots, out, [spec.report_spec() for spec in EXPERIMENTS.values()], unverified=unverified)
     if not result.written:
         skipped = "".join(f"; skipped {why}" for why in list(result.skipped.values())[:3])
         raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}{skipped}")

@@ -359,6 +359,22 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def without(config: dict[str, Any], paths: typing.Iterable[str]) -> dict[str, Any]:
+    """A config (nested dicts, as asdict gives it) without the keys at `paths` ('checkpoint', 'eval.never_tokens');
+    the config itself is left as it was."""
+    out = dict(config)
+    for path in paths:
+        *parents, key = path.split(".")
+        d = out
+        for k in parents:
+            if not isinstance(d.get(k), dict):
+                break
+            d[k] = d = dict(d[k])
+        else:
+            d.pop(key, None)
+    return out
+
+
 def config_hash(*parts: Any, n: int = 10) -> str:
     """Stable short hash of JSON-able parts (dataclasses are converted)."""
     blob = json.dumps([asdict(p) if is_dataclass(p) else p for p in parts], sort_keys=True, default=str)

@@ -21,7 +21,7 @@ from scalecl.common.consoles import make_console
 from scalecl.common.errors import Busy, ScaleclError
 from scalecl.common.files import set_aside
 from scalecl.common.locks import locked
-from scalecl.common.schema import config_hash, numerics_key, seed_key, seed_tag
+from scalecl.common.schema import config_hash, numerics_key, seed_key, seed_tag, without
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import Method
 from scalecl.training.checkpoint import damage, read_meta
@@ -86,8 +86,9 @@ def print_end_table(table: EndTable, results: list[dict[str, Any]], labels: list
 
 class ExperimentBase:
     """The shared half of an experiment. A subclass sets `name` (its result.json `experiment`, its checkpoint
-    subfolder), `not_named` (config sections that cannot change a run's numbers, left out of its name),
-    `end_table`, and implements `lr_of`."""
+    subfolder), `not_named` (config keys, dotted for nested ones, left out of a run's name: they cannot change
+    its numbers, or what they change is named apart: the method's options and rate, the run seed, the
+    numerics; `scalecl plot` leaves them out of its replicate groups too), `end_table`, and implements `lr_of`."""
 
     name: ClassVar[str]
     not_named: ClassVar[tuple[str, ...]] = ("checkpoint", "methods", "compute", "run_seed")
@@ -117,7 +118,7 @@ class ExperimentBase:
 
     def named_config(self) -> dict[str, Any]:
         """The config a run's name hashes: all of it but what cannot change its numbers (`not_named`)."""
-        return {k: v for k, v in asdict(self.rc).items() if k not in self.not_named}
+        return without(asdict(self.rc), self.not_named)
 
     def name_parts(self, d: Any) -> tuple:
         """Further values a run's name depends on under `d`'s processes (none by default)."""

@@ -209,7 +209,8 @@ class CptExperiment(ExperimentBase):
     """Continual pre-training as an experiment of the sweep: every method from the same base."""
 
     name = "cpt"
-    not_named = (*ExperimentBase.not_named, "lr")  # the run's own rate is named (lr_of)
+    # the run's own rate is named (lr_of); the never-target rows are a measurement only
+    not_named = (*ExperimentBase.not_named, "lr", "eval.never_tokens")
     end_table = CPT_TABLE
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
@@ -260,11 +261,6 @@ class CptExperiment(ExperimentBase):
 
     def lr_of(self, method: Method) -> float:
         return self.rc.lr[method.name]
-
-    def named_config(self) -> dict[str, Any]:
-        named = super().named_config()
-        named["eval"] = {k: v for k, v in named["eval"].items() if k != "never_tokens"}  # a measurement only
-        return named
 
     # -- shared data and the base --------------------------------------------------------------------------
 

@@ -4,11 +4,14 @@ and which of the registered figures and tables each gets."""
 
 from __future__ import annotations
 
+from scalecl.experiments.bio import BioExperiment
+from scalecl.experiments.cpt import CptExperiment
 from scalecl.report.bio import TASKS, bio_caption, slice_questions
 from scalecl.report.cpt import CPT_SETS, cpt_caption, embedding_variant
 from scalecl.report.settings import option_label
 from scalecl.report.spec import FrontierSpec, ReportSpec
 from scalecl.report.studies import study_label
+from scalecl.training.record import NUMBER
 
 # (column, where in result.json, questions behind one value: for a binomial SE, or None)
 BIO_METRICS = (("task0_start", "summary.task0_start", slice_questions),
@@ -70,6 +73,8 @@ BIO_REPORT = ReportSpec(
     routing_answers_what=(", and at the scored answer position (the last prompt token, whose output is the "
                           "answer's first token; adapt = 1 - preserve)"),
     study_label=option_label,
+    fields={"priors.task0_heldout": dict},
+    not_named=BioExperiment.not_named,
 )
 
 CPT_REPORT = ReportSpec(
@@ -77,7 +82,8 @@ CPT_REPORT = ReportSpec(
     outputs=("summary", "fig9", "fig4", "fig5", "fig6", "fig7", "train_loss", "lr_schedule", "routing",
              "frontier", "route_mechanism_table"),
     required=("summary.old_ppl_start", "summary.old_ppl_end", "summary.old_ppl_max", "summary.new_ppl_start",
-              "summary.new_ppl_end", "summary.rep_cos_end", "final", "config.train", "trainable_params", "lr"),
+              "summary.new_ppl_end", "summary.rep_cos_end", "final", "config.train", "config.train.steps",
+              "config.train.batch", "config.train.seq_len", "trainable_params", "lr"),
     metrics=CPT_METRICS,
     table_note="",
     paired=(("old_ppl_end", "summary.old_ppl_end"), ("new_ppl_end", "summary.new_ppl_end")),
@@ -92,4 +98,8 @@ CPT_REPORT = ReportSpec(
     routing_answers_what="",
     study_label=study_label,
     study_variant=embedding_variant,
+    fields={"final": dict, "final.up_norm": NUMBER, "config.train": dict, "config.base": str, "config.data": dict,
+            "config.data.path": str, "config.model.tie_embeddings": bool, "method_options.embed_init": str,
+            "method_options.init": list, "method_options.collab": list},
+    not_named=CptExperiment.not_named,
 )

@@ -89,14 +89,16 @@ RUN_ORDER = ("fig8", "summary", "table2", "fig9", "fig4", "fig5", "fig6", "fig7"
              "lr_schedule", "routing", "router_score", "frontier", "route_mechanism", "route_mechanism_table")
 
 
-def plot_all(results: Path | Sequence[Path], out: Path, specs: Sequence[ReportSpec]) -> PlotResult:
+def plot_all(results: Path | Sequence[Path], out: Path, specs: Sequence[ReportSpec],
+             unverified: bool = False) -> PlotResult:
     """Every figure and table the results folders have data for, for the experiments `specs` describe (the one
     entry point of `scalecl plot`). Nothing is written until every output has been checked; then plot's own
-    earlier outputs that these results no longer give are removed (none when nothing was written)."""
+    earlier outputs that these results no longer give are removed (none when nothing was written). Results
+    their run folder's manifest does not prove are skipped, or with `unverified` drawn and marked so."""
     registry.check_specs(specs)
     out = Path(out)
     with locked(out, wait=False, what=f"plot folder {out}"):  # one writer of the folder and its manifest
-        plot = Plot.of(results, out)
+        plot = Plot.of(results, out, unverified=unverified)
         plot.files = OwnedFiles(out, WRITER, deferred=True)
         for o in registry.outputs(RUN_ORDER):
             if not o.each_experiment:

@@ -15,18 +15,20 @@ WRITER = "scalecl plot"  # the name plot's OwnedFiles records its outputs under
 @dataclass
 class Plot:
     """One plot: `roots` the results folders read, `out` the folder written, `files` its writer (plot_all's is
-    deferred: nothing is written before every output was checked), `skipped` file -> why a run was left out."""
+    deferred: nothing is written before every output was checked), `skipped` file -> why a run was left out,
+    `unverified` whether results their run folder's manifest does not prove are drawn (marked so) instead."""
 
     roots: list[Path]
     out: Path | None = None
     files: OwnedFiles | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    unverified: bool = False
 
     @classmethod
-    def of(cls, results: Path | str | Sequence[Path], out: Path | None = None) -> Plot:
+    def of(cls, results: Path | str | Sequence[Path], out: Path | None = None, unverified: bool = False) -> Plot:
         """A plot of one results folder or several; `out` where its outputs go (written at once)."""
         roots = [Path(results)] if isinstance(results, str | Path) else [Path(r) for r in results]
-        return cls(roots, Path(out) if out is not None else None)
+        return cls(roots, Path(out) if out is not None else None, unverified=unverified)
 
     def skip(self, path: Path, why: str) -> None:
         """Record a run left out (a file missing or malformed); the first reason for a file is kept."""

@@ -24,11 +24,13 @@ from scalecl.report.draw import (
 from scalecl.report.registry import figure, table
 from scalecl.report.runs import (
     RUN_COLUMNS,
+    UNVERIFIED,
     _config_id,
     _metrics_or_none,
     _n_label,
     inputs_text,
     load_runs,
+    marked,
     study_names,
 )
 from scalecl.report.settings import ROUTER_ORDER, _tau, _vocab_key, _vocab_text
@@ -67,7 +69,7 @@ def _mechanism_groups(plot: Plot, spec: ReportSpec) -> list[tuple[pd.DataFrame, 
     runs = route_runs(plot, spec)
     if runs.empty:
         return []
-    runs["group"] = [_config_id(r) for r in runs["result"]]
+    runs["group"] = [_config_id(r, spec.not_named) for r in runs["result"]]
     runs = runs.sort_values("date", kind="stable").drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
     out = []
     for _, g in runs.groupby("group", sort=False):
@@ -93,7 +95,7 @@ def _mechanism_label(r: dict, presets: int) -> str:
     label = _vocab_text(_vocab_key(r), r) + (f" ({never:,} never a target)" if isinstance(never, int) else "")
     tau = _tau(r)
     label += (f", tau={tau:g}" if tau is not None else "") + f", router={(r.get('method_options') or {}).get('router', 'logit')}"
-    return (f"{r['preset']}: " if presets > 1 else "") + label
+    return marked((f"{r['preset']}: " if presets > 1 else "") + label, r)
 
 
 @figure("route_mechanism")
@@ -195,6 +197,7 @@ def route_mechanism_cpt(plot: Plot, spec: ReportSpec) -> tuple[pd.DataFrame, pd.
                 row = {"preset": r["preset"], "lr": r.get("lr"), "tau": _tau(r), "router": opts.get("router", "logit"),
                        "base_seed": run["base_seed"], "run_seed": run["run_seed"], "step": int(rec["step"]),
                        "set": split, "never_rows": f"{never.get('never_rows')} of {never.get('rows')}"}
+                row |= {UNVERIFIED: "yes"} if r.get(UNVERIFIED) else {}  # a column only when one is drawn so
                 for key, col in (("route_preserve", "preserve_share"), ("route_score/mean", "score_mean"),
                                  ("route_score/q05", "score_q05"), ("route_score/q50", "score_q50"),
                                  ("route_score/q95", "score_q95"), ("never_share_preserve/mean", "never_share_preserve"),

@@ -120,7 +120,7 @@ def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict) -> tuple[dict | None,
     for where, pool in pools:
         for _, row in pool[(pool["method"] == "fft") & (pool["preset"] == r0["preset"])].iterrows() if len(pool) else []:
             (found if _trained_like(row["result"], r0) else other).append({**row, "where": where,
-                                                                           "group": _config_id(row["result"])})
+                                                                           "group": _config_id(row["result"], spec.not_named)})
     if not found:
         return None, (f" The FFT runs of preset '{r0['preset']}' ({', '.join(Path(x['dir']).name for x in other)}) "
                       f"trained on other data, steps or vocabulary rows; no reference drawn." if other else

@@ -1,6 +1,7 @@
 """Reading results folders: result.json and metrics files into frames of runs, their replicate groups (runs of
 one setting that differ only in their seeds), and what a figure or table says about the runs it used. Every
-reader records a run it leaves out (a file missing or malformed) in the Plot it is given, instead of failing."""
+reader records a run it leaves out (a file missing or malformed, a result its run folder's manifest does not
+prove) in the Plot it is given, instead of failing."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from scalecl.common.errors import ScaleclError
+from scalecl.common.files import OwnedFiles
 from scalecl.common.readers import read_json, read_jsonl
+from scalecl.common.schema import without
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
-from scalecl.training.record import base_identity, read_record
+from scalecl.training.record import NUMBER, Fields, base_identity, mistyped, read_record
+from scalecl.training.run import RUN_WRITER
 
 LABELS = {"fft": "FFT", "lora": "LoRA", "freeze": "Freeze", "llama-pro": "LLaMA Pro", "scale-preserve": "SCALE-Preserve",
           "scale-adapt": "SCALE-Adapt", "scale-route": "SCALE-Route"}
@@ -32,13 +37,34 @@ def _study_of(f: Path) -> str | None:
     return None
 
 
+# What the report reads of any result besides its experiment's ReportSpec paths, with the type each must have
+# where present (parents before children): a result holding another is skipped with one line, not a traceback.
+RESULT_FIELDS: Fields = {
+    "provenance": dict, "provenance.date": str, "provenance.finished": str, "seeds": dict, "lr": NUMBER,
+    "config": dict, "config.model": dict, "config.model.vocab": int, "config.model.layers": int,
+    "config.compute": dict, "method_options": dict, "method_options.tau": NUMBER, "method_options.router": str,
+    "method_options.l_fp": NUMBER, "summary": dict, "final": dict, "priors": dict, "data": dict, "base": dict,
+    "base.source": str, "vocab": dict, "vocab.model": int, "vocab.tokenizer": int, "stage1": dict,
+    "stage2": dict, "never_target_rows": int,
+}
+
+
 def read_result(f: Path) -> dict:
-    """A result.json (scalecl.training.record.read_record: an object naming its experiment, preset and method), or
-    one clear error naming the file."""
+    """A result.json (scalecl.training.record.read_record: an object naming its experiment, preset and method,
+    every RESULT_FIELDS key it holds of its type), or one clear error naming the file."""
     try:
-        return read_record(f, "unreadable result", identity=False)
+        return read_record(f, "unreadable result", identity=False, fields=RESULT_FIELDS)
     except ScaleclError as e:
         raise ScaleclError(f"{e}; remove its run folder or rerun it") from None
+
+
+def spec_fields(spec: ReportSpec) -> dict:
+    """The types an experiment's results must have where the report reads them: its declared `fields`, and a
+    number at every other path its tables and frontier read (required, metrics, paired, frontier)."""
+    paths = [*spec.required, *(p for _, p, _ in spec.metrics), *(p for _, p in spec.paired),
+             spec.frontier.x[1], spec.frontier.y[1]]
+    declared = {**RESULT_FIELDS, **spec.fields}
+    return {**spec.fields, **{p: NUMBER for p in paths if p not in declared}}
 
 
 def _lacks(r: dict, keys: tuple[str, ...]) -> str | None:
@@ -46,13 +72,52 @@ def _lacks(r: dict, keys: tuple[str, ...]) -> str | None:
     return next((path for path in keys if _get(r, path) is None), None)
 
 
-def _result_or_none(plot: Plot, f: Path) -> dict | None:
-    """read_result, or None with the file recorded as skipped."""
+UNVERIFIED = "unverified"  # the key plot --unverified adds to a result its run's manifest does not prove: why
+
+
+def unproven(f: Path) -> str | None:
+    """Why the manifest of its run folder does not prove `f` is the result its run wrote, unchanged; None when it
+    does. The rule training applies before a result.json marks a run finished (scalecl.training.run.Run.result:
+    the run writer's scalecl.common.files.OwnedFiles), so that plot draws exactly the runs training trusts."""
+    record = ".scalecl-run-files.json"  # OwnedFiles(<run folder>, RUN_WRITER).manifest
     try:
-        return read_result(f)
+        files = OwnedFiles(f.parent, RUN_WRITER)
+    except ScaleclError:
+        return f"{record} beside it is not the record of the files a run wrote"
+    if f.is_symlink():
+        return "a symbolic link, not the file its run wrote"
+    if not files.manifest.exists():
+        return f"no {record} beside it records that a run wrote it (made or copied by hand?)"
+    if f.name not in files.files:
+        return f"{record} beside it does not record it"
+    if not files.owns(f.name):
+        return f"changed since its run wrote it (its fingerprint in {record} differs)"
+    return None
+
+
+def marked(label: str, r: dict) -> str:
+    """A label of a result drawn with plot --unverified, said so: '<label> (unverified)'."""
+    if not r.get(UNVERIFIED):
+        return label
+    return f"{label} ({UNVERIFIED})" if label else UNVERIFIED
+
+
+def _result_or_none(plot: Plot, f: Path) -> dict | None:
+    """read_result of a result its run folder's manifest proves (unproven); None with the file recorded as
+    skipped when it is unreadable or unproven (with plot.unverified, unproven ones are returned marked)."""
+    try:
+        r = read_result(f)
     except ScaleclError as e:
         plot.skip(f, str(e))
         return None
+    r.pop(UNVERIFIED, None)
+    why = unproven(f)
+    if why is not None and not plot.unverified:
+        plot.skip(f, f"{f}: {why}; not a finished run to training either (plot --unverified draws it, marked so)")
+        return None
+    if why is not None:
+        r[UNVERIFIED] = why
+    return r
 
 
 RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build"]
@@ -83,20 +148,24 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             if _lacks(r, spec.required):
                 plot.skip(f, f"result {f} has no {_lacks(r, spec.required)!r}")
                 continue
+            wrong = mistyped(r, spec_fields(spec))
+            if wrong is not None:
+                plot.skip(f, f"result {f}: {wrong}")
+                continue
             seeds = seeds_of(r)
             if seeds is None:
                 plot.skip(f, f"result {f}: its seeds (seeds.base/run, config.seed/run_seed) are not integers")
                 continue
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
-                         "run_seed": seeds[1], "group": _config_id(r) if study is None else str(f.parent),
-                         "pair": _config_id(r, pair=True), "base_build": _base_build(r)})
+                         "run_seed": seeds[1], "group": _config_id(r, spec.not_named) if study is None else str(f.parent),
+                         "pair": _config_id(r, spec.not_named, pair=True), "base_build": _base_build(r)})
     if not rows:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
         df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
-    df["setting"] = _settings(df) if study is None else ""
+    df["setting"] = _settings(df, spec.not_named) if study is None else [marked("", r) for r in df["result"]]
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
@@ -160,24 +229,23 @@ def seeds_of(r: dict) -> tuple[int, int] | None:
     return seeds if all(isinstance(v, int) and not isinstance(v, bool) for v in seeds) else None
 
 
-def _config_rest(r: dict, pair: bool = False) -> dict:
-    """The config without its seeds (pair=True: also without the per-method tables) and without the CPU thread
-    count (compute.threads): the thread count changes floating-point sums, not the experiment, and runs made
-    before the option existed record none, so a setting's replicates group across it (result.json's
-    `run.numerics` still tells them apart)."""
+def _config_rest(r: dict, not_named: Sequence[str], pair: bool = False) -> dict:
+    """The config a replicate group shares: without its seeds and without `not_named`, the keys a run's name
+    leaves out (its experiment's ExperimentBase.not_named): checkpointing and the compute options (thread count,
+    device options), which cannot change its numbers beyond float rounding, and the per-method tables, whose
+    entry for the run _config_id adds as its options and rate. pair=True: also without any per-method table."""
     cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
-    rest = {k: v for k, v in cfg.items()
-            if k not in SEED_KEYS and not (pair and k in METHOD_KEYS and isinstance(v, dict))}
-    if isinstance(rest.get("compute"), dict):
-        rest["compute"] = {k: v for k, v in rest["compute"].items() if k != "threads"}
-    return rest
+    rest = without(cfg, (*SEED_KEYS, *not_named))
+    return {k: v for k, v in rest.items() if not (pair and k in METHOD_KEYS and isinstance(v, dict))}
 
 
-def _config_id(r: dict, pair: bool = False) -> str:
-    """A short hash of a run's replicate group (pair=False) or of the base it shares with other methods."""
-    ident = [r["experiment"], r["preset"], _config_rest(r, pair)]
+def _config_id(r: dict, not_named: Sequence[str], pair: bool = False) -> str:
+    """A short hash of a run's replicate group (pair=False: its run name without seeds and numerics) or of the
+    base it shares with other methods (pair=True)."""
+    ident = [r["experiment"], r["preset"], _config_rest(r, not_named, pair)]
     if not pair:
-        ident += [r["method"], r.get("method_options") or {}]
+        ident += [r["method"], r.get("method_options") or {}, r.get("lr")]
+        ident += [UNVERIFIED] if r.get(UNVERIFIED) else []  # never a replicate of runs that are proven
     text = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -199,13 +267,13 @@ def _varying(flats: list[dict[str, str]]) -> list[str]:
     return [k for k in keys if len({f.get(k) for f in flats}) > 1]
 
 
-def _settings(df: pd.DataFrame, most: int = 4) -> pd.Series:
+def _settings(df: pd.DataFrame, not_named: Sequence[str], most: int = 4) -> pd.Series:
     """Per run, what tells its replicate group from the others of its preset: the config keys that differ
     across the preset's groups and the method options that differ across the method's groups ('' if none)."""
     labels: dict[str, str] = {}
     firsts = df.drop_duplicates("group")
     for _, g in firsts.groupby("preset", sort=False):
-        shared = {row["group"]: _flat(_config_rest(row["result"], pair=True)) for _, row in g.iterrows()}
+        shared = {row["group"]: _flat(_config_rest(row["result"], not_named, pair=True)) for _, row in g.iterrows()}
         opts = {row["group"]: _flat(row["result"].get("method_options") or {}) for _, row in g.iterrows()}
         keys = _varying(list(shared.values()))
         for _, row in g.iterrows():
@@ -213,7 +281,7 @@ def _settings(df: pd.DataFrame, most: int = 4) -> pd.Series:
             parts = [f"{k}={shared[row['group']].get(k, 'unset')}" for k in keys]
             parts += [f"{k}={opts[row['group']].get(k, 'unset')}" for k in _varying(same)]
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
-            labels[row["group"]] = label.replace('"', "")
+            labels[row["group"]] = marked(label.replace('"', ""), row["result"])
         for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their rates tell,
             rates = dict(zip(same["group"], (_lr_text(r) for r in same["result"]), strict=True))  # else hashes
             before = {x: labels[x] for x in same["group"]}

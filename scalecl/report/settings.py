@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from scalecl.report.context import Plot
-from scalecl.report.runs import LABELS, _n_label, group_label, load_runs, study_names
+from scalecl.report.runs import LABELS, _n_label, group_label, load_runs, marked, study_names
 from scalecl.report.spec import ReportSpec
 
 ROUTER_ORDER = ("logit", "centered", "prob")  # the router's forms in the order its study lists them
@@ -66,13 +66,17 @@ def l_fp_text(l_fp, result: dict | None = None) -> str:
 
 def _setting(spec: ReportSpec, study: str | None, r: dict) -> str:
     """A run's label within its group: the method for main runs, the swept value for a study's runs (the Route
-    studies' here, the others' as the experiment labels them)."""
+    studies' here, the others' as the experiment labels them); marked when drawn unverified."""
+    return marked(_setting_of(spec, study, r), r)
+
+
+def _setting_of(spec: ReportSpec, study: str | None, r: dict) -> str:
     opts = r.get("method_options") or {}
     if study is None:
         return LABELS.get(r["method"], r["method"])
     study = study.split("-", 1)[0]  # <study>-<suffix> (vocab-rebuild: a second build of its stages) reads as <study>
     if study in ROUTE_STUDIES and r.get("method") != "scale-route":  # a reference run beside the Route runs
-        return f"{LABELS.get(r['method'], r['method'])}, " + _setting(spec, study, {**r, "method": "scale-route"})
+        return f"{LABELS.get(r['method'], r['method'])}, " + _setting_of(spec, study, {**r, "method": "scale-route"})
     if study in ("tau", "router"):
         label = (f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?") if study == "tau" else \
             f"router={opts.get('router', 'logit')}"

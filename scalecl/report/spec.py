@@ -3,8 +3,8 @@ never compares experiment names. The instances live with the experiments (scalec
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 # (column, result.json dotted path, questions behind one value (a binomial SE) or None)
 Metric = tuple[str, str, Callable[[dict], int | None] | None]
@@ -44,7 +44,11 @@ class ReportSpec:
     answer_positions: whether runs record routing at the scored answer position;
     routing_what, routing_answers_what: the routing figure's caption (the second when answers are drawn);
     study_label(study, method options): a study run's label, for studies other than the Route studies;
-    study_variant(result): what a study's runs differ in besides the swept value (a panel each), or None.
+    study_variant(result): what a study's runs differ in besides the swept value (a panel each), or None;
+    fields: the type of each further result.json key its captions and labels read (dotted path -> type; the
+    paths above are numbers unless declared here), checked before a run is used;
+    not_named: the config keys its run names leave out (its ExperimentBase.not_named), left out of replicate
+    groups too: runs that differ only there (and in their seeds) are replicates of one setting.
     """
 
     name: str
@@ -64,3 +68,5 @@ class ReportSpec:
     routing_answers_what: str
     study_label: Callable[[str, dict], str]
     study_variant: Callable[[dict], str] | None = None
+    fields: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
+    not_named: tuple[str, ...] = ()

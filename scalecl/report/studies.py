@@ -14,7 +14,7 @@ from scalecl.report.context import Plot
 from scalecl.report.cpt import embedding_variant
 from scalecl.report.draw import Drawn, _band, _save_all, _with_inputs, pool_replicates
 from scalecl.report.registry import figure
-from scalecl.report.runs import _metrics_with, inputs_text, load_runs
+from scalecl.report.runs import _metrics_with, inputs_text, load_runs, marked
 from scalecl.report.settings import l_fp_text
 from scalecl.report.spec import ReportSpec
 from scalecl.report.stats import t_interval
@@ -24,10 +24,10 @@ from scalecl.report.tables import write_study_means, write_table
 def study_label(study: str, opts: dict) -> str:
     """A CPT study run's swept value: its init pair ('0,Z'), l_fp, or collaborative modules ('attn+mlp')."""
     if study == "init":
-        return ",".join(i.upper() if i != "zero" else "0" for i in opts.get("init", ()))
+        return ",".join(str(i).upper() if i != "zero" else "0" for i in opts.get("init", ()))
     if study == "l_fp":
         return l_fp_text(opts.get("l_fp"))
-    return "+".join(opts.get("collab", ()))
+    return "+".join(map(str, opts.get("collab", ())))
 
 
 def study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
@@ -39,7 +39,7 @@ def study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
         s = r["summary"]
         rows.append({"study": study, "preset": row["preset"], "method": row["method"],
                      "variant": embedding_variant(r),
-                     "setting": study_label(study, opts), "l_fp": opts.get("l_fp"),
+                     "setting": marked(study_label(study, opts), r), "l_fp": opts.get("l_fp"),
                      "old_ppl_start": s["old_ppl_start"], "old_ppl_end": s["old_ppl_end"],
                      "new_ppl_start": s["new_ppl_start"], "new_ppl_end": s["new_ppl_end"],
                      "up_norm_end": r["final"].get("up_norm"), "dir": str(row["dir"])})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from scalecl.common.readers import read_json
 RESULT_FILE = "result.json"
 # what makes a file a scalecl result at all; the rest is each reader's to require
 REQUIRED = {"run": dict, "experiment": str, "preset": str, "method": str}
+NUMBER = (int, float)  # a JSON number (true and false are not numbers here)
+Fields = Mapping[str, type | tuple[type, ...]]  # dotted path -> its type where present
 
 
 @dataclass
@@ -86,16 +88,48 @@ def finite_json(obj: Any, found: list[str], where: str = "") -> Any:
     return obj
 
 
-def read_record(f: Path, what: str = "run result", identity: bool = True) -> dict[str, Any]:
-    """A result.json as a dict, or one ScaleclError naming the file: unreadable, not an object, or lacking a key
-    every result has (REQUIRED; `identity=False` leaves out `run`, for tables drawn from results made elsewhere)."""
+def read_record(f: Path, what: str = "run result", identity: bool = True,
+                fields: Fields | None = None) -> dict[str, Any]:
+    """A result.json as a dict, or one ScaleclError naming the file: unreadable, not an object, lacking a key
+    every result has (REQUIRED; `identity=False` leaves out `run`, for tables drawn from results made elsewhere),
+    or holding one of `fields` (further keys the caller reads) with another type (mistyped)."""
     r = read_json(f, what)
     if not isinstance(r, dict):
         raise ScaleclError(f"{what} {f}: not a scalecl result (a JSON object is expected)")
     for key, kind in REQUIRED.items():
         if (identity or key != "run") and not isinstance(r.get(key), kind):
             raise ScaleclError(f"{what} {f}: not a scalecl result (no {key!r})")
+    wrong = mistyped(r, fields or {})
+    if wrong is not None:
+        raise ScaleclError(f"{what} {f}: {wrong}")
     return r
+
+
+_MISSING = object()
+_KIND_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+               bool: "true or false"}
+
+
+def _kind_name(kinds: tuple[type, ...]) -> str:
+    return "a number" if set(kinds) == set(NUMBER) else " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
+
+
+def mistyped(r: dict[str, Any], fields: Fields) -> str | None:
+    """The first of `fields` (a dotted path -> its type; a parent path listed before its children) that `r` holds
+    with another type, as "'provenance' is a string, not an object"; None when each one present has its type.
+    A missing key is each reader's to require; null stands for an unset number or flag (an option such as
+    l_fp), never for an object, a list or a string. A reader that checks every key it reads this way turns a
+    result edited by hand into one line, never a traceback."""
+    for path, kind in fields.items():
+        v: Any = r
+        for k in path.split("."):
+            v = v.get(k, _MISSING) if isinstance(v, dict) else _MISSING
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if v is _MISSING or (v is None and not {dict, list, str} & set(kinds)):
+            continue
+        if not (isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))):
+            return f"{path!r} is {'null' if v is None else _kind_name((type(v),))}, not {_kind_name(kinds)}"
+    return None
 
 
 def checkpoint_dir(result: dict[str, Any], run_dir: Path) -> Path | None:

@@ -18,6 +18,7 @@ import scalecl.common.files as files
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import read_json, read_jsonl, safetensors_header
+from tests.report.fake_runs import write_result
 
 runner = CliRunner()
 PREPARE = ["prepare", "--method", "fft", "--random-config", "llama"]
@@ -379,14 +380,14 @@ def fake_bio_run(root: Path, name: str = "cpu-fft-abc", method: str = "fft") -> 
     d.mkdir(parents=True)
     (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "task0/acc": 0.5, "task1/acc": 0.5}) + "\n"
                                              for s in (0, 5)))
-    (d / "result.json").write_text(json.dumps({
+    write_result(d, {
         "experiment": "bio", "preset": "cpu", "method": method, "trainable_params": 10, "lr": 1e-4,
         "provenance": {"date": "2026-11-21"}, "data": {"n_bio": 100, "n_task1": 20},
         "config": {"model": {"hidden": 8, "layers": 1}, "stage3": {"steps": 5, "batch": 2, "lr": 1e-4},
                    "eval": {"slice_people": 10}},
         "priors": {"task0_heldout": {"pooled": 0.05}},
         "summary": {"task0_start": 0.5, "task0_min": 0.5, "task0_end": 0.5, "task1_end": 0.5},
-        "final": {"task0_heldout": {"acc": 0.5}, "task1": {"acc": 0.5}}}))
+        "final": {"task0_heldout": {"acc": 0.5}, "task1": {"acc": 0.5}}})
     return d
 
 

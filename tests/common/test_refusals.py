@@ -368,12 +368,13 @@ def test_plot_removes_its_own_stale_outputs_and_nothing_else(tmp_path):
     """Re-plotting other results into the same folder: plot's own earlier outputs that these results no longer
     give are removed (named in a `removed` line); a user's file, and one of plot's files the user changed, stay."""
     from tests.common.test_damaged_files import fake_bio_run
+    from tests.report.fake_runs import write_result
 
     res_a, res_b, out = tmp_path / "a", tmp_path / "b", tmp_path / "figs"
     fake_bio_run(res_a, "cpu-fft-abc")
     fake_bio_run(res_b, "cpu-fft-abc")
-    (res_b / "bio" / "cpu-fft-abc" / "result.json").write_text(
-        (res_b / "bio" / "cpu-fft-abc" / "result.json").read_text().replace('"preset": "cpu"', '"preset": "tiny"'))
+    run_b = res_b / "bio" / "cpu-fft-abc"
+    write_result(run_b, {**json.loads((run_b / "result.json").read_text()), "preset": "tiny"})
     assert runner.invoke(app, ["plot", "--results", str(res_a), "--out", str(out)]).exit_code == 0
     assert (out / "fig8_bio_cpu.png").exists()
     (out / "notes.txt").write_text("mine")

@@ -23,6 +23,7 @@ from scalecl.report import (
     frontier_table,
     plot_all,
 )
+from tests.report.fake_runs import write_result
 
 SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
 T2 = 4.302653  # t_{0.975, 2}
@@ -63,7 +64,7 @@ def bio_run(root: Path, method: str, base: int, *, stage3_lr: float = 1e-4, scal
                     "task1_end": t1[-1]},
         "final": {"task1": {"acc": final[0]}, "task0_heldout": {"acc": final[1]}},
     }
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -213,7 +214,7 @@ def cpt_run(root: Path, method: str, base: int, lr: float, old_end: float, new_e
               "summary": {"old_ppl_start": 10.0, "old_ppl_end": old_end, "old_ppl_max": old_end,
                           "new_ppl_start": 50.0, "new_ppl_end": new_end, "rep_cos_end": 1.0},
               "final": lines[-1]}
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -290,7 +291,7 @@ def route_run(root: Path, base: int, rows: int, *, never: int | None, keys: bool
     r["config"]["model"]["vocab"] = 0 if rows == 1045 else rows
     if never is not None:
         r["never_target_rows"] = never
-    (d / "result.json").write_text(json.dumps(r))
+    write_result(d, r)
     return d
 
 
@@ -339,7 +340,7 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     ref = bio_run(res / "studies" / "vocab", "fft", 0, t0=(0.9, 0.1, 0.1, 0.1))  # FFT on 50,304 rows
     r = json.loads((ref / "result.json").read_text())
     r["vocab"], r["config"]["model"]["vocab"] = {"tokenizer": 1045, "model": 50304}, 50304
-    (ref / "result.json").write_text(json.dumps(r))
+    write_result(ref, r)
     router = res / "studies" / "router"
     route_run(router, 0, 1045, never=600)
     route_run(router, 0, 50304, never=49859, tag="-big")
@@ -377,7 +378,7 @@ def cpt_study_run(root: Path, init: list[str], tied: bool, tag: str) -> Path:
     r = json.loads((d / "result.json").read_text())
     r["method_options"] = {"init": init}
     r["config"]["model"] = {"tie_embeddings": tied}
-    (d / "result.json").write_text(json.dumps(r))
+    write_result(d, r)
     return d
 
 

@@ -14,6 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
+from scalecl.experiments.bio import BioExperiment
+from scalecl.experiments.cpt import CptExperiment
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.report import (
     NO_INTERVAL,
@@ -27,6 +29,7 @@ from scalecl.report import (
     summary_table,
 )
 from scalecl.report.stats import binomial_se, interval_note, t_interval, t_quantile
+from tests.report.fake_runs import write_result
 
 SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
 runner = CliRunner()
@@ -64,7 +67,7 @@ def bio_run(root: Path, method: str, base: int, run: int = 0, final0: float = 0.
     }
     if seeds == "new":
         result["seeds"] = {"base": base, "run": run}
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -187,10 +190,83 @@ def test_other_method_options_stay_separate(tmp_path):
     d = bio_run(tmp_path, "scale-route", 0, final0=0.0, date="2027-01-01T00:00:00")
     r = json.loads((d / "result.json").read_text())
     r["method_options"] = {"tau": 0.5}
-    (d / "result.json").write_text(json.dumps(r))
+    write_result(d, r)
     route = summary_table(Plot.of(tmp_path), BIO_REPORT).query("method == 'scale-route'").set_index("setting")
     assert route.loc["tau=unset", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # not replacing seed 0/0
     assert route.loc["tau=unset", "n"] == 3 and route.loc["tau=0.5", "n"] == 1  # n: base seeds
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what plot trusts: exactly the results training trusts
+
+
+def unproven_runs(root: Path) -> dict[str, Path]:
+    """three_bases, then four more Route runs that their run folder's manifest does not prove, each with a Task 0
+    end of 0.99 (what a hand edit would claim): name -> run folder."""
+    three_bases(root)
+    runs = {}
+    d = runs["edited"] = bio_run(root, "scale-route", 3, final0=0.5)
+    f = d / "result.json"
+    f.write_text(f.read_text().replace('"acc": 0.5', '"acc": 0.99'))  # edited by hand after the run wrote it
+    d = runs["no manifest"] = bio_run(root, "scale-route", 4, final0=0.99)
+    (d / ".scalecl-run-files.json").unlink()  # copied without it
+    d = runs["another writer"] = bio_run(root, "scale-route", 5, final0=0.99)
+    (d / ".scalecl-run-files.json").write_text(json.dumps({"written_by": "me", "files": {}}))
+    d = runs["not recorded"] = bio_run(root, "scale-route", 6, final0=0.99)
+    (d / ".scalecl-run-files.json").write_text(json.dumps({"written_by": "scalecl run", "files": {}}))
+    return runs
+
+
+UNPROVEN_WHY = {"edited": "changed since its run wrote it (its fingerprint in .scalecl-run-files.json differs)",
+                "no manifest": "no .scalecl-run-files.json beside it records that a run wrote it",
+                "another writer": ".scalecl-run-files.json beside it is not the record of the files a run wrote",
+                "not recorded": ".scalecl-run-files.json beside it does not record it"}
+
+
+def test_plot_skips_what_training_would_not_count_as_a_finished_run(tmp_path):
+    """A result.json its run folder's manifest does not prove (edited by hand, no manifest, another writer's, not
+    recorded) is refused by training (Run.result) and skipped by plot with one `skipped: <path>: <reason>` line;
+    the proven runs are drawn as before (before: the hand-edited 0.99 was drawn as a real Task 0)."""
+    from scalecl.common.errors import ScaleclError
+    from scalecl.training.run import Run
+
+    runs = unproven_runs(tmp_path / "res")
+    for d in runs.values():  # the training side of the rule
+        with pytest.raises(ScaleclError):
+            Run({"name": d.name}, d, tmp_path / "ck").result()
+    proven = [d for d in (tmp_path / "res" / "bio").iterdir() if d not in runs.values()]
+    assert all(Run({"name": d.name}, d, tmp_path / "ck").result() is not None for d in proven)
+    out = tmp_path / "figs"
+    res = runner.invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(out)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
+    assert len(skipped) == len(runs), res.stderr
+    for name, d in runs.items():
+        assert sum(ln.startswith(f"skipped: {d / 'result.json'}: {UNPROVEN_WHY[name]}") for ln in skipped) == 1, name
+    table = pd.read_csv(out / "table_bio.csv").set_index("method")
+    assert table.loc["scale-route", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # the proven runs only
+    assert table.loc["scale-route", "task0_full_end"] == pytest.approx(0.6)
+    assert "0.99" not in (out / "table_bio.csv").read_text() and "0.990" not in (out / "table_bio.md").read_text()
+
+
+def test_plot_unverified_draws_them_as_a_setting_of_their_own(tmp_path):
+    """--unverified: the unproven runs are drawn, never as replicates of proven runs: a group of their own whose
+    setting says '(unverified)', in tables, paired rows and inputs; nothing skipped."""
+    runs = unproven_runs(tmp_path / "res")
+    out = tmp_path / "figs"
+    res = runner.invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(out), "--unverified"])
+    assert res.exit_code == 0 and "skipped:" not in res.stderr, res.output
+    table = pd.read_csv(out / "table_bio.csv", keep_default_na=False)
+    route = table[table["method"] == "scale-route"].set_index("setting")
+    assert sorted(route.index) == ["", "unverified"]
+    assert route.loc["", "seeds"] == "0/0, 1/0, 2/0, 2/1" and route.loc["", "task0_full_end"] == pytest.approx(0.6)
+    assert route.loc["unverified", "seeds"] == "3/0, 4/0, 5/0, 6/0"
+    assert route.loc["unverified", "task0_full_end"] == pytest.approx(0.99)
+    assert table[table["method"] == "fft"]["setting"].tolist() == [""]  # proven runs keep their label
+    assert "SCALE-Route [unverified]" in set(pd.read_csv(out / "paired_bio.csv")["a"])
+    inputs = (out / "table_bio.inputs.txt").read_text()
+    assert all(d.name in inputs for d in runs.values()) and "SCALE-Route [unverified]" in inputs
+    assert "| scale-route | unverified " in (out / "table_bio.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -239,7 +315,7 @@ def test_malformed_seeds_are_skipped(tmp_path):
     d = bio_run(tmp_path, "fft", 7, final0=0.9)
     r = json.loads((d / "result.json").read_text())
     r["seeds"] = {"base": "seven", "run": 0}
-    (d / "result.json").write_text(json.dumps(r))
+    write_result(d, r)
     skipped = plot_all(tmp_path, tmp_path / "o", SPECS).skipped
     assert any("seeds" in why for why in skipped.values())
     assert pd.read_csv(tmp_path / "o" / "table_bio.csv").set_index("method").loc["fft", "n"] == 3
@@ -303,7 +379,7 @@ def cpt_run(root: Path, method: str, base: int, old_end: float, new_end: float) 
               "summary": {"old_ppl_start": 10.0, "old_ppl_end": old_end, "old_ppl_max": old_end,
                           "new_ppl_start": 50.0, "new_ppl_end": new_end, "rep_cos_end": 1.0},
               "final": lines[-1]}
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -336,7 +412,7 @@ def test_groups_that_differ_only_in_their_rate_are_labelled_by_it(tmp_path):
         d = cpt_run(tmp_path, "fft", 0, 12.0, 40.0)
         r = json.loads((d / "result.json").read_text())
         r["lr"], r["config"]["lr"]["fft"] = lr, lr
-        (d / "result.json").write_text(json.dumps(r))
+        write_result(d, r)
         d.rename(d.with_name(f"{d.name}-{lr:g}"))
     cpt_run(tmp_path, "scale-route", 0, 11.0, 30.0)
     runs = load_runs(Plot.of(tmp_path), CPT_REPORT)
@@ -368,19 +444,59 @@ def test_committed_results_still_plot(tmp_path):
     assert (out / "paired_cpt.csv").exists() and (out / "fig8_bio_cpu.inputs.txt").exists()
 
 
-def test_replicate_groups_ignore_the_thread_count_only():
-    """compute.threads (absent in runs made before it existed, 1 today) changes float sums, not the setting:
-    runs differing in it and in their seeds are replicates; any other compute or config change is not."""
+def test_replicate_groups_leave_out_what_run_names_leave_out():
+    """A replicate group is what names a run (scalecl.experiments.base: the config but `not_named`, plus the
+    method, its options and its own rate), seeds and numerics aside: runs that differ in checkpointing, compute
+    options (threads: absent before the option existed) or another method's table or options are replicates;
+    another rate, option or config key is another setting."""
     from scalecl.report.runs import _config_id
 
-    def result(seed, compute, lr=1e-4):
-        return {"experiment": "bio", "preset": "cpu", "method": "fft", "method_options": {},
-                "config": {"seed": seed, "stage3": {"lr": lr}, "compute": compute}}
+    def result(seed, lr=1e-4, options=None, **config):
+        return {"experiment": "bio", "preset": "cpu", "method": "fft", "method_options": options or {}, "lr": lr,
+                "config": {"seed": seed, "stage3": {"lr": 1e-4}, "compute": {"threads": 1, "tf32": True},
+                           "checkpoint": {"every": 0, "keep": 2}, "lr_scale": {"fft": 1.0, "lora": 10.0},
+                           "methods": {}} | config}
 
-    old, new = result(1, {"threads": None, "tf32": True}), result(2, {"threads": 1, "tf32": True})
-    assert _config_id(old) == _config_id(new) and _config_id(old, pair=True) == _config_id(new, pair=True)
-    assert _config_id(result(1, {"threads": 1, "tf32": False})) != _config_id(new)
-    assert _config_id(result(1, {"threads": 1, "tf32": True}, lr=3e-4)) != _config_id(new)
+    def group(r, pair=False):
+        return _config_id(r, BIO_REPORT.not_named, pair=pair)
+
+    new = result(2)
+    for same in (result(1, compute={"threads": None, "tf32": True}), result(1, compute={"threads": 2, "tf32": False}),
+                 result(1, checkpoint={"every": 50, "keep": 3}), result(1, lr_scale={"fft": 1.0, "lora": 3.0}),
+                 result(1, methods={"lora": {"rank": 4}})):
+        assert group(same) == group(new) and group(same, pair=True) == group(new, pair=True), same["config"]
+    for other in (result(1, lr=3e-4, lr_scale={"fft": 3.0, "lora": 10.0}), result(1, stage3={"lr": 3e-4}),
+                  result(1, options={"k": 2})):
+        assert group(other) != group(new), other
+    assert BIO_REPORT.not_named == BioExperiment.not_named and CPT_REPORT.not_named == CptExperiment.not_named
+
+
+def test_runs_differing_only_in_checkpointing_are_one_setting(tmp_path):
+    """FFT on three bases, one of them checkpointed every 5 steps with other compute options (and, for the
+    CPT, measuring never-target rows): one setting of 3 replicates, not two settings (before: 'checkpoint.every=0'
+    n=2 beside 'checkpoint.every=5' n=1)."""
+    for b in range(3):
+        d = bio_run(tmp_path, "fft", b, final0=FFT_FINAL[b])
+        if b == 2:
+            r = json.loads((d / "result.json").read_text())
+            r["config"] |= {"checkpoint": {"every": 5, "keep": 1}, "compute": {"threads": 2, "compile": True}}
+            write_result(d, r)
+    (row,) = summary_table(Plot.of(tmp_path), BIO_REPORT).to_dict("records")
+    assert (row["setting"], row["n"], row["seeds"]) == ("", 3, "0/0, 1/0, 2/0")
+    assert row["task0_full_end"] == pytest.approx(0.2)
+    cpt = {"experiment": "cpt", "preset": "cpu", "method": "fft", "method_options": {}, "lr": 1e-4,
+           "trainable_params": 10, "provenance": {"date": "2026-12-01"}, "final": {},
+           "summary": dict.fromkeys(("old_ppl_start", "old_ppl_end", "old_ppl_max", "new_ppl_start", "new_ppl_end",
+                                     "rep_cos_end"), 2.0),
+           "config": {"train": {"steps": 10, "batch": 2, "seq_len": 8}, "eval": {"every": 5, "never_tokens": 0},
+                      "lr": {"fft": 1e-4}, "checkpoint": {"every": 0, "keep": 2}}}
+    for b, never, every in ((0, 0, 0), (1, 0, 10), (2, 1000, 0)):
+        d = tmp_path / "cpt" / f"cpu-fft-s{b}"
+        d.mkdir(parents=True)
+        write_result(d, cpt | {"seeds": {"base": b, "run": 0}, "config": cpt["config"] | {
+            "eval": {"every": 5, "never_tokens": never}, "checkpoint": {"every": every, "keep": 2}}})
+    (row,) = summary_table(Plot.of(tmp_path), CPT_REPORT).to_dict("records")
+    assert (row["setting"], row["n"]) == ("", 3)
 
 
 def test_run_seeds_of_one_base_are_the_unit_when_a_group_has_one_base(tmp_path):
@@ -413,7 +529,7 @@ def test_runs_on_two_builds_of_one_base_seed_are_not_paired(tmp_path):
     def build(d: Path, stage1_loss: float) -> None:
         r = json.loads((d / "result.json").read_text())
         r |= {"stage1": {"final_loss": stage1_loss}, "stage2": {"final_loss": 0.01}}
-        (d / "result.json").write_text(json.dumps(r))
+        write_result(d, r)
 
     for r in range(3):
         build(bio_run(tmp_path / "a", "scale-route", 0, r, final0=0.5), 0.40)

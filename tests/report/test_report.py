@@ -28,6 +28,7 @@ from scalecl.report import (
     load_runs,
     summary_table,
 )
+from tests.report.fake_runs import write_result
 
 runner = CliRunner()
 SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
@@ -56,7 +57,7 @@ def fake_bio_run(root, method, preset="cpu", t0=(0.9, 0.2, 0.3), t1=(0.0, 0.5, 0
                     "task1_end": t1[-1]},
         "final": {"task0_heldout": {"acc": t0[-1] - 0.01}, "task1": {"acc": t1[-1] - 0.01}},
     }
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -83,7 +84,7 @@ def test_load_runs_ignores_other_experiments(tmp_path):
     fake_bio_run(tmp_path, "fft")
     other = tmp_path / "cpt" / "x"
     other.mkdir(parents=True)
-    (other / "result.json").write_text(json.dumps({"experiment": "cpt", "preset": "cpu", "method": "fft"}))
+    write_result(other, {"experiment": "cpt", "preset": "cpu", "method": "fft"})
     assert list(load_runs(Plot.of(tmp_path), BIO_REPORT)["method"]) == ["fft"]
     assert len(summary_table(Plot.of(tmp_path), BIO_REPORT)) == 1
 
@@ -109,7 +110,7 @@ def fake_cpt_run(root, method, opts=None, old=(10.0, 12.0, 11.0), new=(50.0, 20.
                     "new_ppl_start": new[0], "new_ppl_end": new[-1], "rep_cos_end": 0.98},
         "final": lines[-1],
     }
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -204,7 +205,7 @@ def fake_route_bio_run(root, preset="cpu", opts=None, older=False, vocab=None, t
     }
     if vocab:
         result["vocab"] = {"tokenizer": vocab[0], "model": vocab[1]}
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
     return d
 
 
@@ -227,7 +228,7 @@ def fake_cpt_route_run(root):
                     "new_ppl_end": 48, "rep_cos_end": 1.0},
         "final": lines[-1],
     }
-    (d / "result.json").write_text(json.dumps(result))
+    write_result(d, result)
 
 
 def build_route_results(tmp_path):
@@ -252,7 +253,7 @@ def build_route_results(tmp_path):
     ref = fake_bio_run(new / "studies" / "vocab", "fft", tag="v50304")  # an FFT reference beside the Route runs
     r = json.loads((ref / "result.json").read_text())
     r["vocab"], r["config"]["model"]["vocab"] = {"tokenizer": 1045, "model": 50304}, 50304
-    (ref / "result.json").write_text(json.dumps(r))
+    write_result(ref, r)
     return [new, old]
 
 
@@ -587,6 +588,29 @@ def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
     assert ys(line(fig.axes[0], vocab[2])) == pytest.approx([90, 20, 30])
 
 
+@pytest.mark.parametrize("key, value, said", [
+    ("provenance", "2026-11-21", "'provenance' is a string, not an object"),
+    ("provenance", None, "'provenance' is null, not an object"),
+    ("provenance", {"date": 20261121}, "'provenance.date' is an integer, not a string"),
+    ("method_options", ["rank", 8], "'method_options' is a list, not an object"),
+    ("summary", {"task0_start": 0.9, "task0_min": 0.2, "task0_end": "0.99", "task1_end": 0.9},
+     "'summary.task0_end' is a string, not a number"),
+    ("lr", True, "'lr' is true or false, not a number"),
+])
+def test_plot_skips_a_result_holding_a_key_of_another_type(tmp_path, key, value, said):
+    """Every key plot reads is checked for its type, as the training reader checks the keys every result has: a
+    result edited to hold another is skipped with one line naming the file and the key, and the other runs are
+    drawn (before: an AttributeError traceback for a text `provenance`, a text accuracy drawn as a number)."""
+    fake_bio_run(tmp_path / "res", "fft")
+    d = fake_bio_run(tmp_path / "res", "lora")
+    write_result(d, {**json.loads((d / "result.json").read_text()), key: value})
+    res = runner.invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "figs")])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
+    assert len(skipped) == 1 and f"{d / 'result.json'}: {said}" in skipped[0], res.stderr
+    assert pd.read_csv(tmp_path / "figs" / "table_bio.csv")["method"].tolist() == ["fft"]
+
+
 @pytest.mark.parametrize("log, bad", [("metrics.jsonl", '"task0/acc": NaN'), ("train_log.jsonl", '"lr": "x"'),
                                       ("metrics.jsonl", '"step": 1.5')])
 def test_plot_skips_a_run_whose_log_holds_what_no_run_writes(tmp_path, log, bad):
@@ -618,7 +642,7 @@ def test_plot_skips_a_run_whose_log_holds_what_no_run_writes(tmp_path, log, bad)
 def _set_seeds(d, base, run=0):
     r = json.loads((d / "result.json").read_text())
     r["seeds"] = {"base": base, "run": run}
-    (d / "result.json").write_text(json.dumps(r))
+    write_result(d, r)
 
 
 SEEDS_TEXT = "0/0, 1/0, 2/0"  # base/run seed per replicate
@@ -694,7 +718,7 @@ def test_plot_result_and_an_experiment_known_only_by_its_spec(tmp_path):
     for method in ("fft", "scale-route"):
         d = fake_bio_run(res, method)
         r = json.loads((d / "result.json").read_text())
-        (d / "result.json").write_text(json.dumps({**r, "experiment": "bio2"}))
+        write_result(d, {**r, "experiment": "bio2"})
     broken = fake_bio_run(res, "lora")
     (broken / "metrics.jsonl").write_text("{not json\n")
     out = tmp_path / "o"

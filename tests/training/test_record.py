@@ -10,10 +10,12 @@ import pytest
 
 from scalecl.common.errors import ScaleclError
 from scalecl.training.record import (
+    NUMBER,
     REQUIRED,
     Envelope,
     base_identity,
     checkpoint_dir,
+    mistyped,
     read_record,
     record_text,
 )
@@ -71,3 +73,23 @@ def test_same_base_is_read_from_what_a_run_recorded():
     assert base_identity(bio) != base_identity(bio | {"seeds": {"base": 2, "run": 0}})
     assert base_identity({"base": {"source": "cache/cpt/base-1"}}) == ("model", "cache/cpt/base-1")
     assert base_identity({"preset": "cpu"}) is None
+
+
+def test_the_reader_checks_the_type_of_each_further_key_its_caller_reads(tmp_path):
+    """`fields`: a key present with another type is one error naming it; a missing key is the caller's to
+    require, and null stands for an unset number (an option such as l_fp), never for an object."""
+    f = tmp_path / "result.json"
+    base = {"run": {}, "experiment": "bio", "preset": "cpu", "method": "fft"}
+    fields = {"provenance": dict, "provenance.date": str, "lr": NUMBER, "method_options.l_fp": int}
+    for extra in ({}, {"provenance": {}}, {"provenance": {"date": "x"}, "lr": 1, "method_options": {"l_fp": None}}):
+        f.write_text(json.dumps(base | extra))
+        assert read_record(f, fields=fields) == base | extra
+    for extra, why in (({"provenance": "x"}, "'provenance' is a string, not an object"),
+                       ({"provenance": None}, "'provenance' is null, not an object"),
+                       ({"provenance": {"date": 1}}, "'provenance.date' is an integer, not a string"),
+                       ({"lr": "1e-4"}, "'lr' is a string, not a number"), ({"lr": False}, "'lr' is true or false"),
+                       ({"method_options": {"l_fp": 2.5}}, "'method_options.l_fp' is a number, not an integer")):
+        f.write_text(json.dumps(base | extra))
+        with pytest.raises(ScaleclError, match=f"{f}: {why}"):
+            read_record(f, fields=fields)
+        assert mistyped(base | extra, fields).startswith(why)

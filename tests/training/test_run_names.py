@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scalecl.common.schema import merge
+from scalecl.common.schema import merge, without
 from scalecl.compute.processes import Dist
 from scalecl.experiments.base import Paths
 from scalecl.experiments.bio import BioExperiment
@@ -33,3 +33,15 @@ def test_committed_run_keeps_its_name(path):
     exp = experiment(rc, r["preset"], Paths(Path("unused")))
     run = exp.run_of(get_method(r["method"], **r["method_options"]), Dist())
     assert run.name == path.parent.name == r["run"]["name"]
+
+
+def test_a_name_leaves_out_the_not_named_keys_nested_ones_too():
+    """`not_named` may name a nested key (CPT: eval.never_tokens, a measurement only): the config is otherwise
+    kept whole, and the caller's config is not changed."""
+    config = {"eval": {"every": 5, "never_tokens": 9}, "checkpoint": {"every": 1}, "seed": 3, "train": 1}
+    assert without(config, ("checkpoint", "eval.never_tokens", "nope.x", "train.x")) == {
+        "eval": {"every": 5}, "seed": 3, "train": 1}
+    assert config["eval"] == {"every": 5, "never_tokens": 9} and "checkpoint" in config
+    exp = CptExperiment(CptRunConfig(), "cpu", Paths(Path("unused")))
+    named = exp.named_config()
+    assert "never_tokens" not in named["eval"] and "every" in named["eval"] and "checkpoint" not in named
