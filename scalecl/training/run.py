@@ -50,6 +50,7 @@ from scalecl.common.files import (
     OwnedFiles,
     atomic_dir,
     changed_file,
+    fingerprint,
     fingerprints,
     large_digests,
     remove_temporaries,
@@ -435,6 +436,20 @@ class Run:
             for name in PARTIALS:  # only the run's own (a user's file so named stays)
                 self._owned().remove(name, grown=name == PARTIALS[1])
             remove_temporaries(self.out_dir)
+
+
+def adopt_run_folder(out_dir: Path, adopted: dict[str, Any]) -> None:
+    """Record the files of a finished run folder that a scalecl older than run-folder manifests wrote, so that
+    training and `plot` can prove from now on that nobody changed them. Only a folder without a manifest whose
+    result.json reads as a run's record; `adopted` (kept in the manifest) says on what evidence, e.g. the
+    commit that added the files unchanged since."""
+    out_dir = Path(out_dir)
+    manifest = OwnedFiles(out_dir, RUN_WRITER).manifest
+    if manifest.exists() or manifest.is_symlink():
+        raise ScaleclError(f"{out_dir} has a manifest already; only a folder an older scalecl wrote is adopted")
+    read_record(out_dir / RESULT_FILE, "finished run's result")
+    files = {name: fingerprint(out_dir / name) for name in FINALS if (out_dir / name).is_file()}
+    write_json(manifest, {"written_by": RUN_WRITER, "files": files, "adopted": adopted})
 
 
 def _jsonable(x: Any) -> Any:

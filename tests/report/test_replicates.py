@@ -540,3 +540,30 @@ def test_runs_on_two_builds_of_one_base_seed_are_not_paired(tmp_path):
     assert "t over 3 run seeds of base 0" in same["interval"].tolist()
     other = paired_table(Plot.of(tmp_path / "b"), BIO_REPORT).query("metric == 'task0_full_end'")
     assert other["interval"].tolist() == ["no base seed shared"]
+
+
+def test_an_older_run_folder_is_adopted_once_and_then_verified_like_any_other(tmp_path):
+    import json
+
+    import pytest
+
+    from scalecl.common.errors import ScaleclError
+    from scalecl.common.files import OwnedFiles
+    from scalecl.training.record import RESULT_FILE, record_text
+    from scalecl.training.run import RUN_WRITER, adopt_run_folder
+
+    d = tmp_path / "bio" / "cpu-fft-abc"
+    d.mkdir(parents=True)
+    result = {"experiment": "bio", "method": "fft", "preset": "cpu"}
+    (d / RESULT_FILE).write_text(record_text({"name": d.name}, result, d, None))
+    (d / "metrics.jsonl").write_text('{"step": 0}\n')
+    owned = OwnedFiles(d, RUN_WRITER)
+    assert not owned.owns(RESULT_FILE)  # written before manifests: nothing proves it
+    adopt_run_folder(d, {"commits": {"result.json": "abc1234"}})
+    doc = json.loads(owned.manifest.read_text())
+    assert doc["adopted"] == {"commits": {"result.json": "abc1234"}} and set(doc["files"]) == {RESULT_FILE, "metrics.jsonl"}
+    assert OwnedFiles(d, RUN_WRITER).owns(RESULT_FILE)
+    with pytest.raises(ScaleclError, match="has a manifest already"):
+        adopt_run_folder(d, {})
+    (d / RESULT_FILE).write_text((d / RESULT_FILE).read_text().replace("fft", "lora"))  # edited after adoption
+    assert not OwnedFiles(d, RUN_WRITER).owns(RESULT_FILE)
