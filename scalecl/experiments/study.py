@@ -38,9 +38,9 @@ from scalecl.compute.processes import say
 from scalecl.experiments import load_preset
 from scalecl.experiments.base import Paths
 from scalecl.experiments.sweep import SweepOptions, check, check_ahead, sweep
+from scalecl.training.record import REFERENCE_WRITER
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
-REFERENCE_WRITER = "scalecl study"
 
 
 @dataclass(frozen=True)
@@ -167,13 +167,20 @@ def shared_run_dirs(s: Study, exp: Any, name: str) -> list[Path]:
 
 def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     """The result.json in `target` when it is this run's (same experiment, name, method and config hash -- the
-    hash covers the config, seeds and method options -- and the same numerics), else None. Read only: the
-    study never writes there, so a committed run without the writer's manifest counts too."""
+    hash covers the config, seeds and method options -- and the same numerics) and its run folder's manifest
+    proves it (the rule training and plot follow), else None. Read only: the study never writes there."""
+    from scalecl.common.files import OwnedFiles
     from scalecl.compute.machine import check_numerics
     from scalecl.training.record import RESULT_FILE, read_record
+    from scalecl.training.run import RUN_WRITER
 
     f = target / RESULT_FILE
     if not f.is_file() or f.is_symlink():
+        return None
+    try:
+        if not OwnedFiles(target, RUN_WRITER).owns(RESULT_FILE):
+            return None
+    except ScaleclError:  # a manifest that is not the run writer's
         return None
     try:
         result = read_record(f, "finished run's result")

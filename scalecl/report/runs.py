@@ -21,7 +21,7 @@ from scalecl.common.schema import without
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
-from scalecl.training.record import NUMBER, Fields, base_identity, mistyped, read_record
+from scalecl.training.record import NUMBER, REFERENCE_WRITER, Fields, base_identity, mistyped, read_record
 from scalecl.training.run import RUN_WRITER
 
 LABELS = {"fft": "FFT", "lora": "LoRA", "freeze": "Freeze", "llama-pro": "LLaMA Pro", "scale-preserve": "SCALE-Preserve",
@@ -203,6 +203,14 @@ def _result_files(plot: Plot, root: Path, study: str | None) -> list[Path]:
     return found
 
 
+def _proven(folder: Path, writer: str, name: str) -> bool:
+    """Whether `folder`'s manifest of `writer` records `name` unchanged (a manifest of another writer: no)."""
+    try:
+        return OwnedFiles(folder, writer).owns(name)
+    except ScaleclError:
+        return False
+
+
 def _reference_target(plot: Plot, ref: Path) -> Path | None:
     """The result.json a study's reference.json points at, or None with the reason recorded as skipped."""
     try:
@@ -212,6 +220,10 @@ def _reference_target(plot: Plot, ref: Path) -> Path | None:
             raise ScaleclError(f"unreadable reference {ref}: no 'reference' path")
     except ScaleclError as e:
         plot.skip(ref, str(e))
+        return None
+    if not plot.unverified and not _proven(ref.parent, REFERENCE_WRITER, ref.name):
+        plot.skip(ref, f"{ref}: not a reference a study wrote, or changed since (its folder's manifest does not prove "
+                       f"it); plot --unverified follows it anyway")
         return None
     target = Path(os.path.normpath(ref.parent / rel / "result.json"))
     if not target.is_file():

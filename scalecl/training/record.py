@@ -22,6 +22,7 @@ from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import read_json
 
 RESULT_FILE = "result.json"
+REFERENCE_WRITER = "scalecl study"  # a study's reference.json to a run it did not train: its folder's manifest
 # what makes a file a scalecl result at all; the rest is each reader's to require
 REQUIRED = {"run": dict, "experiment": str, "preset": str, "method": str}
 NUMBER = (int, float)  # a JSON number (true and false are not numbers here)

@@ -567,3 +567,29 @@ def test_an_older_run_folder_is_adopted_once_and_then_verified_like_any_other(tm
         adopt_run_folder(d, {})
     (d / RESULT_FILE).write_text((d / RESULT_FILE).read_text().replace("fft", "lora"))  # edited after adoption
     assert not OwnedFiles(d, RUN_WRITER).owns(RESULT_FILE)
+
+
+def test_a_reference_no_study_wrote_is_skipped_with_one_line(tmp_path):
+    import json
+
+    from scalecl.common.files import OwnedFiles
+    from scalecl.report.context import Plot
+    from scalecl.report.runs import _result_files
+    from scalecl.training.record import REFERENCE_WRITER
+    from tests.report.fake_runs import write_result
+
+    main = tmp_path / "bio" / "cpu-scale-route-abc"
+    write_result(main, {"experiment": "bio", "method": "scale-route", "preset": "cpu"})
+    text = json.dumps({"reference": "../../../bio/cpu-scale-route-abc", "run": main.name}) + "\n"
+    by_hand = tmp_path / "studies" / "tau" / "cpu-scale-route-abc"
+    by_hand.mkdir(parents=True)
+    (by_hand / "reference.json").write_text(text)
+    plot = Plot.of(tmp_path)
+    assert _result_files(plot, tmp_path, "tau") == []
+    (why,) = plot.skipped.values()
+    assert "not a reference a study wrote" in why
+    OwnedFiles(by_hand, REFERENCE_WRITER).remove("reference.json")  # not its own: stays
+    (by_hand / "reference.json").unlink()
+    OwnedFiles(by_hand, REFERENCE_WRITER).write("reference.json", text)
+    plot = Plot.of(tmp_path)
+    assert _result_files(plot, tmp_path, "tau") == [main / "result.json"] and not plot.skipped
