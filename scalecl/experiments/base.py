@@ -44,6 +44,19 @@ class Paths:
     shared: tuple[Path, ...] = ()
 
 
+def named_dict(config: dict[str, Any], not_named: Sequence[str], when_set: dict[str, Any]) -> dict[str, Any]:
+    """`config` without the `not_named` keys and without each key of `when_set` that holds its default there."""
+    def value(path: str) -> Any:
+        d: Any = config
+        for k in path.split("."):
+            if not isinstance(d, dict) or k not in d:
+                return None
+            d = d[k]
+        return d
+
+    return without(config, [*not_named, *(k for k, default in when_set.items() if value(k) == default)])
+
+
 def micro_split(batch: int, micro_batch: int, world: int) -> tuple[int, int]:
     """(rows per forward on each process, accumulation steps) of a global batch of `batch` rows over `world`
     processes; micro_batch 0 means one forward per process (no accumulation)."""
@@ -116,9 +129,14 @@ class ExperimentBase:
         """The rate `method` trains at."""
         raise NotImplementedError
 
+    # keys added after runs were named, with their default (the behaviour before them): left out of a name while
+    # at that default, so that every earlier run keeps its name
+    named_when_set: ClassVar[dict[str, Any]] = {}
+
     def named_config(self) -> dict[str, Any]:
-        """The config a run's name hashes: all of it but what cannot change its numbers (`not_named`)."""
-        return without(asdict(self.rc), self.not_named)
+        """The config a run's name hashes: all of it but what cannot change its numbers (`not_named`), and keys
+        added later while at their default (`named_when_set`)."""
+        return named_dict(asdict(self.rc), self.not_named, self.named_when_set)
 
     def name_parts(self, d: Any) -> tuple:
         """Further values a run's name depends on under `d`'s processes (none by default)."""

@@ -238,11 +238,20 @@ class BaseShape:
     ffn: int = opt(512, ge=1, le=MAX_SIZE)
     context: int = opt(128, ge=2, le=MAX_SIZE)
     tie_embeddings: bool = True  # like Llama-3.2-1B
+    vocab: int = opt(0, ge=0, le=MAX_SIZE)  # embedding and head rows: 0 = the tokenizer's size; more pads (128,256: Llama-3.2-1B)
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ScaleclError(f"{where}hidden={self.hidden} must be a multiple of {where}heads={self.heads}, and "
                                f"heads of {where}kv_heads={self.kv_heads}")
+
+
+@dataclass
+class PretrainConfig(StageConfig):
+    """The builtin base's pre-training; 0 steps leaves the base at its random initialisation (the paper-smoke
+    preset: the paper's shapes, whose pre-training a CPU cannot afford)."""
+
+    steps: int = opt(100, ge=0, le=MAX_STEPS)
 
 
 @dataclass
@@ -283,7 +292,7 @@ class CptRunConfig:
     tokenizer: str = ""  # "" = the base's own (builtin: a BPE trained on the stand-in)
     builtin: BuiltinCorpusConfig = opt(factory=BuiltinCorpusConfig)
     model: BaseShape = opt(factory=BaseShape)  # builtin base only
-    pretrain: StageConfig = opt(factory=StageConfig)  # builtin base only
+    pretrain: PretrainConfig = opt(factory=lambda: PretrainConfig())  # builtin base only (steps = 0: random weights)
     data: CorpusConfig = opt(factory=CorpusConfig)  # new-domain training corpus
     old_eval: CorpusConfig = opt(factory=lambda: CorpusConfig(path="builtin:en", split="test"))
     new_eval: CorpusConfig = opt(factory=lambda: CorpusConfig(path="builtin:ko", split="test"))

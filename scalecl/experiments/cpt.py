@@ -49,6 +49,7 @@ from scalecl.experiments.base import (
     adopt_entry,
     cached_stage,
     micro_split,
+    named_dict,
     path_key,
     stage_record,
     stage_run,
@@ -78,10 +79,15 @@ console = make_console()  # off a terminal: lines are not wrapped at 80 columns
 
 
 def builtin_model_config(rc: CptRunConfig, vocab: int, tokenizer=None):
+    """The builtin base's config: `model`'s shape with `vocab` rows (the tokenizer's size), or model.vocab rows
+    when it pads beyond it."""
     m = rc.model
     if m.hidden % m.heads or m.heads % m.kv_heads:
         raise ScaleclError(f"model: hidden={m.hidden} must be a multiple of heads={m.heads}, and heads of "
                            f"kv_heads={m.kv_heads}")
+    if m.vocab and m.vocab < vocab:
+        raise ScaleclError(f"model.vocab={m.vocab} is smaller than the tokenizer's {vocab} tokens")
+    vocab = m.vocab or vocab
     kw: dict[str, Any] = dict(vocab_size=vocab, hidden_size=m.hidden, num_hidden_layers=m.layers,
                               num_attention_heads=m.heads, intermediate_size=m.ffn, max_position_embeddings=m.context,
                               tie_word_embeddings=m.tie_embeddings)
@@ -103,8 +109,8 @@ def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: 
     """The builtin base: a small decoder pre-trained on the stand-in's base corpus (English training split plus
     a little Korean of other people, see scalecl.data.bilingual), cached. Rank 0 trains it alone (resuming its
     own checkpoints after a kill); the other processes wait."""
-    def key_of(tok: str) -> str:
-        return config_hash(asdict(rc.builtin), tok, rc.model, rc.pretrain, rc.seed,
+    def key_of(tok: str) -> str:  # model.vocab at 0 (the tokenizer's rows) keeps the keys of bases made before it
+        return config_hash(asdict(rc.builtin), tok, named_dict(asdict(rc.model), (), {"vocab": 0}), rc.pretrain, rc.seed,
                            *numerics_key(numerics or run_numerics(rc.compute, rt.device)))
 
     key = key_of(path_key(tok_src, cache))  # however --cache or --tokenizer is spelled
@@ -126,6 +132,12 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
                      resume="auto", compute=rc.compute,
                      desc="pre-train base")
     t = time.perf_counter()
+    if rc.pretrain.steps == 0:  # the base is its random initialisation (paper-smoke: the paper's shapes)
+        model = model_from_config(config, seed=rc.seed)
+        info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": None, "steps": 0,
+                "params": sum(p.numel() for p in model.parameters()), "numerics": run.identity.get("numerics")}
+        run.finish(None, model, extra={"stage": info}, base_model="builtin (random initialisation, not pre-trained)")
+        return info
     res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
               batches=RankBatches(chunks, rc.pretrain.batch), rt=Runtime(Dist(), rt.device, rt.progress, rt.say))
     info = stage_record(run, res, t, epochs_completed=chunks.epoch,
@@ -169,7 +181,7 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
     t, seq = rc.train, rc.train.seq_len
     micro = micro_split(t.batch, t.micro_batch, world)[0]
     phases = []
-    if builtin:
+    if builtin and rc.pretrain.steps:  # 0 steps: the base is its initialisation, nothing trains
         ctx = rc.model.context
         phases.append(phase("base pre-training", cfg, None, {}, (rc.pretrain.batch, ctx),
                             rc.pretrain.steps * rc.pretrain.batch * ctx, ("pretrain.batch", "model.context")))
@@ -211,6 +223,7 @@ class CptExperiment(ExperimentBase):
     name = "cpt"
     # the run's own rate is named (lr_of); the never-target rows are a measurement only
     not_named = (*ExperimentBase.not_named, "lr", "eval.never_tokens")
+    named_when_set = {"model.vocab": 0}
     end_table = CPT_TABLE
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
@@ -310,8 +323,9 @@ class CptExperiment(ExperimentBase):
         ev.h0 = final_hidden(base, ev.rep_ids.to(rt.device), ev.d_model)
         del base
         info = self.base_info
-        base_line = (f"base: {self.base_source}" + (f" (pre-trained {info.get('wall_s')} s"
-                                                    f"{', cached' if info.get('cached') else ''})" if info else ""))
+        done = "random initialisation, not pre-trained" if info.get("steps") == 0 else f"pre-trained {info.get('wall_s')} s"
+        base_line = (f"base: {self.base_source}" + (f" ({done}{', cached' if info.get('cached') else ''})"
+                                                    if info else ""))
         rt.say(f"{base_line}; vocab {len(self.tokenizer):,}; old-domain eval {ev.tokens('old'):,} tokens, "
                f"new-domain eval {ev.tokens('new'):,} tokens (seq {rc.train.seq_len}); {rt.d.world} process(es)")
 
