@@ -319,8 +319,9 @@ def replicate_groups(runs: pd.DataFrame) -> list[pd.DataFrame]:
 
 def group_label(row: pd.Series | dict) -> str:
     """A replicate group's name in figures and tables: the method's label, and its setting when it has one."""
-    name = LABELS.get(row["method"], row["method"])
-    return f"{name} [{row['setting']}]" if row.get("setting") else name
+    name, setting = LABELS.get(row["method"], row["method"]), row.get("setting") or ""
+    setting = setting.removeprefix(f"{name}, ") if setting != name else ""  # a reference run's setting names it
+    return f"{name} [{setting}]" if setting else name
 
 
 def _n_label(label: str, n: int) -> str:

@@ -76,7 +76,11 @@ def _setting_of(spec: ReportSpec, study: str | None, r: dict) -> str:
         return LABELS.get(r["method"], r["method"])
     study = study.split("-", 1)[0]  # <study>-<suffix> (vocab-rebuild: a second build of its stages) reads as <study>
     if study in ROUTE_STUDIES and r.get("method") != "scale-route":  # a reference run beside the Route runs
-        return f"{LABELS.get(r['method'], r['method'])}, " + _setting_of(spec, study, {**r, "method": "scale-route"})
+        name = LABELS.get(r["method"], r["method"])
+        if study == "vocab":  # its setting is its rows
+            return f"{name}, " + _setting_of(spec, study, {**r, "method": "scale-route"})
+        model, tok = _vocab_rows(r)  # no tau or router of its own: the rows alone tell its setting
+        return name + ("" if model is None or tok is None or model == tok else f", vocab {model:,}")
     if study in ("tau", "router"):
         label = (f"tau={_tau(r):g}" if _tau(r) is not None else "tau=?") if study == "tau" else \
             f"router={opts.get('router', 'logit')}"
