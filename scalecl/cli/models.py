@@ -17,7 +17,9 @@ commands = typer.Typer()
 
 
 def _csv(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
+    from scalecl.common.schema import split_items
+
+    return tuple(split_items(value, "a comma list"))
 
 
 @commands.command()

@@ -400,6 +400,8 @@ def usable_entry(folder: Path, what: str, *, rebuild: bool, legacy_ok: bool = Tr
     how = None
     if not os.path.lexists(s):
         if legacy_ok:
+            say(f"{what} {folder} records no fingerprints (an older scalecl made it, or its {SEAL} was removed): "
+                f"read without verification; delete it to have it made again, sealed")
             return True
         how = f"{s} is missing"
     else:

@@ -31,6 +31,10 @@ MAX_SEED = 2**32 - 1
 #   2**20 = 1,048,576: over 50x the hidden width of the largest published decoders (16,384 to 18,432), and a
 #   square matrix of that side alone would hold 2**40 elements (4 TiB in float32).
 MAX_SIZE = 2**20
+# - no model has more than 1,024 decoder layers: 8x the deepest published decoders (126 to 128 layers),
+#   and the memory estimate builds the model on the meta device, whose Python objects grow with the layers
+#   (a million layers took minutes and gigabytes before any refusal)
+MAX_LAYERS = 1024
 # - no step count or step interval (a stage's steps and warm-up, evaluation, checkpoint and sync intervals)
 #   exceeds 10**9: about 30,000 times the longest run here (the paper's 80,000 steps of stage 1), and what
 #   a schedule of them builds stays small;
@@ -202,7 +206,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
                 pass
         raise ScaleclError(f"{key} expects {' or '.join(_type_name(a) for a in inner)}, got {show_value(value)}")
     if origin is tuple:
-        items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        items = split_items(value, key) if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
             raise ScaleclError(f"{key} expects a list, got {show_value(value)}")
         item_type = args[0] if args else Any
@@ -332,10 +336,19 @@ def parse_scalar(text: str) -> Any:
     return text.strip()
 
 
+def split_items(text: str, what: str) -> list[str]:
+    """A comma-separated list, each item stripped; an empty item ('a,,b', 'a,' or ',a') is one error naming
+    `what`, never dropped: like an empty value, it is never "not given"."""
+    items = [t.strip() for t in text.split(",")]
+    if any(not t for t in items):
+        raise ScaleclError(f"{what} {show_text(text)} has an empty item; separate the items by single commas")
+    return items
+
+
 def parse_value(text: str) -> Any:
     """A --set value of untyped options: a scalar, or a comma list of scalars."""
     if "," in text:
-        return [parse_scalar(t) for t in text.split(",") if t]
+        return [parse_scalar(t) for t in split_items(text, "a --set list")]
     return parse_scalar(text)
 
 

@@ -62,7 +62,9 @@ class TaskSelection:
 
 def _split(tasks: str | Sequence[str]) -> list[str]:
     items = [tasks] if isinstance(tasks, str) else list(tasks)
-    return [p.strip() for item in items for p in str(item).split(",") if p.strip()]
+    from scalecl.common.schema import split_items
+
+    return [p for item in items for p in split_items(str(item), "--tasks")]
 
 
 def _looks_like_path(item: str) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import (  # noqa: F401
     MAX_DOCS,
+    MAX_LAYERS,
     MAX_SEED,
     MAX_SIZE,
     MAX_STEPS,
@@ -35,7 +36,7 @@ class ModelShape:
 
     arch: str = opt("gpt_neox", choices=("gpt_neox", "llama"))
     hidden: int = opt(128, ge=1, le=MAX_SIZE)
-    layers: int = opt(4, ge=1, le=MAX_SIZE)
+    layers: int = opt(4, ge=1, le=MAX_LAYERS)
     heads: int = opt(4, ge=1, le=MAX_SIZE)
     ffn: int = opt(512, ge=1, le=MAX_SIZE)
     context: int = opt(128, ge=2, le=MAX_SIZE)
@@ -232,7 +233,7 @@ class BaseShape:
 
     arch: str = opt("llama", choices=("gpt_neox", "llama"))
     hidden: int = opt(128, ge=1, le=MAX_SIZE)
-    layers: int = opt(4, ge=1, le=MAX_SIZE)
+    layers: int = opt(4, ge=1, le=MAX_LAYERS)
     heads: int = opt(4, ge=1, le=MAX_SIZE)
     kv_heads: int = opt(4, ge=1, le=MAX_SIZE)
     ffn: int = opt(512, ge=1, le=MAX_SIZE)

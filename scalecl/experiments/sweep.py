@@ -53,7 +53,11 @@ def parse_methods(text: str) -> list[str]:
     """`--method`: 'all', or one or more method names separated by commas."""
     if text.strip() == "all":
         return method_names()
-    names = [m.strip() for m in text.split(",") if m.strip()]
+    from scalecl.common.schema import split_items
+
+    if not text.strip():
+        raise ScaleclError(f"--method {text!r} names no method; choose from {', '.join(method_names())} or all")
+    names = split_items(text, "--method")
     if not names:
         raise ScaleclError(f"--method {text!r} names no method; choose from {', '.join(method_names())} or all")
     return names
@@ -67,12 +71,12 @@ def parse_seeds(text: str | None, key: str) -> list[int] | None:
     when not given. Each is checked like a config seed; repeats are dropped."""
     if text is None:
         return None
-    from scalecl.common.schema import check_seed, int_span, show_text, show_value
+    from scalecl.common.schema import check_seed, int_span, show_text, show_value, split_items
 
     vals = int_span(text, key, MAX_REPLICATES, "seeds")  # its length checked before it is expanded
     if vals is None:
         try:
-            vals = [int(v) for v in text.split(",") if v.strip()]
+            vals = [int(v) for v in split_items(text, key)]
         except ValueError:
             raise ScaleclError(f"{key} takes integers separated by commas or a range a..b, got "
                                f"{show_text(text)}") from None

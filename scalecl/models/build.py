@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from scalecl.common.errors import ScaleclError
 from scalecl.common.hub import before_hub_load, miss_reason
 from scalecl.common.readers import check_weights_folder, read_json
+from scalecl.common.schema import MAX_LAYERS
 from scalecl.modeling.scale_arch import ARCHS, REFUSED, Arch, head_dim, kv_heads, set_submodule
 
 # the architecture table lives in scalecl.modeling (shipped in SCALE checkpoints): one copy, re-exported
@@ -141,6 +142,9 @@ def check_config_sizes(config: PretrainedConfig | dict, where: str) -> None:
     for k, v in got.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31):
             raise ScaleclError(f"{where}: {k} must be a positive integer, got {v!r}")
+    if got["num_hidden_layers"] is not None and got["num_hidden_layers"] > MAX_LAYERS:
+        raise ScaleclError(f"{where}: num_hidden_layers={got['num_hidden_layers']:,} exceeds {MAX_LAYERS:,} (the "
+                           f"deepest published decoders have under 130)")
     doc = config if isinstance(config, dict) else config.to_dict()
     nested = [v for k in ("rope_parameters", "rope_scaling") if isinstance(v := doc.get(k), dict)]
     for source in (doc, *nested):

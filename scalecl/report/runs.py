@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -53,9 +54,24 @@ def read_result(f: Path) -> dict:
     """A result.json (scalecl.training.record.read_record: an object naming its experiment, preset and method,
     every RESULT_FIELDS key it holds of its type), or one clear error naming the file."""
     try:
-        return read_record(f, "unreadable result", identity=False, fields=RESULT_FIELDS)
+        r = read_record(f, "unreadable result", identity=False, fields=RESULT_FIELDS)
+        bad = _non_finite(r.get("summary"), "summary") or _non_finite(r.get("final"), "final")
+        if bad:  # the suite writes null for a number that is not finite: NaN or Infinity here was written by hand
+            raise ScaleclError(f"unreadable result {f}: {bad!r} is not a finite number")
+        return r
     except ScaleclError as e:
         raise ScaleclError(f"{e}; remove its run folder or rerun it") from None
+
+
+def _non_finite(v: Any, path: str) -> str | None:
+    """The first path under `v` holding NaN or an infinity, or None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return path
+    if isinstance(v, dict):
+        return next((b for k, x in v.items() if (b := _non_finite(x, f"{path}.{k}"))), None)
+    if isinstance(v, list):
+        return next((b for i, x in enumerate(v) if (b := _non_finite(x, f"{path}[{i}]"))), None)
+    return None
 
 
 def spec_fields(spec: ReportSpec) -> dict:

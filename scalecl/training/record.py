@@ -130,6 +130,8 @@ def mistyped(r: dict[str, Any], fields: Fields) -> str | None:
             continue
         if not (isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))):
             return f"{path!r} is {'null' if v is None else _kind_name((type(v),))}, not {_kind_name(kinds)}"
+        if isinstance(v, float) and not math.isfinite(v):  # NaN or Infinity: JSON a writer of the suite never makes
+            return f"{path!r} is {v}, not a finite number"
     return None
 
 

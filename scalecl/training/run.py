@@ -304,6 +304,9 @@ class Run:
             raise ScaleclError(f"{self.name} has checkpoints up to step {step} in {self.ckpt_root}: --resume continues "
                                f"it, --force starts it over")
         path = found[-1]
+        if not (path / CKPT_MANIFEST).is_file():
+            say(f"{self.name}: checkpoint {path} records no fingerprints (an older scalecl wrote it, or its "
+                f"{CKPT_MANIFEST} was removed): resuming without verifying it")
         how = checkpoint_damage(path)
         if how is not None:
             raise ScaleclError(f"checkpoint {path} is damaged: {how} (verified against its {CKPT_MANIFEST}); nothing "

@@ -15,7 +15,10 @@ def check_report_to(names: str | Collection[str] | None) -> tuple[str, ...]:
     """`--report-to` as a tuple of tracker names, each installed: one clear error otherwise, before any work."""
     import importlib.util
 
-    items = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names or [])
+    from scalecl.common.schema import split_items
+
+    items = split_items(names, "--report-to") if isinstance(names, str) and names.strip() else \
+        list(names or []) if not isinstance(names, str) else []
     items = [n for n in items if n and n != "none"]
     for n in items:
         if n not in REPORT_TO:

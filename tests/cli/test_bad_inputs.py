@@ -114,13 +114,21 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["prepare", "--method", "fft", "--model", str(fx / "truncated"), "--out", "p"], "truncated"),
         # train-bio
         (["train-bio", "--preset", "tiny", "--method", ""], "--method is empty"),
-        (["train-cpt", "--preset", "tiny", "--method", " , "], "names no method"),
+        (["train-cpt", "--preset", "tiny", "--method", " , "], "has an empty item"),
         ([*tiny_bio, "--seeds", "a,b"], "--seeds takes integers"),
         ([*tiny_bio, "--run-seeds", "0..99999"], "--run-seeds 0..99999: 100,000 seeds, more than the 1,000 seeds"),
         # ranges: their length checked before they are expanded (0..10**11 is no list of 10**11 seeds)
         ([*tiny_bio, "--seeds", "0..100000000000"], "--seeds 0..100000000000: 100,000,000,001 seeds, more than"),
         ([*tiny_bio, "--run-seeds", "0..100000000000"], "--run-seeds 0..100000000000: 100,000,000,001 seeds"),
         ([*tiny_bio, "--seeds", "2..1"], "--seeds 2..1 is an empty range"),
+        # an empty item of a list is an error, never dropped
+        ([*tiny_bio, "--seeds", "0,,1"], "--seeds 0,,1 has an empty item"),
+        ([*tiny_cpt, "--run-seeds", "0,"], "--run-seeds 0, has an empty item"),
+        (["train-cpt", "--preset", "tiny", "--method", "fft,,lora"], "--method fft,,lora has an empty item"),
+        ([*up, "--collab", "attn,,mlp"], "has an empty item"),
+        # layers: the estimate builds the model on the meta device, so their number is bounded first
+        ([*tiny_cpt, "--set", "model.layers=1000000"], "model.layers must be <= 1024"),
+        ([*tiny_bio, "--set", "model.layers=1025"], "model.layers must be <= 1024"),
         # sizes the machine can hold: CPU threads at most max(256, 4 x its cores)
         ([*tiny_bio, "--set", "compute.threads=100000"], "compute.threads must be <= "),
         ([*tiny_bio, "--set", f"compute.threads={2**20}"], "compute.threads must be <= "),

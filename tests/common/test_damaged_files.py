@@ -606,12 +606,12 @@ def test_full_or_read_only_disk_is_one_line(ppl_model, tmp_path, monkeypatch, co
     def failing(path, text):
         raise OSError(code, os.strerror(code), str(path))
 
+    res_dir = tmp_path / "results"
+    fake_bio_run(res_dir)  # written by the run writer before the disk fails
     monkeypatch.setattr(files, "write_atomic", failing)
     out = tmp_path / "ppl.json"
     line = one_error(runner.invoke(app, _ppl(model, corpus, out)), code=1, progress="eval-ppl: ")
     assert str(out) in line and errno.errorcode[code] in line and not out.exists()
-    res_dir = tmp_path / "results"
-    fake_bio_run(res_dir)
     line = one_error(runner.invoke(app, ["plot", "--results", str(res_dir), "--out", str(tmp_path / "f")]), code=1)
     assert str(tmp_path / "f") in line
     monkeypatch.setattr(files, "write_atomic", real)

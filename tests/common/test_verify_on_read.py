@@ -179,3 +179,12 @@ def test_an_entry_of_an_older_scalecl_is_read_as_before_and_a_sealed_one_verifie
     (entry / "a.txt").write_text("edit")
     with pytest.raises(ScaleclError, match="a.txt differs"):
         files.usable_entry(entry, "cached thing", rebuild=False)
+
+
+def test_an_entry_without_its_record_is_read_with_one_line_saying_so(tmp_path):
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    (entry / "a.txt").write_text("x")
+    said = []
+    assert files.usable_entry(entry, "cached thing", rebuild=False, say=said.append)
+    assert len(said) == 1 and "records no fingerprints" in said[0] and "without verification" in said[0]

@@ -593,3 +593,23 @@ def test_a_reference_no_study_wrote_is_skipped_with_one_line(tmp_path):
     OwnedFiles(by_hand, REFERENCE_WRITER).write("reference.json", text)
     plot = Plot.of(tmp_path)
     assert _result_files(plot, tmp_path, "tau") == [main / "result.json"] and not plot.skipped
+
+
+def test_a_result_holding_nan_is_one_skipped_line_even_unverified(tmp_path):
+    import json
+
+    import pytest
+
+    from scalecl.common.errors import ScaleclError
+    from scalecl.report.runs import read_result
+    from tests.report.fake_runs import write_result
+
+    d = tmp_path / "cpt" / "cpu-fft-abc"
+    f = write_result(d, {"experiment": "cpt", "method": "fft", "preset": "cpu", "summary": {"new_ppl_end": 3.0}})
+    assert read_result(f)["summary"]["new_ppl_end"] == 3.0
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        f.write_text(f.read_text().replace('"new_ppl_end": 3.0', f'"new_ppl_end": {bad}'))
+        with pytest.raises(ScaleclError, match=r"'summary.new_ppl_end' is not a finite number"):
+            read_result(f)
+        f.write_text(f.read_text().replace(f'"new_ppl_end": {bad}', '"new_ppl_end": 3.0'))
+    assert json.loads(f.read_text())["summary"]["new_ppl_end"] == 3.0
