@@ -226,3 +226,15 @@ def test_cached_stages_are_left_out_of_the_estimate(tmp_path, monkeypatch):
     res = _bio(tmp_path, "--method", "lora")
     assert res.exit_code == 0, res.output
     assert seen[-1] == ["stage 3 (lora)", "evaluation (lora)"]
+
+
+def test_the_estimate_keeps_its_margin_of_error():
+    """A run whose estimate fits only without the estimate's 15% margin is refused (an FFT estimated at 19.8 GiB
+    reached 21.0 GiB with 20.6 GiB available, and the kernel killed it)."""
+    from scalecl.experiments import budget
+    from scalecl.experiments.bio import bio_phases
+
+    phase, gib = bio_phases(load_preset("bio", "tiny"), ["fft"], 1)[0], 2**30
+    budget.check_fits(budget.Estimate(int(19.8 * gib), 0, phase, 23 * gib, None, ""))
+    with pytest.raises(ScaleclError, match="15% margin"):
+        budget.check_fits(budget.Estimate(int(19.8 * gib), 0, phase, int(20.6 * gib), None, ""))
