@@ -303,11 +303,24 @@ def large_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def changed_file(folder: Path, written: dict[str, Any], digests: dict[str, Any] | None = None) -> str | None:
+# what the suite's readers read (weights, configs, states, encodings, corpora, tokenizers, remote code): a file so
+# named in a recorded folder must be in the record, else it would be read unverified
+READ_SUFFIXES = (".safetensors", ".json", ".jsonl", ".npy", ".py", ".model", ".txt")
+
+
+def changed_file(folder: Path, written: dict[str, Any], digests: dict[str, Any] | None = None,
+                 skip: tuple[str, ...] = ()) -> str | None:
     """The first file a record lists (relative path -> fingerprint; `digests`: whole-content digests of the
-    large ones) that is no longer what was written, as `<path> <how>`; None when every one matches. Files the
-    record does not list are not looked at (a note the user put beside them is theirs)."""
+    large ones) that is no longer what was written, as `<path> <how>`, or a file a reader would read
+    (READ_SUFFIXES) that the record does not list (`skip`: the record itself); None when every one matches. Other
+    files are not looked at (a note the user put beside them is theirs)."""
     digests = digests or {}
+    for root, _dirs, names in os.walk(folder):
+        for name in sorted(names):
+            p = Path(root) / name
+            rel = p.relative_to(folder).as_posix()
+            if p.suffix in READ_SUFFIXES and rel not in written and rel not in skip and name != TMP_MARK:
+                return f"{p} is not in its record (a file added, or the record edited)"
     for rel in sorted(written):
         p, rec = Path(folder) / rel, written[rel]
         accepted = [rec] if isinstance(rec, str) else rec if isinstance(rec, list) else []
@@ -413,7 +426,7 @@ def usable_entry(folder: Path, what: str, *, rebuild: bool, legacy_ok: bool = Tr
             how = f"its record {s} is not one scalecl wrote"
         else:
             digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else None
-            how = changed_file(folder, doc["written"], digests)
+            how = changed_file(folder, doc["written"], digests, skip=(SEAL,))
     if how is None:
         return True
     if rebuild:

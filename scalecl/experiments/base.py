@@ -265,7 +265,12 @@ def _damaged_stage(run: Run, rt: Runtime) -> str | None:
     if not run.final_dir.exists():
         return None
     try:
-        how = damage(run.final_dir) if read_meta(run.final_dir) is not None else None
+        if read_meta(run.final_dir) is not None:
+            how = damage(run.final_dir)
+        elif run.final_dir.is_dir() and any(run.final_dir.iterdir()):  # files, but no record: it was removed
+            how = f"{run.final_dir} holds no scalecl.json (its record was removed)"
+        else:
+            how = None
     except ScaleclError as e:  # its scalecl.json itself is damaged
         how = str(e)
     if how is None:

@@ -85,7 +85,9 @@ def study_values(study: str, rc, values: str | None) -> list[str]:
     text = values if values is not None else STUDIES[study].default or f"0..{_layers(rc)}"
     vals = int_span(text, f"{study} values", MAX_VALUES, "runs")  # its length checked before it is expanded
     if vals is None:
-        vals = [v.strip() for v in text.split(";") if v.strip()]
+        vals = [v.strip() for v in text.split(";")]
+        if any(not v for v in vals):  # an empty value is an error, never dropped
+            raise ScaleclError(f"{study} values {show_text(text)} have an empty value; separate them by single ';'")
     if len(vals) > MAX_VALUES:
         raise ScaleclError(f"{study} values {show_text(text)} give more than the {MAX_VALUES:,} runs a study may have")
     if not vals:

@@ -502,7 +502,7 @@ def damage(path: str | os.PathLike, meta: dict[str, Any] | None = None) -> str |
     p = Path(path)
     meta = read_meta(p) if meta is None else meta
     written = (meta or {}).get("written")
-    return changed_file(p, written, meta.get("digests")) if isinstance(written, dict) else None
+    return changed_file(p, written, meta.get("digests"), skip=(META_FILE,)) if isinstance(written, dict) else None
 
 
 def check_model_files(path: str | os.PathLike, *, verify: bool = True) -> dict[str, Any] | None:

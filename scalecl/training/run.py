@@ -104,7 +104,7 @@ def checkpoint_damage(p: Path) -> str | None:
     if not isinstance(written, dict) or not written:
         return f"its record {m} is not one scalecl wrote"
     digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else None
-    return changed_file(p, written, digests)
+    return changed_file(p, written, digests, skip=(CKPT_MANIFEST,))
 
 
 def process_age() -> float:

@@ -126,6 +126,9 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         ([*tiny_cpt, "--run-seeds", "0,"], "--run-seeds 0, has an empty item"),
         (["train-cpt", "--preset", "tiny", "--method", "fft,,lora"], "--method fft,,lora has an empty item"),
         ([*up, "--collab", "attn,,mlp"], "has an empty item"),
+        ([*up, "--collab", "attn,attn"], "collab must be attn, mlp or attn,mlp"),
+        (["study", "collab", "--preset", "tiny", "--values", "attn;;mlp"], "have an empty value"),
+        (["study", "l_fp", "--preset", "tiny", "--values", "0;"], "have an empty value"),
         # layers: the estimate builds the model on the meta device, so their number is bounded first
         ([*tiny_cpt, "--set", "model.layers=1000000"], "model.layers must be <= 1024"),
         ([*tiny_bio, "--set", "model.layers=1025"], "model.layers must be <= 1024"),
@@ -228,7 +231,7 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["study", "tau", "--preset", "tiny", "--values", "0.5;2"], "tau must lie in [-1, 1]"),
         (["study", "init", "--preset", "tiny", "--values", "svd,ones"], "init must be"),
         (["study", "tau", "--preset", "tiny", "--set", "stage1.steps=-1"], "stage1.steps must be >= 1"),
-        (["study", "tau", "--preset", "tiny", "--values", ";"], "no values"),
+        (["study", "tau", "--preset", "tiny", "--values", ";"], "have an empty value"),
         (["study", "tau", "--preset", "tiny", "--values", ""], "--values is empty"),  # not the default set
         ([*tiny_bio, "--set", "tokenizer="], "config key tokenizer is empty"),  # its default is not ""
         # plot

@@ -188,3 +188,36 @@ def test_an_entry_without_its_record_is_read_with_one_line_saying_so(tmp_path):
     said = []
     assert files.usable_entry(entry, "cached thing", rebuild=False, say=said.append)
     assert len(said) == 1 and "records no fingerprints" in said[0] and "without verification" in said[0]
+
+
+@pytest.mark.parametrize("where", ["step", "base", "corpus"])
+def test_a_record_with_an_entry_removed_does_not_turn_verification_off(stopped, tmp_path, monkeypatch, where):
+    _copy_of(stopped, tmp_path, monkeypatch)
+    if where == "step":
+        (folder,) = Path("ck/cpt").glob("*/step-*")
+        record, name, key = folder / "scalecl-checkpoint.json", "model/model.safetensors", "written"
+    elif where == "base":
+        (folder,) = Path("cache/cpt").glob("base-*")
+        record, name, key = folder / "scalecl.json", "model.safetensors", "written"
+    else:
+        (folder,) = Path("cache/cpt").glob("corpus-*")
+        record, name, key = folder / files.SEAL, "ko/train.jsonl", "written"
+    doc = json.loads(record.read_text())
+    del doc[key][name]
+    record.write_text(json.dumps(doc))
+    zero_bytes(folder / name, 100, 8)
+    args = [*TINY, "--method", "fft", "--set", "train.steps=4", "--set", "checkpoint.every=2", "--resume"] \
+        if where == "step" else [*TINY, "--method", "lora"]
+    line = one_stderr_error(runner.invoke(app, args))
+    assert "is not in its record" in line and name in line
+    assert not list(Path("out").glob("*lora*/result.json"))
+
+
+def test_a_cached_base_whose_record_was_removed_is_refused_then_set_aside_with_force(stopped, tmp_path, monkeypatch):
+    _copy_of(stopped, tmp_path, monkeypatch)
+    (base,) = Path("cache/cpt").glob("base-*")
+    (base / "scalecl.json").unlink()
+    line = one_stderr_error(runner.invoke(app, [*TINY, "--method", "lora"]))
+    assert "holds no scalecl.json" in line and "--force" in line
+    assert runner.invoke(app, [*TINY, "--method", "lora", "--force"]).exit_code == 0
+    assert (base.with_name(base.name + ".damaged-1") / "model.safetensors").is_file()

@@ -50,7 +50,7 @@ class ScaleConfig(ScaleSpec):
         if len(self.init) != 2 or any(i not in INITS for i in self.init):
             got = show_text(",".join(map(str, self.init)))
             raise ScaleclError(f"init must be a pair of {'/'.join(INITS)} for (W21, W22), got {got}")
-        if not self.collab or any(c not in COLLAB_MODULES for c in self.collab):
+        if not self.collab or any(c not in COLLAB_MODULES for c in self.collab) or len(set(self.collab)) < len(self.collab):
             raise ScaleclError(f"collab must be attn, mlp or attn,mlp; got {show_text(','.join(map(str, self.collab)))}")
         for name, low in (("hidden_up", 1), ("ffn_up", 0)):
             v = getattr(self, name)
