@@ -300,12 +300,34 @@ def prepare_checkpoint(
         check_checkpoint_dest(out_dir, overwrite)
         base = resolve_base(model, random_config, seed)
         method.check(base.config)
+        _check_memory(base.config, method)  # before any weight is allocated
         weights = base.load()
         base_total, _ = param_counts(weights)
         torch.manual_seed(seed)
         prepared = method.apply(weights)
         path = save_model(prepared, out_dir, method, base_model=base.source, overwrite=overwrite)
     return Prepared(path, prepared, base.source, base_total)
+
+
+def _check_memory(config, method: Method) -> None:
+    """Refuse, in one line and before anything is allocated, a model whose float32 weights after `method`
+    (counted on the meta device), with a 15% margin, pass the memory the OS can give (SCALECL_MEMORY_CHECK=0:
+    no check)."""
+    import psutil
+
+    from scalecl.common.environment import env
+
+    if not env("SCALECL_MEMORY_CHECK"):
+        return
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    skeleton = method.apply(skeleton, init_weights=False)
+    need = 4 * sum(p.numel() for p in skeleton.parameters())
+    available = psutil.virtual_memory().available
+    if need * 1.15 > available:
+        raise ScaleclError(f"the {method.name} model holds {need / 2**30:,.1f} GiB of float32 weights (with a 15% margin "
+                           f"{need * 1.15 / 2**30:,.1f} GiB), more than the {available / 2**30:,.1f} GiB available; "
+                           f"nothing was loaded (SCALECL_MEMORY_CHECK=0 tries anyway)")
 
 
 def _is_peft(model) -> bool:

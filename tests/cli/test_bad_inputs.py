@@ -288,3 +288,21 @@ def test_an_empty_value_is_refused_for_every_option(command, option, tmp_path, m
     assert res.exit_code == 2 and len(lines) == 1, (args, res.output, res.exception)
     assert lines[0].startswith("error:") and f"{option or 'name'} is empty" in lines[0], (args, lines[0])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_upscale_of_a_model_larger_than_memory_is_refused_before_any_weight(tmp_path):
+    """A random config of ~250B parameters: counted on the meta device and refused in one line, never allocated."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from scalecl.cli import app
+
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(dict(model_type="llama", hidden_size=4096, intermediate_size=16384, num_hidden_layers=1024,
+                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)))
+    res = CliRunner().invoke(app, ["upscale", "--random-config", str(big), "--hidden-up", "512", "--ffn-up", "128",
+                                   "--out", str(tmp_path / "up")])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "GiB of float32 weights" in lines[0], res.output
+    assert not (tmp_path / "up").exists()
