@@ -62,7 +62,7 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
     from scalecl.common.schema import check_seed
     from scalecl.methods import get_method
     from scalecl.models.gguf import resolve_model
-    from scalecl.training.checkpoint import prepare_checkpoint
+    from scalecl.training.prepare import prepare_checkpoint
 
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
@@ -137,7 +137,7 @@ def merge(
     (split norms, new heads) and is refused: its checkpoint already loads with
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
     """
-    from scalecl.training.checkpoint import merge_model
+    from scalecl.training.prepare import merge_model
 
     path = merge_model(model, out, overwrite=overwrite)
     console.print(f"wrote {path}")

@@ -374,6 +374,23 @@ def unowned_entries(folder: Path, manifest: dict[str, Any], allow: tuple[str, ..
     return sorted(bad)
 
 
+def record_damage(folder: Path, name: str) -> str | None:
+    """How `folder` differs from what its record `folder/name` lists (a JSON object whose `written` maps each file
+    to its fingerprint, `digests` the whole content of the large ones: a cache entry's seal, a training
+    checkpoint's manifest), or None when intact; an unreadable or empty record is damage too. The caller
+    decides what a missing record means."""
+    record = Path(folder) / name
+    try:
+        doc = json.loads(record.read_text()) if not record.is_symlink() else None
+    except (OSError, ValueError):
+        doc = None
+    written = doc.get("written") if isinstance(doc, dict) else None
+    if not isinstance(written, dict) or not written:
+        return f"its record {record} is not one scalecl wrote"
+    digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else None
+    return changed_file(folder, written, digests, skip=(name,))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Cache entries: sealed when written, verified when read
 
@@ -418,15 +435,7 @@ def usable_entry(folder: Path, what: str, *, rebuild: bool, legacy_ok: bool = Tr
             return True
         how = f"{s} is missing"
     else:
-        try:
-            doc = json.loads(s.read_text()) if not s.is_symlink() else None
-        except (OSError, ValueError):
-            doc = None
-        if not (isinstance(doc, dict) and isinstance(doc.get("written"), dict) and doc["written"]):
-            how = f"its record {s} is not one scalecl wrote"
-        else:
-            digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else None
-            how = changed_file(folder, doc["written"], digests, skip=(SEAL,))
+        how = record_damage(folder, SEAL)
     if how is None:
         return True
     if rebuild:
@@ -434,6 +443,14 @@ def usable_entry(folder: Path, what: str, *, rebuild: bool, legacy_ok: bool = Tr
         say(f"{what} {folder} is damaged ({how}); moved to {aside}, building it again")
         return False
     raise ScaleclError(f"{what} {folder} is damaged: {how}; --force moves it aside and builds it again")
+
+
+def proves(folder: Path, writer: str, name: str) -> bool:
+    """Whether `folder`'s manifest of `writer` records `name` unchanged (no manifest, or another writer's: no)."""
+    try:
+        return OwnedFiles(folder, writer).owns(name)
+    except ScaleclError:
+        return False
 
 
 class OwnedFiles:

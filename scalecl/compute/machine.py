@@ -18,6 +18,22 @@ if TYPE_CHECKING:  # torch loads on first use: the `scalecl` command's --help an
     import torch
 
 
+# measured peaks have come within 15% of the memory estimate (docs/cpt.md: the paper's shapes on a CPU; an FFT
+# estimated at 19.8 GiB reached 21.0 GiB before the kernel killed it with 20.6 GiB available): what the suite
+# allocates is refused unless the estimate plus this margin fits
+MEMORY_MARGIN = 1.15
+
+
+def available_memory() -> int | None:
+    """Bytes the OS can give this process without swapping (MemAvailable), or None when unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except (ImportError, OSError):
+        return None
+
+
 def provenance() -> dict[str, Any]:
     """Versions, machine and commit: enough to tell where a number came from."""
     import torch

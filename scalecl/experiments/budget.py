@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, PretrainedConfig
 
 from scalecl.common.environment import env
+from scalecl.compute.machine import MEMORY_MARGIN, available_memory
 from scalecl.experiments import load_preset
 from scalecl.methods import count_parameters, get_method
 from scalecl.models.build import shape_config
@@ -339,16 +340,6 @@ def gated_mlp(cfg: PretrainedConfig) -> bool:
     return getattr(cfg, "hidden_act", "") == "silu"
 
 
-def available_memory() -> int | None:
-    """Bytes the OS can give this process without swapping (MemAvailable), or None when unknown."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except (ImportError, OSError):
-        return None
-
-
 def process_memory() -> int:
     """Bytes this process holds now (its resident set): the interpreter, torch and what is loaded."""
     try:
@@ -418,25 +409,20 @@ def describe(e: Estimate) -> str:
             f"tokens, {e.phase.vocab:,} head rows: {parts}{base}){time_part}")
 
 
-# measured peaks have come within 15% of the estimate (benchmarks/README.md: the paper's shapes on a CPU; an FFT
-# estimated at 19.8 GiB reached 21.0 GiB before the kernel killed it with 20.6 GiB available): a run is refused
-# unless the estimate plus that margin fits
-MARGIN = 1.15
-
-
 def check_fits(e: Estimate) -> None:
-    """One ScaleclError when the estimated peak, plus the estimate's margin of error (MARGIN), passes the memory
+    """One ScaleclError when the estimated peak, plus the estimate's margin (MEMORY_MARGIN), passes the memory
     available, naming the keys that shrink it."""
     from scalecl.common.errors import ScaleclError
 
-    if e.available is None or e.peak * MARGIN <= e.available or not env("SCALECL_MEMORY_CHECK"):
+    if e.available is None or e.peak * MEMORY_MARGIN <= e.available or not env("SCALECL_MEMORY_CHECK"):
         return
     micro = next((k for k in e.phase.keys if k.endswith("micro_batch")), None)
     note = f" ({micro} below the batch keeps the batch: it accumulates)" if micro else ""
     raise ScaleclError(f"this run needs about {_size(e.peak)} of {'GPU ' if e.baseline == 0 else ''}memory at its "
                        f"peak ({e.phase.name}: {e.phase.rows} x {e.phase.seq} tokens, logits "
-                       f"{_size(e.phase.parts()['logits'])}; with the estimate's {round(100 * (MARGIN - 1))}% margin "
-                       f"{_size(e.peak * MARGIN)}), more than the {_size(e.available)} available; shrink "
+                       f"{_size(e.phase.parts()['logits'])}; with the estimate's {round(100 * (MEMORY_MARGIN - 1))}% "
+                       f"margin "
+                       f"{_size(e.peak * MEMORY_MARGIN)}), more than the {_size(e.available)} available; shrink "
                        f"it with --set {', '.join(e.phase.keys)}{note}, or set SCALECL_MEMORY_CHECK=0 to try anyway")
 
 

@@ -171,7 +171,7 @@ def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     """The result.json in `target` when it is this run's (same experiment, name, method and config hash -- the
     hash covers the config, seeds and method options -- and the same numerics) and its run folder's manifest
     proves it (the rule training and plot follow), else None. Read only: the study never writes there."""
-    from scalecl.common.files import OwnedFiles
+    from scalecl.common.files import proves
     from scalecl.compute.machine import check_numerics
     from scalecl.training.record import RESULT_FILE, read_record
     from scalecl.training.run import RUN_WRITER
@@ -179,10 +179,7 @@ def finished_elsewhere(run: Any, target: Path) -> dict[str, Any] | None:
     f = target / RESULT_FILE
     if not f.is_file() or f.is_symlink():
         return None
-    try:
-        if not OwnedFiles(target, RUN_WRITER).owns(RESULT_FILE):
-            return None
-    except ScaleclError:  # a manifest that is not the run writer's
+    if not proves(target, RUN_WRITER, RESULT_FILE):
         return None
     try:
         result = read_record(f, "finished run's result")

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from scalecl.common.errors import ScaleclError
-from scalecl.common.files import OwnedFiles
+from scalecl.common.files import OwnedFiles, proves
 from scalecl.common.readers import read_json, read_jsonl
 from scalecl.common.schema import without
 from scalecl.methods.base import METHOD_ORDER
@@ -219,14 +219,6 @@ def _result_files(plot: Plot, root: Path, study: str | None) -> list[Path]:
     return found
 
 
-def _proven(folder: Path, writer: str, name: str) -> bool:
-    """Whether `folder`'s manifest of `writer` records `name` unchanged (a manifest of another writer: no)."""
-    try:
-        return OwnedFiles(folder, writer).owns(name)
-    except ScaleclError:
-        return False
-
-
 def _reference_target(plot: Plot, ref: Path) -> Path | None:
     """The result.json a study's reference.json points at, or None with the reason recorded as skipped."""
     try:
@@ -237,7 +229,7 @@ def _reference_target(plot: Plot, ref: Path) -> Path | None:
     except ScaleclError as e:
         plot.skip(ref, str(e))
         return None
-    if not plot.unverified and not _proven(ref.parent, REFERENCE_WRITER, ref.name):
+    if not plot.unverified and not proves(ref.parent, REFERENCE_WRITER, ref.name):
         plot.skip(ref, f"{ref}: not a reference a study wrote, or changed since (its folder's manifest does not prove "
                        f"it); plot --unverified follows it anyway")
         return None

@@ -49,10 +49,10 @@ from scalecl.common.files import (
     TMP_PREFIX,
     OwnedFiles,
     atomic_dir,
-    changed_file,
     fingerprint,
     fingerprints,
     large_digests,
+    record_damage,
     remove_temporaries,
     unowned_entries,
     write_json,
@@ -96,15 +96,7 @@ def checkpoint_damage(p: Path) -> str | None:
     m = Path(p) / CKPT_MANIFEST
     if not m.exists() and not m.is_symlink():
         return None
-    try:
-        doc = json.loads(m.read_text()) if not m.is_symlink() else None
-    except (OSError, ValueError):
-        doc = None
-    written = doc.get("written") if isinstance(doc, dict) else None
-    if not isinstance(written, dict) or not written:
-        return f"its record {m} is not one scalecl wrote"
-    digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else None
-    return changed_file(p, written, digests, skip=(CKPT_MANIFEST,))
+    return record_damage(p, CKPT_MANIFEST)
 
 
 def process_age() -> float:

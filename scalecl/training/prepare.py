@@ -1,0 +1,122 @@
+"""Build a checkpoint from a base (`scalecl prepare`, `scalecl upscale`) and export one as a plain transformers
+model (`scalecl merge`), through the writer and reader of scalecl.training.checkpoint. Each holds the lock of
+its output folder from the check to the write (scalecl.common.locks)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from scalecl.common.errors import ScaleclError
+from scalecl.common.locks import locked
+from scalecl.methods import Method
+from scalecl.training.checkpoint import check_checkpoint_dest, load_model, read_meta, save_model
+
+
+class Prepared(NamedTuple):
+    """What `prepare_checkpoint` wrote: the folder, the model and its base (for a parameter table)."""
+
+    path: Path
+    model: PreTrainedModel
+    source: str  # where the base came from, as the checkpoint records it
+    base_total: Counter  # the base's parameters per kind (summary.param_counts)
+
+
+def prepare_checkpoint(
+    method: Method, out_dir: str | os.PathLike, model: str | None = None, random_config: str | None = None,
+    *, seed: int = 0, overwrite: bool = False,
+) -> Prepared:
+    """Apply `method` to a base and write the checkpoint ready to train (`scalecl prepare`; `scalecl upscale`
+    is this with a SCALE method).
+
+    The base is exactly one of `model` (hub id or folder) and `random_config` (models.resolve_base). The
+    destination is checked first, then every size on the base's config, all before the weights load; `seed`
+    seeds random bases and random initialisation.
+    """
+    from scalecl.models.build import resolve_base
+    from scalecl.models.summary import param_counts
+
+    check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # from the check to the write
+        check_checkpoint_dest(out_dir, overwrite)
+        base = resolve_base(model, random_config, seed)
+        method.check(base.config)
+        _check_memory(base.config, method)  # before any weight is allocated
+        weights = base.load()
+        base_total, _ = param_counts(weights)
+        torch.manual_seed(seed)
+        prepared = method.apply(weights)
+        path = save_model(prepared, out_dir, method, base_model=base.source, overwrite=overwrite)
+    return Prepared(path, prepared, base.source, base_total)
+
+
+def _check_memory(config, method: Method) -> None:
+    """Refuse, in one line and before anything is allocated, a model whose float32 weights after `method`
+    (counted on the meta device), with the estimate's margin, pass the memory the OS can give
+    (SCALECL_MEMORY_CHECK=0: no check)."""
+    from scalecl.common.environment import env
+    from scalecl.compute.machine import MEMORY_MARGIN, available_memory
+
+    available = available_memory()
+    if available is None or not env("SCALECL_MEMORY_CHECK"):
+        return
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    need = 4 * sum(p.numel() for p in method.apply(skeleton, init_weights=False).parameters())
+    if need * MEMORY_MARGIN > available:
+        raise ScaleclError(f"the {method.name} model holds {need / 2**30:,.1f} GiB of float32 weights (with a "
+                           f"{round(100 * (MEMORY_MARGIN - 1))}% margin {need * MEMORY_MARGIN / 2**30:,.1f} GiB), "
+                           f"more than the {available / 2**30:,.1f} GiB available; nothing was loaded "
+                           f"(SCALECL_MEMORY_CHECK=0 tries anyway)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Export as a plain transformers model
+
+
+def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write a checkpoint as a plain transformers model: LoRA merged into its base, other plain methods copied.
+
+    SCALE cannot be folded into the base's shape (split norms, new heads): refused, since its checkpoints
+    already load with `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise ScaleclError(f"model path {path} does not exist or is not a directory")
+    meta = read_meta(p) or {}
+    name = meta.get("method")
+    if name and name.startswith("scale-"):
+        raise ScaleclError(f"{name} cannot be merged into a plain model of the base's shape (split norms, new heads); "
+                           f"its checkpoint already loads with AutoModelForCausalLM.from_pretrained(DIR, "
+                           f"trust_remote_code=True)")
+    check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # from the check to the write
+        out = check_checkpoint_dest(out_dir, overwrite)
+        model = load_model(p)
+        if name == "lora":
+            from scalecl.methods.lora import merge_lora
+
+            model = merge_lora(model)
+        bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad:  # an export is a model others will load as sound: refuse rather than copy NaN or inf onward
+            raise ScaleclError(f"checkpoint {path} holds non-finite weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
+                               f"nothing was written")
+        tokenizer = _checkpoint_tokenizer(p)
+        source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
+        return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,
+                          overwrite=overwrite)
+
+
+def _checkpoint_tokenizer(p: Path):
+    """The tokenizer saved in a checkpoint folder, if any."""
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(p))
