@@ -18,7 +18,7 @@ first run starts, so a bad value fails before the values before it trained. Runs
 
 One copy of each run: a value whose run (same name: same config, seeds and method options) has finished
 among the experiment's main runs, `<out>/../<experiment>/<name>` (e.g. the default Route run of
-`results/bio` for `tau=0.9` in `results/studies/tau`), or in another study's folder (the raw-logit router
+`results/bio` for `tau=0.5` in `results/studies/tau`), or in another study's folder (the raw-logit router
 at 50,304 rows is the `vocab` study's run), is not trained again. The study writes
 `<out>/<study>/<name>/reference.json` pointing at it, and `scalecl plot` reads the run through it.
 """
