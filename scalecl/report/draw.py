@@ -47,7 +47,9 @@ def _save(plot: Plot, fig: Figure, stem: str) -> list[Path]:
             owned.check(name)  # before drawing: a user's file of that name is refused
         for ext in ("png", "pdf"):
             buf = io.BytesIO()
-            fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight")
+            # no creation date in the PDF: a figure drawn again from the same runs is the same bytes
+            fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight",
+                        metadata={"CreationDate": None} if ext == "pdf" else None)
             paths.append(owned.write(f"{stem}.{ext}", buf.getvalue()))  # never through a link
         if inputs:
             paths.append(owned.write(f"{stem}.inputs.txt", inputs))

@@ -78,6 +78,12 @@ def test_bio_figure_and_table(tmp_path):
     route = table.set_index("method").loc["scale-route"]
     assert route["task0_min"] == pytest.approx(0.8) and route["task1_full_end"] == pytest.approx(0.89)
     assert "| scale-route |" in (out / "table_bio.md").read_text().replace("  ", " ")
+    # drawn again from the same runs, the PDF is the same bytes (no creation date in it)
+    first = (out / "fig8_bio_cpu.pdf").read_bytes()
+    assert b"CreationDate" not in first
+    r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (out / "fig8_bio_cpu.pdf").read_bytes() == first
 
 
 def test_load_runs_ignores_other_experiments(tmp_path):
