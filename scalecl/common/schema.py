@@ -164,7 +164,8 @@ def numerics_tag(numerics: dict[str, Any]) -> str:
     """The numerics as a short phrase for messages: 'CPU, 2 threads', 'cuda'."""
     if numerics.get("device") == "cpu":
         n = numerics.get("cpu_threads")
-        return f"CPU, {n} thread{'s' if n != 1 else ''}"
+        bf16 = ", bf16 autocast" if numerics.get("autocast") == "bfloat16" else ""
+        return f"CPU, {n} thread{'s' if n != 1 else ''}{bf16}"
     return str(numerics.get("device"))
 
 

@@ -158,7 +158,8 @@ def run_numerics(compute: Any, device: torch.device, apply: bool = False) -> dic
     threads = getattr(compute, "threads", 0)
     if apply and threads and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    return {"device": "cpu", "cpu_threads": threads or torch.get_num_threads()}
+    bf16 = {"autocast": "bfloat16"} if getattr(compute, "cpu_bf16", False) else {}  # compute.cpu_bf16
+    return {"device": "cpu", "cpu_threads": threads or torch.get_num_threads()} | bf16
 
 
 def recorded_numerics(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -192,7 +193,11 @@ def check_numerics(record: dict[str, Any] | None, ours: dict[str, Any], what: st
     theirs = recorded_numerics(record)
     if theirs is None or theirs == ours:
         return
-    fix = (f"--set compute.threads={theirs['cpu_threads']} uses it" if theirs.get("device") == "cpu" == ours["device"]
-           else f"--device {theirs['device']} uses it")
+    if theirs.get("device") == "cpu" == ours["device"] and theirs.get("autocast") != ours.get("autocast"):
+        fix = f"--set compute.cpu_bf16={'true' if theirs.get('autocast') else 'false'} uses it"
+    elif theirs.get("device") == "cpu" == ours["device"]:
+        fix = f"--set compute.threads={theirs['cpu_threads']} uses it"
+    else:
+        fix = f"--device {theirs['device']} uses it"
     raise ScaleclError(f"{what} was made with {numerics_tag(theirs)}, this run computes with {numerics_tag(ours)} "
                        f"(other float sums, other numbers); {fix}, or {remedy}")

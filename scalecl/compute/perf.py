@@ -203,9 +203,12 @@ def scale_products() -> str:
     return env("SCALECL_SCALE_PRODUCTS")
 
 
-def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    """What forwards autocast to for a config's `dtype`: bfloat16 on CUDA when asked for; CPU runs fp32."""
-    return torch.bfloat16 if dtype == "bfloat16" and device.type == "cuda" else None
+def autocast_dtype(dtype: str, device: torch.device, cpu_bf16: bool = False) -> torch.dtype | None:
+    """What forwards autocast to: on CUDA, bfloat16 when a config's `dtype` asks for it; on a CPU, float32
+    (None) unless `cpu_bf16` (compute.cpu_bf16) asks for bfloat16."""
+    if device.type == "cuda":
+        return torch.bfloat16 if dtype == "bfloat16" else None
+    return torch.bfloat16 if cpu_bf16 and device.type == "cpu" else None
 
 
 def speed_provenance(cc, device: torch.device, autocast: torch.dtype | None) -> dict[str, Any]:

@@ -445,7 +445,7 @@ class BioExperiment(ExperimentBase):
         processes, bf16 autocast on CUDA when asked for, checkpoint cadence and compute options."""
         return TrainPlan(sc.steps, OptimConfig.of(sc, kw.pop("lr", sc.lr), sc.warmup),
                          accum=micro_batch(self.rc, sc, d.world)[1],
-                         autocast=autocast_dtype(self.rc.dtype, self.device),
+                         autocast=autocast_dtype(self.rc.dtype, self.device, self.rc.compute.cpu_bf16),
                          save_every=self.rc.checkpoint.every, compute=self.rc.compute, desc=desc, **kw)
 
     def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:

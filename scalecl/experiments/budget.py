@@ -431,4 +431,4 @@ def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: in
     (`exp.budget_phases`, each experiment's own list) on this device."""
     from scalecl.compute.perf import autocast_dtype
 
-    return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device))
+    return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device, exp.rc.compute.cpu_bf16))

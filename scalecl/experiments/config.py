@@ -90,6 +90,10 @@ class ComputeConfig:
     # 0 = automatic: 50 on CUDA, 1 elsewhere. Evaluation and checkpoint steps always read.
     sync_every: int = opt(0, ge=0, le=MAX_STEPS)
     tf32: bool = True  # CUDA only: TF32 tensor cores for float32 matrix products (bf16 autocast is unaffected)
+    # on a CPU, forwards autocast to bfloat16 (the precision GPU runs use with dtype = "bfloat16"), whatever
+    # `dtype` says, to check that path on a machine without a GPU; weights and optimizer state stay float32.
+    # Part of a CPU run's name (its numerics) when on. Ignored on a GPU, where `dtype` decides
+    cpu_bf16: bool = False
 
 
 @dataclass

@@ -128,7 +128,7 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
     chunks = PackedChunks(lambda: iter_texts(spec), tokenizer, rc.model.context, loop=True, name="base corpus")
     config = builtin_model_config(rc, len(tokenizer), tokenizer)
     plan = TrainPlan(rc.pretrain.steps, OptimConfig.of(rc.pretrain, rc.pretrain.lr, rc.pretrain.warmup),
-                     autocast=autocast_dtype(rc.dtype, rt.device), save_every=rc.checkpoint.every,
+                     autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16), save_every=rc.checkpoint.every,
                      resume="auto", compute=rc.compute,
                      desc="pre-train base")
     t = time.perf_counter()
@@ -376,14 +376,14 @@ class CptExperiment(ExperimentBase):
         lr = self.lr_of(method)
         every = rc.eval.every or t.steps
         return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)), accum=self._micro(rt.d)[1],
-                         autocast=autocast_dtype(rc.dtype, rt.device),
+                         autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16),
                          eval_steps=set(range(0, t.steps + 1, every)) | {t.steps},
                          save_every=rc.checkpoint.every, compute=rc.compute, desc=f"cpt: {method.name}",
                          tracker_config={"method": method.name, "options": method.options(), "lr": lr, **asdict(rc)})
 
     def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
         rc, ev = self.rc, self.evals
-        autocast = autocast_dtype(rc.dtype, self.device)
+        autocast = autocast_dtype(rc.dtype, self.device, rc.compute.cpu_bf16)
         rec: dict[str, Any] = {"step": step, "loss": None if step == 0 else round(loss, 6),
                                "tokens": step * rc.train.batch * rc.train.seq_len}
         with eval_progress(f"cpt: {method.name}: evaluation at step {step}", len(ev.old_chunks) + len(ev.new_chunks),

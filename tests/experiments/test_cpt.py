@@ -220,3 +220,25 @@ def test_presets_and_paper_numbers():
     cpu = load_preset("cpt", "cpu")
     assert cpu.base == "builtin" and cpu.data.path == "builtin:ko" and cpu.dtype == "float32"
     assert load_preset("bio", "cpu").stage1.steps == 5000  # the bio presets still load
+
+
+def test_cpu_bf16_autocast_runs_close_to_float32_under_its_own_name(tmp_path, local):
+    """compute.cpu_bf16: the GPU path's bf16 autocast on a CPU. Its losses differ from float32 (autocast is on) by
+    bf16 rounding only; the run is named apart (its numerics) and records the precision it computed in."""
+    from scalecl.compute.perf import autocast_dtype
+
+    assert autocast_dtype("bfloat16", torch.device("cpu")) is None  # a CPU computes in float32 unless asked
+    assert autocast_dtype("float32", torch.device("cpu"), cpu_bf16=True) == torch.bfloat16
+    assert autocast_dtype("float32", torch.device("cuda"), cpu_bf16=True) is None  # a GPU follows dtype
+    sets = local_sets(local, "llama")
+    run(tmp_path / "a", sets, ["scale-route"])
+    run(tmp_path / "b", [*sets, "compute.cpu_bf16=true"], ["scale-route"])
+    (da,), (db,) = ([p for p in (tmp_path / x / "out").glob("tiny-*") if p.is_dir()] for x in "ab")
+    fp32, bf16 = (json.loads((d / "result.json").read_text()) for d in (da, db))
+    assert da.name != db.name
+    assert bf16["run"]["numerics"] == {"device": "cpu", "cpu_threads": 1, "autocast": "bfloat16"}
+    assert fp32["run"]["numerics"] == {"device": "cpu", "cpu_threads": 1}
+    assert (fp32["speed"]["precision"], bf16["speed"]["precision"]) == ("fp32", "bf16")
+    a, b = ([json.loads(x)["loss"] for x in (d / "train_log.jsonl").read_text().splitlines()] for d in (da, db))
+    assert len(a) == len(b) == 6 and a != b
+    assert max(abs(x - y) / x for x, y in zip(a, b, strict=True)) < 0.02  # bf16 rounding, not another run
