@@ -13,6 +13,7 @@ import pandas as pd
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
     Drawn,
+    _draw_mean,
     _band,
     _colors,
     _figure_legend,
@@ -111,20 +112,24 @@ def _trained_like(r: dict, r0: dict) -> bool:
             and _get(r, "config.stage3.steps") == _get(r0, "config.stage3.steps"))
 
 
-def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict) -> tuple[dict | None, str]:
+def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict, bases: set[int] | None = None) -> tuple[dict | None, str]:
     """The FFT replicate group trained like a study's run r0 (_trained_like; the main runs first, else an FFT
-    run in a biography study): {'curves': {key: mean_curve}, 'dirs', 'n', 'label'} and a caption note."""
+    run in a biography study) on the study's base seeds (`bases`: a reference never pools bases the study's
+    runs do not have): {'curves': {key: mean_curve}, 'dirs', 'n', 'label'} and a caption note."""
     pools = [("main", load_runs(plot, spec))]
     pools += [(f"study '{s}'", load_runs(plot, spec, study=s)) for s in study_names(plot, spec)]
     found, other = [], []
     for where, pool in pools:
-        for _, row in pool[(pool["method"] == "fft") & (pool["preset"] == r0["preset"])].iterrows() if len(pool) else []:
+        ffts = pool[(pool["method"] == "fft") & (pool["preset"] == r0["preset"])] if len(pool) else pool
+        if bases is not None and len(ffts):
+            ffts = ffts[ffts["base_seed"].isin(bases)]
+        for _, row in ffts.iterrows():
             (found if _trained_like(row["result"], r0) else other).append({**row, "where": where,
                                                                            "group": _config_id(row["result"], spec.not_named)})
     if not found:
         return None, (f" The FFT runs of preset '{r0['preset']}' ({', '.join(Path(x['dir']).name for x in other)}) "
                       f"trained on other data, steps or vocabulary rows; no reference drawn." if other else
-                      f" No FFT run of preset '{r0['preset']}' to draw as a reference.")
+                      f" No FFT run of preset '{r0['preset']}' on the study's base seeds to draw as a reference.")
     runs = pd.DataFrame(found)
     runs = runs[runs["group"] == runs["group"].iloc[0]].sort_values("date", kind="stable")
     runs = runs.drop_duplicates(["base_seed", "run_seed"], keep="last")
@@ -186,8 +191,10 @@ def draw_route_study(plot: Plot, spec: ReportSpec, study: str, table: pd.DataFra
         for i, k in enumerate(refs):
             r0 = next(result_of[str(row["dir"])] for row, _ in mine if key_of[str(row["dir"])] == k
                       and row["method"] == "scale-route")
+            bases = {int(b) for r, b in zip(study_runs["result"], study_runs["base_seed"], strict=True)
+                     if r["method"] == "scale-route" and _vocab_key(r) == k}
             notes.append(_route_study_reference(ax_row, plot, spec, r0, {str(row["dir"]) for row, _ in mine},
-                                                ("--", ":", "-.")[i % 3], len(refs) > 1))
+                                                ("--", ":", "-.")[i % 3], len(refs) > 1, bases))
         _route_study_axes(ax_row, spec, result_of[str(mine[0][0]["dir"])], answers, routed,
                           f"\n{_vocab_text(key, result_of[str(mine[0][0]['dir'])])}" if key is not None else "")
     _figure_legend(fig, axes.flat)
@@ -214,20 +221,20 @@ def _route_study_run(ax_row, spec: ReportSpec, row: pd.Series, m: pd.DataFrame, 
 
 
 def _route_study_reference(ax_row, plot: Plot, spec: ReportSpec, r0: dict, drawn: set[str], ls,
-                           several: bool) -> str:
-    """The FFT reference trained like r0 (its vocabulary rows included), black, on the accuracy panels: the mean
-    over its replicates (`several`: one of several in the panel, its vocabulary in its label).
-    Nothing when those runs are already drawn as the study's own lines."""
-    ref, note = _fft_reference(plot, spec, r0)
+                           several: bool, bases: set[int] | None = None) -> str:
+    """The FFT reference trained like r0 (its vocabulary rows included) on the study's base seeds, black, on the
+    accuracy panels: the mean over its replicates with their 95% t band (`several`: one of several in the
+    panel, its vocabulary in its label). Nothing when the study draws FFT runs of its own (never twice)."""
+    ref, note = _fft_reference(plot, spec, r0, bases)
     if ref is None:
         return note
-    if ref["dirs"] <= drawn:
+    if ref["dirs"] & drawn:
         return note.rstrip(".") + " (the study's own FFT line)."
     label = ref["label"] + (f", {_vocab_text(_vocab_key(r0), r0)}" if several else "")
     for ax, (task, _, _) in zip(ax_row, spec.eval_sets, strict=False):
         curve = ref["curves"][f"{task}/acc"]
-        if curve is not None:  # the mean alone: a band over 2-3 bases would cover the panel
-            ax.plot(curve["step"], 100 * curve["mean"], color="black", ls=ls, lw=1, label=label)
+        if curve is not None:  # the mean, and its t band where >= 2 replicates were evaluated
+            _draw_mean(ax, curve, 100, color="black", ls=ls, lw=1, label=label)
     return note
 
 

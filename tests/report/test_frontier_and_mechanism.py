@@ -343,6 +343,7 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     write_result(ref, r)
     router = res / "studies" / "router"
     route_run(router, 0, 1045, never=600)
+    route_run(router, 1, 1045, never=600, tag="-b1")
     route_run(router, 0, 50304, never=49859, tag="-big")
     fig = dict(draw_route_study(Plot.of(res), BIO_REPORT, "router"))["fig8_route_router"]
     closing(fig)
@@ -353,6 +354,8 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     (mean,) = [ln for ln in small.get_lines() if ln.get_color() == "black"]
     assert mean.get_label() == "FFT (main run), n=2"
     assert [float(v) for v in mean.get_ydata()] == pytest.approx([90, 50, 40, 30])  # the mean of both bases
+    bands = [c for c in small.collections if tuple(c.get_facecolor()[0][:3]) == (0.0, 0.0, 0.0)]
+    assert len(bands) == 1  # the reference's t band over its 2 replicates
     (other,) = [ln for ln in big.get_lines() if ln.get_color() == "black"]
     assert other.get_label() == "FFT reference" and [float(v) for v in other.get_ydata()] == pytest.approx(
         [90, 10, 10, 10])  # the 50,304-row FFT, not the main one
@@ -366,7 +369,9 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     closing(fig)
     assert len(fig.axes) == 3
     black = [ln for ln in fig.axes[0].get_lines() if ln.get_color() == "black"]
-    assert [ln.get_label() for ln in black] == ["FFT (main run), n=2, 1,045 vocab rows (tokenizer's size)"]
+    # the study's Route runs are on base seed 0 only: the reference is base 0's FFT, never pooled with base 1's
+    assert [ln.get_label() for ln in black] == ["FFT (main run), 1,045 vocab rows (tokenizer's size)"]
+    assert [float(v) for v in black[0].get_ydata()] == pytest.approx([90, 40, 30, 20])
     assert "(the study's own FFT line)" in fig.texts[-1].get_text()
 
 
