@@ -176,6 +176,12 @@ def test_paragraphs_are_documents_with_text_unit_paragraph(own, tmp_path):
     res = runner.invoke(app, [*args[:-2], "--force"], terminal_width=400)  # the same wrapped file, line by line
     assert res.exit_code == 0, res.output
     assert "warning: data:" in res.output and "warning: old_eval:" in res.output and "hard-wrapped" in res.output
+    for unit, docs in (("paragraph", 5), ("line", len(f.read_text().splitlines()))):  # eval-ppl reads the same
+        ppl = runner.invoke(app, ["eval-ppl", "--model", str(own / "my-model"), "--data", str(f), "--text-unit", unit,
+                                  "--json"])
+        assert ppl.exit_code == 0, ppl.output
+        assert json.loads(ppl.stdout)["documents"] == docs
+        assert ("hard-wrapped" in ppl.stderr) == (unit == "line")
 
 
 def test_globs_and_folders_of_text_files(own, tmp_path):
