@@ -92,8 +92,9 @@ def train_cpt(
     ),
     data: str | None = typer.Option(
         None, "--data", help="New-domain training text: a file (.txt, .jsonl/.json, .parquet, .csv, .arrow), a folder "
-        "of them, a quoted glob ('texts/*.txt') or a hub dataset id. Read whole (its train split; 'text' column): "
-        "none of the preset's split, slice or column applies. Same as --set data.path=...",
+        "of them, a quoted glob ('texts/*.txt') or a hub dataset id. Read whole (its train split, 'text' column) "
+        "unless you limit it with --set data.*: the preset's split, slice and column belong to the preset's own "
+        "corpus. Same as --set data.path=... (docs/own-data.md)",
     ),
     old_eval: str | None = typer.Option(
         None, "--old-eval", help="Held-out old-domain text for forgetting perplexity, named as --data; every document "
