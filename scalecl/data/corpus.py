@@ -3,9 +3,13 @@
 One code path for every source: `datasets.load_dataset(..., streaming=True)` on a hub id
 (``HuggingFaceFW/fineweb-2`` / ``kor_Hang``, ``HuggingFaceFW/fineweb-edu`` / ``sample-10BT``), on a local
 folder (split files such as ``train.jsonl`` / ``test.jsonl``, or a folder with a dataset README) or on a
-local file (.jsonl/.json, .txt (one document per line), .parquet, .csv, .arrow), or on real text shipped
+local file (.jsonl/.json, .txt, .parquet, .csv, .arrow) or a glob of local files, or on real text shipped
 inside an installed PyPI wheel (``pkg:konlpy-ko``, ``pkg:gensim-lee-en``, ``pkg:gensim-wiki-en``: rows built
 from the package's files by scalecl.data.packaged, which states their documents and train/test split).
+
+A .txt file's documents are its lines (text unit "line"), or its paragraphs, blocks separated by an empty
+line ("paragraph": datasets' text builder with sample_by="paragraph"); a file that looks hard-wrapped read line
+by line is warned about (wrap_warning), since its lines are then fragments of sentences.
 
 Packing: every document becomes ``[bos] + tokens + [eos]`` (bos only for tokenizers that have one distinct
 from eos, e.g. Llama 3), the documents are concatenated in stream order and cut into consecutive
@@ -20,6 +24,7 @@ exactly the chunks the interrupted one would have seen, without re-tokenising wh
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import re
@@ -49,12 +54,49 @@ class CorpusSpec:
     text_column: str = "text"
     skip: int = 0
     take: int = 0  # 0 = all
+    text_unit: str = "line"  # a .txt file's documents: "line" or "paragraph" (blocks separated by an empty line)
 
     def describe(self) -> str:
         where = "/".join(x for x in (self.name, self.split) if x)
         sl = f", docs [{self.skip}, {self.skip + self.take})" if self.take else (
             f", docs from {self.skip}" if self.skip else "")
-        return f"{self.path} [{where}]{sl}"
+        unit = ", paragraphs" if self.text_unit == "paragraph" else ""
+        return f"{self.path} [{where}]{sl}{unit}"
+
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _matches(pattern: str) -> list[Path]:
+    """The files a glob names (sorted; '**' reaches into subfolders), or one error when it names none."""
+    files = sorted(Path(f) for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
+    if not files:
+        raise ScaleclError(f"dataset path {pattern} matches no file")
+    return files
+
+
+def _builder(files: list[Path], path: str) -> str:
+    """The `datasets` builder of local files: one for all of them, from their extension, or one error."""
+    kinds = {LOCAL_BUILDERS.get(f.suffix.lower()) for f in files}
+    if None in kinds:
+        bad = next(f for f in files if f.suffix.lower() not in LOCAL_BUILDERS)
+        raise ScaleclError(f"dataset file {bad}: unknown format {bad.suffix!r}; use one of "
+                           f"{', '.join(sorted(LOCAL_BUILDERS))}")
+    if len(kinds) > 1:
+        raise ScaleclError(f"dataset path {path} names files of several formats ({', '.join(sorted(kinds))}); "
+                           f"name files of one format")
+    return kinds.pop()
+
+
+def _text_kw(spec: CorpusSpec, builder: str | None) -> dict[str, str]:
+    """The text builder's `sample_by` for a paragraph text unit; a paragraph unit on other files is an error
+    (builder None: a folder or hub id, whose builder `datasets` infers: its refusal is caught in _load)."""
+    if spec.text_unit == "line":
+        return {}
+    if builder not in (None, "text"):
+        raise ScaleclError(f"dataset {spec.path}: text_unit={spec.text_unit} applies to .txt text, not to {builder} "
+                           f"files (their rows are the documents)")
+    return {"sample_by": spec.text_unit}
 
 
 def _is_local(path: str) -> bool:
@@ -74,30 +116,34 @@ def _load(spec: CorpusSpec):
     try:
         if _is_local(path):
             p = Path(path)
-            if not p.exists():
+            files = _matches(path) if not p.exists() and _GLOB.search(path) else [p] if p.is_file() else None
+            if files is None and not p.exists():
                 raise ScaleclError(f"dataset path {spec.path} does not exist")
-            if p.is_file():
-                builder = LOCAL_BUILDERS.get(p.suffix.lower())
-                if builder is None:
-                    raise ScaleclError(f"dataset file {spec.path}: unknown format {p.suffix!r}; use one of "
-                                       f"{', '.join(sorted(LOCAL_BUILDERS))}")
-                if p.stat().st_size == 0:
+            if files is not None:
+                builder = _builder(files, spec.path)
+                if all(f.stat().st_size == 0 for f in files):
                     raise ScaleclError(f"dataset {spec.path} is empty: no documents to read")
-                if spec.split != "train":  # a single file is one split, which `datasets` calls train
+                if spec.split != "train":  # local files are one split, which `datasets` calls train
                     raise ScaleclError(f"dataset file {spec.path} has only the split 'train' (got {spec.split!r})")
-                return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=True)
-            return datasets.load_dataset(str(p), name=name, split=spec.split, streaming=True)
+                return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                             streaming=True, **_text_kw(spec, builder))
+            return datasets.load_dataset(str(p), name=name, split=spec.split, streaming=True, **_text_kw(spec, None))
         from scalecl.common.hub import before_hub_load
 
         before_hub_load(path)  # no network: one line at once instead of a minute of retries
-        return datasets.load_dataset(path, name=name, split=spec.split, streaming=True)
+        return datasets.load_dataset(path, name=name, split=spec.split, streaming=True, **_text_kw(spec, None))
     except ScaleclError:
         raise
+    except ValueError as e:
+        if "sample_by" in str(e):  # a folder or hub dataset read by another builder than text
+            raise ScaleclError(f"dataset {spec.path}: text_unit={spec.text_unit} applies to .txt text; its rows are "
+                               f"the documents") from None
+        raise ScaleclError(f"dataset {spec.describe()}: {str(e).splitlines()[0] if str(e) else 'ValueError'}") from None
     except datasets.data_files.EmptyDatasetError:
         raise ScaleclError(f"dataset {spec.describe()} is empty: no data files") from None
     except StopIteration:  # `datasets` peeks at the first rows of json files to infer the schema
         raise ScaleclError(f"dataset {spec.describe()} is empty: no documents to read") from None
-    except (ValueError, KeyError) as e:  # bad split or config name
+    except KeyError as e:  # bad split or config name
         raise ScaleclError(f"dataset {spec.describe()}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     except (OSError, ConnectionError, datasets.exceptions.DatasetNotFoundError) as e:
         from scalecl.common.hub import miss_reason
@@ -131,9 +177,11 @@ def iter_texts(spec: CorpusSpec) -> Iterator[str]:
                            f"(columns: {', '.join(map(str, first))})")
     col = spec.text_column
     stop = spec.skip + spec.take if spec.take else None
+    paragraphs = spec.text_unit == "paragraph"
     for row in itertools.islice(itertools.chain([first], rows), spec.skip, stop):
         text = row[col]
-        yield text if isinstance(text, str) else ("" if text is None else str(text))
+        text = text if isinstance(text, str) else ("" if text is None else str(text))
+        yield text.strip("\n") if paragraphs else text  # a paragraph keeps its inner line breaks only
 
 
 def check_corpus(spec: CorpusSpec) -> None:
@@ -262,7 +310,23 @@ class RankBatches:
         self.chunks.load_state_dict(state)
 
 
-def eval_chunks(spec: CorpusSpec, tokenizer, seq_len: int, name: str = "evaluation set") -> list[torch.Tensor]:
+class EvalChunks(list):
+    """The (seq_len,) chunks of a held-out slice, and what they hold: `documents` read (blank ones included),
+    `packed` tokens (every document's [bos] + tokens + [eos]) and `scored` tokens (all but each chunk's first,
+    which nothing predicts)."""
+
+    documents: int = 0
+
+    @property
+    def packed(self) -> int:
+        return sum(len(c) for c in self)
+
+    @property
+    def scored(self) -> int:
+        return sum(len(c) - 1 for c in self)
+
+
+def eval_chunks(spec: CorpusSpec, tokenizer, seq_len: int, name: str = "evaluation set") -> EvalChunks:
     """Every token of a held-out slice as seq_len chunks (the last one possibly shorter); checked non-empty."""
     texts = [0]  # documents with text: blank or null ones alone would be scored as end-of-text tokens
 
@@ -271,8 +335,64 @@ def eval_chunks(spec: CorpusSpec, tokenizer, seq_len: int, name: str = "evaluati
             texts[0] += bool(text.strip())
             yield text
 
-    chunks = list(PackedChunks(counted, tokenizer, seq_len, drop_last=False, name=name))
-    if not chunks or sum(len(c) - 1 for c in chunks) == 0 or not texts[0]:
+    packer = PackedChunks(counted, tokenizer, seq_len, drop_last=False, name=name)
+    chunks = EvalChunks(packer)
+    chunks.documents = packer.docs
+    if not chunks or chunks.scored == 0 or not texts[0]:
         why = " (every document is blank or null)" if chunks and not texts[0] else ""
         raise ScaleclError(f"{name} {spec.describe()} is empty: no tokens to score{why}")
     return chunks
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hard-wrapped text read one document per line
+
+# how a sentence (or a line that stands alone) ends: Latin and CJK sentence marks, closing quotes and brackets
+_SENTENCE_END = tuple('.!?:;…。！？"\'”’)]»」』')
+WRAP_SHARE = 0.5  # a text is hard-wrapped when at least this share of its lines run on into the next ...
+WRAP_MIN_LINES = 4  # ... among at least this many lines followed by a non-blank line
+WRAP_LINES_READ = 2000  # lines looked at in each file ...
+WRAP_FILES = 32  # ... of the first files (sorted) a glob or folder names
+
+
+def run_on_share(lines: list[str]) -> float | None:
+    """The share of `lines` that end mid-sentence (no sentence mark, closing quote or bracket at the end) and go
+    on in the next line (non-blank), among the lines followed by a non-blank line: near 0 for one document per
+    line, near 1 for prose wrapped at a fixed width. None when fewer than WRAP_MIN_LINES lines are followed by a
+    non-blank line (too few to say)."""
+    pairs = [(a.rstrip(), b) for a, b in itertools.pairwise(lines) if a.strip() and b.strip()]
+    if len(pairs) < WRAP_MIN_LINES:
+        return None
+    return sum(not a.endswith(_SENTENCE_END) for a, _ in pairs) / len(pairs)
+
+
+def _text_files(path: str) -> list[Path]:
+    """The local .txt files a corpus path names (a file, a glob or a folder), else none."""
+    p = Path(os.path.expanduser(path))
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and LOCAL_BUILDERS.get(f.suffix.lower()) == "text")
+    elif p.is_file():
+        files = [p]
+    else:
+        files = sorted(Path(f) for f in glob.glob(str(p), recursive=True)) if _GLOB.search(path) else []
+    return [f for f in files if f.is_file() and LOCAL_BUILDERS.get(f.suffix.lower()) == "text"]
+
+
+def wrap_warning(spec: CorpusSpec) -> str | None:
+    """One line when a .txt corpus read one document per line looks hard-wrapped (run_on_share of the first
+    WRAP_LINES_READ lines of one of its first WRAP_FILES files at least WRAP_SHARE): each of its lines would be a
+    fragment of a sentence, trained on and scored as a document of its own."""
+    if spec.text_unit != "line" or is_packaged(spec.path):
+        return None
+    for file in _text_files(spec.path)[:WRAP_FILES]:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as f:
+                lines = list(itertools.islice(f, WRAP_LINES_READ))
+        except OSError:
+            return None  # reading it fails later, with its own error
+        share = run_on_share(lines)
+        if share is not None and share >= WRAP_SHARE:
+            return (f"{file} looks hard-wrapped: {share:.0%} of its lines end mid-sentence and go on in the next, "
+                    f"and each line is read as one document; give --text-unit paragraph (documents separated by an "
+                    f"empty line) or write one document per line")
+    return None

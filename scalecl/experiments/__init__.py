@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from scalecl.common.errors import ScaleclError
-from scalecl.experiments.config import BioRunConfig, CptRunConfig, check_config, merge, parse_sets
+from scalecl.experiments.config import (
+    BioRunConfig,
+    CptRunConfig,
+    check_config,
+    fresh_corpora,
+    merge,
+    parse_sets,
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type
                        for p in resources.files("scalecl.presets").iterdir() if p.name.startswith(f"{kind}_"))
         raise ScaleclError(f"unknown preset {name!r}; choose one of {', '.join(avail)}")
     cfg = merge(config_type(), tomllib.loads(path.read_text()), "")
-    cfg = merge(cfg, parse_sets(sets or []), "")
+    updates = parse_sets(sets or [])
+    cfg = merge(fresh_corpora(cfg, updates), updates, "")  # a corpus the user names: none of the preset's selection
     check_config(cfg)
     return cfg

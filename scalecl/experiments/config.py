@@ -194,6 +194,9 @@ class BioRunConfig:
 # Continual pre-training (paper Sec. 3.2, 3.3, 5.1): a pre-trained model, a new-language corpus, perplexity
 # on the old and the new domain.
 
+TEXT_UNITS = ("line", "paragraph")
+
+
 @dataclass
 class CorpusConfig:
     """One text corpus read with `datasets` in streaming mode: a hub id, a local folder or a local file.
@@ -202,6 +205,9 @@ class CorpusConfig:
     into the cache. path "pkg:konlpy-ko" (Korean), "pkg:gensim-lee-en" / "pkg:gensim-wiki-en" (English) is real
     text read at run time from an installed wheel (konlpy 0.6.0, gensim 4.4.0; scalecl.data.packaged), split
     train/test by a fixed rule. A held-out slice is the `take` documents after the first `skip`, in stream order.
+    A path may also be a glob of local files ('data/*.txt'). The keys after `path` select from it; they belong to
+    the corpus they were written for: a path named in overrides that differs from the preset's starts from these
+    defaults (fresh_corpora).
     """
 
     path: str = "builtin:ko"
@@ -210,6 +216,9 @@ class CorpusConfig:
     text_column: str = "text"
     skip: int = opt(0, ge=0, le=MAX_DOCS)
     take: int = opt(0, ge=0, le=MAX_DOCS)  # 0 = every document after `skip`
+    # a .txt file's documents: "line" = one per line; "paragraph" = blocks separated by an empty line (datasets'
+    # text builder, sample_by). Added after runs were named: left out of a run's name at "line" (CptExperiment)
+    text_unit: str = opt("line", choices=TEXT_UNITS)
 
     def check(self, where: str) -> None:
         from scalecl.data.packaged import check_packaged_spec, is_packaged
@@ -218,6 +227,23 @@ class CorpusConfig:
             raise ScaleclError(f"{where}path is empty")
         if is_packaged(self.path):  # its name, split and column now; whether it is installed when it is read
             check_packaged_spec(self.path, self.name, self.split, self.text_column, f"{where}path")
+        if self.text_unit != "line" and (is_packaged(self.path) or self.path.startswith("builtin:")):
+            raise ScaleclError(f"{where}text_unit={self.text_unit} applies to .txt text; {self.path} has its own "
+                               f"documents")
+
+
+def fresh_corpora(cfg: Any, updates: dict[str, Any]) -> Any:
+    """`cfg` (a preset) with every corpus section whose path `updates` (the --set overrides) change back at
+    CorpusConfig's defaults: the whole of the corpus's train split (a single file's only split), its 'text'
+    column, no config name, one document per line. A preset's split, slice, column and text unit describe the
+    preset's own corpus; applied to a file the user names instead (a `take` cutting a held-out file short, a
+    split it does not have) they would select from it silently. The overrides' own keys apply on top."""
+    for f in fields(cfg):
+        cur, new = getattr(cfg, f.name), updates.get(f.name)
+        if isinstance(cur, CorpusConfig) and isinstance(new, dict) and "path" in new \
+                and str(new["path"]).strip() != cur.path:
+            setattr(cfg, f.name, CorpusConfig())
+    return cfg
 
 
 @dataclass

@@ -50,7 +50,7 @@ def corpus_spec(cc: CorpusConfig, root: Path | None) -> CorpusSpec:
     path = cc.path
     if path.startswith(f"{BUILTIN}:"):
         path = str(root / path.split(":", 1)[1])
-    return CorpusSpec(path, cc.name, cc.split, cc.text_column, cc.skip, cc.take)
+    return CorpusSpec(path, cc.name, cc.split, cc.text_column, cc.skip, cc.take, cc.text_unit)
 
 
 def max_positions(config) -> int | None:

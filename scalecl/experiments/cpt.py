@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.markup import escape
+from transformers import AutoConfig
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
@@ -38,8 +40,16 @@ from scalecl.compute.machine import run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
 from scalecl.data.bilingual import write_corpus
-from scalecl.data.corpus import PackedChunks, RankBatches, check_corpus, eval_chunks, iter_texts
-from scalecl.data.tokenizer import open_tokenizer
+from scalecl.data.corpus import (
+    EvalChunks,
+    PackedChunks,
+    RankBatches,
+    check_corpus,
+    eval_chunks,
+    iter_texts,
+    wrap_warning,
+)
+from scalecl.data.tokenizer import TOKENIZER_FILES, open_tokenizer
 from scalecl.evaluation.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
 from scalecl.evaluation.qa import value_summary
 from scalecl.experiments.base import (
@@ -64,8 +74,9 @@ from scalecl.experiments.corpora import (
     max_positions,
 )
 from scalecl.methods import Method
+from scalecl.models.build import _HUB_ID as HUB_ID
 from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
-from scalecl.training.checkpoint import load_model
+from scalecl.training.checkpoint import check_model_files, load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
 from scalecl.training.optim import OptimConfig
@@ -100,8 +111,66 @@ def builtin_model_config(rc: CptRunConfig, vocab: int, tokenizer=None):
 
 
 def tokenizer_source(rc: CptRunConfig, root: Path | None) -> str:
-    """Where the run's tokenizer comes from: `tokenizer` if set, else the stand-in's (builtin base) or the base's."""
-    return rc.tokenizer or (str(root / "tokenizer") if rc.base == BUILTIN else rc.base)
+    """Where the run's tokenizer comes from: `tokenizer` if set, else the stand-in's (builtin base) or the base's
+    (a checkpoint saved without one: its recorded base's, recorded_tokenizer)."""
+    return rc.tokenizer or (str(root / "tokenizer") if rc.base == BUILTIN else recorded_tokenizer(rc.base))
+
+
+def recorded_tokenizer(base: str) -> str:
+    """The tokenizer of a base folder: its own files, else, for a checkpoint the suite wrote without them (`scalecl
+    upscale`, `prepare`), its recorded base model's. A relative recorded folder was relative to where the checkpoint
+    was written from: it is looked for from the working folder, then beside the checkpoint, then inside it; a
+    recorded hub id is used as it is."""
+    p = Path(base).expanduser()
+    if not p.is_dir() or any((p / f).exists() for f in TOKENIZER_FILES) or (meta := read_meta(p)) is None:
+        return base
+    rec = meta.get("base_model") or ""
+    lora_base = p / "base"  # a LoRA checkpoint's stored base holds the tokenizer when one was given
+    if meta.get("layout") == "lora" and any((lora_base / f).exists() for f in TOKENIZER_FILES):
+        return str(lora_base)
+    r = Path(rec).expanduser()
+    where = [r] if r.is_absolute() else [Path.cwd() / r, p.parent / r, p / r]
+    for q in (q for q in where if rec and q.is_dir()):
+        if any((q / f).exists() for f in TOKENIZER_FILES):
+            return str(q)
+        if read_meta(q) is not None:  # a checkpoint of a checkpoint: its own recorded base
+            return recorded_tokenizer(str(q))
+    if HUB_ID.match(rec) and not any(q.exists() for q in where):
+        return rec  # a hub id: loaded (or refused in one line) as any tokenizer named so
+    raise ScaleclError(f"{base} holds no tokenizer files and its recorded base model ({rec or 'none'}) gives none "
+                       f"here; name one with --set tokenizer=<folder or hub id>")
+
+
+def method_checkpoint(base: str) -> dict[str, Any] | None:
+    """The record of a checkpoint whose method changed the model's structure (SCALE's widening, LoRA's adapters:
+    `scalecl upscale`, `prepare` or a finished run's final model) at `base`, else None. Such a base trains on as its
+    own method with its own options and widths; it is never widened or adapted again."""
+    if base == BUILTIN or not Path(base).is_dir():
+        return None
+    meta = read_meta(base)
+    return meta if meta is not None and meta.get("layout") in ("scale", "lora") else None
+
+
+def _own_options_note(rc: CptRunConfig, own: dict[str, Any]) -> str:
+    """One line naming the options of a method's checkpoint that differ from those the config gives its method
+    (the checkpoint's apply: its widths are its weights' shapes), or "" when none differ."""
+    from scalecl.methods import get_method
+
+    name = own["method"]
+    mine, given = get_method(name, **own["options"]).options(), get_method(name, **rc.method_options(name)).options()
+    differ = [f"{k}={mine[k]!r} (the config gives {given[k]!r})" for k in mine if k in given and mine[k] != given[k]]
+    return f"{name}: the checkpoint's own options apply: {', '.join(differ)}" if differ else ""
+
+
+def base_model_config(rc: CptRunConfig, verify: bool = False):
+    """The config of the model the methods start from, before any method: the builtin base's, a plain base's, or
+    the base config a method's checkpoint records (`verify`: its files checked against their fingerprints first)."""
+    if rc.base == BUILTIN:
+        return builtin_model_config(rc, rc.builtin.vocab)
+    if method_checkpoint(rc.base) is None:
+        return load_base_config(rc.base)
+    meta = check_model_files(rc.base, verify=verify)  # the record's fields and sizes, the weights' headers
+    return AutoConfig.for_model(**meta["base_config"])
 
 
 def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, rt: Runtime,
@@ -158,8 +227,8 @@ class EvalSets:
     """What every method is evaluated on: tokenised held-out chunks of both domains and the base's final
     hidden state on a fixed batch of old-domain chunks (Fig. 4a)."""
 
-    old_chunks: list[torch.Tensor]
-    new_chunks: list[torch.Tensor]
+    old_chunks: EvalChunks
+    new_chunks: EvalChunks
     old_spec: str
     new_spec: str
     rep_ids: torch.Tensor  # (rep_batch, T)
@@ -167,17 +236,27 @@ class EvalSets:
     d_model: int = 0
 
     def tokens(self, split: str) -> int:
-        return sum(len(c) - 1 for c in (self.old_chunks if split == "old" else self.new_chunks))
+        return (self.old_chunks if split == "old" else self.new_chunks).scored
+
+    def record(self, split: str) -> dict[str, Any]:
+        """What a held-out set holds, for result.json: its slice, documents, tokens and sequences."""
+        chunks = self.old_chunks if split == "old" else self.new_chunks
+        return {"slice": self.old_spec if split == "old" else self.new_spec, "tokens": chunks.scored,
+                "sequences": len(chunks), "documents": chunks.documents, "tokens_packed": chunks.packed}
+
+    def line(self, split: str) -> str:
+        """One held-out set, in words (rich markup escaped): the tokens scored, of how many documents of what."""
+        chunks, spec = (self.old_chunks, self.old_spec) if split == "old" else (self.new_chunks, self.new_spec)
+        return escape(f"{chunks.scored:,} tokens scored, {chunks.documents:,} documents of {spec}")
 
 
 def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
     """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
     and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
     from scalecl.experiments.budget import phase
-    from scalecl.models.build import load_base_config
 
     builtin = rc.base == "builtin"
-    cfg = builtin_model_config(rc, rc.builtin.vocab) if builtin else load_base_config(rc.base)
+    cfg = base_model_config(rc)
     t, seq = rc.train, rc.train.seq_len
     micro = micro_split(t.batch, t.micro_batch, world)[0]
     phases = []
@@ -223,7 +302,8 @@ class CptExperiment(ExperimentBase):
     name = "cpt"
     # the run's own rate is named (lr_of); the never-target rows are a measurement only
     not_named = (*ExperimentBase.not_named, "lr", "eval.never_tokens")
-    named_when_set = {"model.vocab": 0}
+    named_when_set = {"model.vocab": 0, "data.text_unit": "line", "old_eval.text_unit": "line",
+                      "new_eval.text_unit": "line"}
     end_table = CPT_TABLE
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
@@ -231,6 +311,11 @@ class CptExperiment(ExperimentBase):
 
         if is_gguf(rc.base):  # a .gguf base: its dequantized transformers folder, named by the file's sha256
             rc = replace(rc, base=resolve_model(rc.base, paths.cache))
+        self.own = method_checkpoint(rc.base)  # a SCALE or LoRA checkpoint as the base: trains as its own method
+        self.own_note = ""  # prepare says it: the checkpoint's options that differ from the config's for its method
+        if self.own is not None:  # with its own options (widths), whatever the preset gives that method
+            self.own_note = _own_options_note(rc, self.own)
+            rc = replace(rc, methods={**rc.methods, self.own["method"]: dict(self.own["options"])})
         super().__init__(rc, preset_name, paths)
         self.bilingual = None  # check: the stand-in's sizes when a corpus or the base is builtin
         self.root: Path | None = None  # prepare: the generated stand-in corpus
@@ -257,6 +342,12 @@ class CptExperiment(ExperimentBase):
         if micro < 1 or t.batch % (micro * d.world):
             raise ScaleclError(f"train.batch={t.batch} must be a multiple of micro_batch x processes = "
                                f"{t.micro_batch or '(batch / processes)'} x {d.world}")
+        own = self.own
+        for name in methods if own is not None else ():
+            if name != own["method"]:
+                raise ScaleclError(f"{rc.base} is a {own['method']} checkpoint: it trains on as {own['method']} only "
+                                   f"(got --method {name}); give --method {own['method']}, or its base model "
+                                   f"({own.get('base_model')}) to start another method")
         corpora = {"data": rc.data, "old_eval": rc.old_eval, "new_eval": rc.new_eval}
         uses_builtin = rc.base == BUILTIN or any(c.path.startswith(f"{BUILTIN}:") for c in corpora.values())
         for where, cc in corpora.items():
@@ -265,7 +356,9 @@ class CptExperiment(ExperimentBase):
             else:
                 check_corpus(corpus_spec(cc, None))
         self.bilingual = bilingual_config(rc) if uses_builtin else None
-        base_cfg = builtin_model_config(rc, rc.builtin.vocab) if rc.base == BUILTIN else load_base_config(rc.base)
+        base_cfg = base_model_config(rc, verify=True)
+        if rc.base != BUILTIN and not rc.tokenizer:
+            recorded_tokenizer(rc.base)  # a checkpoint without a tokenizer: its recorded base gives one, or one line
         n_pos = max_positions(base_cfg)
         if n_pos is not None and rc.train.seq_len > n_pos:
             raise ScaleclError(f"train.seq_len={rc.train.seq_len} exceeds the model's {n_pos} positions")
@@ -295,6 +388,11 @@ class CptExperiment(ExperimentBase):
         self.tokenizer = open_tokenizer(self.tok_src)
         self.train_spec = corpus_spec(rc.data, self.root)
         old_spec, new_spec = corpus_spec(rc.old_eval, self.root), corpus_spec(rc.new_eval, self.root)
+        if d.main and self.own_note:
+            rt.say(escape(self.own_note))
+        for where, spec in (("data", self.train_spec), ("old_eval", old_spec), ("new_eval", new_spec)):
+            if d.main and (warn := wrap_warning(spec)) is not None:
+                rt.say(escape(f"warning: {where}: {warn}"))
         seq = rc.train.seq_len
         with self._status(d, "tokenising the evaluation sets"):
             old_chunks = eval_chunks(old_spec, self.tokenizer, seq, "old-domain evaluation set")
@@ -319,15 +417,15 @@ class CptExperiment(ExperimentBase):
         base = self.load_base().to(rt.device)
         self.never_rows = self._never_rows(base.get_output_embeddings().weight.shape[0]) if rc.eval.never_tokens else None
         ev = self.evals
-        ev.d_model = base.config.hidden_size
+        ev.d_model = getattr(base, "scale_base_sizes", {}).get("hidden_size") or base.config.hidden_size  # d: unwidened
         ev.h0 = final_hidden(base, ev.rep_ids.to(rt.device), ev.d_model)
         del base
         info = self.base_info
         done = "random initialisation, not pre-trained" if info.get("steps") == 0 else f"pre-trained {info.get('wall_s')} s"
         base_line = (f"base: {self.base_source}" + (f" ({done}{', cached' if info.get('cached') else ''})"
                                                     if info else ""))
-        rt.say(f"{base_line}; vocab {len(self.tokenizer):,}; old-domain eval {ev.tokens('old'):,} tokens, "
-               f"new-domain eval {ev.tokens('new'):,} tokens (seq {rc.train.seq_len}); {rt.d.world} process(es)")
+        rt.say(f"{base_line}; tokenizer {escape(self.tok_src)}, vocab {len(self.tokenizer):,}; old-domain eval: "
+               f"{ev.line('old')}; new-domain eval: {ev.line('new')} (seq {rc.train.seq_len}); {rt.d.world} process(es)")
 
     def _never_rows(self, rows: int) -> torch.Tensor:
         """(rows,) bool: vocabulary rows that occur in none of the first eval.never_tokens tokens of the
@@ -349,8 +447,10 @@ class CptExperiment(ExperimentBase):
         return ~seen
 
     def load_base(self) -> torch.nn.Module:
-        """A fresh copy of the base model (CPU)."""
-        return load_model(self.base_source) if self.rc.base == BUILTIN else load_base_model(self.rc.base)
+        """A fresh copy of the base model (CPU): a method's checkpoint as it was saved, ready to train on."""
+        if self.rc.base == BUILTIN or self.own is not None:
+            return load_model(self.base_source)
+        return load_base_model(self.rc.base)
 
     # -- one method ----------------------------------------------------------------------------------------
 
@@ -359,6 +459,8 @@ class CptExperiment(ExperimentBase):
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
+        if self.own is not None:  # already the method's model (check: the same method and options)
+            return self.attach(self.load_base())
         return self.attach(method.apply(self.load_base()))
 
     def save_kw(self) -> dict[str, Any]:
@@ -408,8 +510,7 @@ class CptExperiment(ExperimentBase):
             "base": {"source": self.base_source, **self.base_info},
             "tokenizer": self.tok_src, "micro_batch": micro, "accumulation": accum,
             "data": {"train": self.train_spec.describe(), "epochs_completed": self.chunks.epoch,
-                     "old_eval": {"slice": ev.old_spec, "tokens": ev.tokens("old"), "sequences": len(ev.old_chunks)},
-                     "new_eval": {"slice": ev.new_spec, "tokens": ev.tokens("new"), "sequences": len(ev.new_chunks)},
+                     "old_eval": ev.record("old"), "new_eval": ev.record("new"),
                      "rep_batch": list(ev.rep_ids.shape),
                      **({"never_rows": self.never_info} if self.never_rows is not None else {})},
             "wall_s": {"data": round(self.data_s, 1), "base": self.base_info.get("wall_s"),

@@ -9,11 +9,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from scalecl.common.consoles import make_console
 from scalecl.common.errors import NotFinite, ScaleclError
 from scalecl.common.files import OwnedFiles, check_path_length, check_writable_dir
 from scalecl.compute.machine import pick_device, provenance
 from scalecl.data.bilingual import write_corpus
-from scalecl.data.corpus import check_corpus, eval_chunks
+from scalecl.data.corpus import check_corpus, eval_chunks, wrap_warning
 from scalecl.data.tokenizer import load_tokenizer
 from scalecl.evaluation.perplexity import perplexity
 from scalecl.experiments.config import CorpusConfig, CptRunConfig
@@ -29,6 +30,7 @@ from scalecl.methods import get_method
 from scalecl.models.build import load_base_config, read_config
 from scalecl.training.checkpoint import check_model_files, load_model
 
+err_console = make_console(stderr=True)  # warnings: stdout keeps the record (--json) or the summary line
 WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves it is the folder's manifest)
 
 
@@ -108,6 +110,8 @@ def eval_ppl(
     else:
         check_corpus(corpus_spec(spec_cfg, None))
     spec = corpus_spec(spec_cfg, root)
+    if (warn := wrap_warning(spec)) is not None:
+        err_console.print(f"warning: {warn}", highlight=False)
     t = time.perf_counter()
     chunks = eval_chunks(spec, tok, seq_len, "dataset")
     model = load_model(model_path, verify=False).to(dev)  # verified by check_model_files above
@@ -123,4 +127,5 @@ def eval_ppl(
                         f"are not finite numbers; nothing was written")
     return {"written_by": WRITTEN_BY, "model": str(model_path), "method": meta.get("method") if meta else None,
             "dataset": asdict(spec_cfg) | {"resolved": spec.describe()}, "tokenizer": src, **r,
+            "documents": chunks.documents, "tokens_packed": chunks.packed,
             "wall_s": round(time.perf_counter() - t, 2), "provenance": provenance()}

@@ -158,7 +158,7 @@ def test_bad_names_and_splits_are_config_errors():
         load_preset("cpt", "tiny", ["new_eval.path=pkg:gensim-lee-en", "new_eval.split=validation"])
     with pytest.raises(ScaleclError, match="text column 'text'"):
         check_corpus(CorpusSpec("pkg:gensim-wiki-en", text_column="body"))
-    rc = load_preset("cpt", "tiny", ["data.path=pkg:konlpy-ko", "old_eval.path=pkg:gensim-lee-en"])
+    rc = load_preset("cpt", "tiny", ["data.path=pkg:konlpy-ko", "old_eval.path=pkg:gensim-lee-en", "old_eval.split=test"])
     assert (rc.data.path, rc.old_eval.path, rc.old_eval.split) == ("pkg:konlpy-ko", "pkg:gensim-lee-en", "test")
 
 
