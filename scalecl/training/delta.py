@@ -11,8 +11,10 @@ it builds from a base into three kinds (`Split`), found by applying it to the ba
 The record (scalecl.json `delta`) names the base as it was given (hub id or folder, and the folder's absolute
 path) and holds two digests (`tensor_digest`): of the from_base tensors under the base's own names (for SCALE
 and LLaMA Pro every tensor of the base; for Freeze the embedding and the frozen blocks, the rest being stored),
-and of the built tensors. Loading applies the method to the base, checks both digests (a base of other weights
-is refused in one line), then loads the stored tensors strictly: the model is bit-identical to the one saved.
+and of the built tensors. It also records where each base tensor goes: `layer_order` (per decoder layer of the
+model, the base layer it takes its frozen tensors from, or null: LLaMA Pro's inserted blocks) and a digest of
+the whole name map. Loading applies the method to the base, checks all of them (a base of other weights is
+refused in one line), then loads the stored tensors strictly: the model is bit-identical to the one saved.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from typing import Any, NamedTuple
 
 import safetensors.torch as st
 import torch
+from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import model_weights_header
 from scalecl.methods import Method
+from scalecl.models.build import _HUB_ID, arch_of, decoder_layers
 
 DELTA_FILE = "delta.safetensors"
 # config fields that say where a model came from, how it was stored or what a forward returns, not what it computes
@@ -129,7 +133,8 @@ def _options(method: Method) -> str:
     return ", ".join(f"{k}={v}" for k, v in method.options().items()) or "no options"
 
 
-def write_delta(model: PreTrainedModel, method: Method, split: Split, folder: Path, base_model: str) -> dict[str, Any]:
+def write_delta(model: PreTrainedModel, method: Method, split: Split, folder: Path,
+                base_model: str) -> dict[str, Any]:
     """Write delta.safetensors (the tensors `method` trains: `split`, from check_structure) into `folder`; the
     record for scalecl.json."""
     extra = [n for n, p in model.named_parameters() if p.requires_grad and n not in split.trained]
@@ -148,19 +153,40 @@ def write_delta(model: PreTrainedModel, method: Method, split: Split, folder: Pa
                  "digest": tensor_digest({b: state[m] for m, b in split.from_base.items()}),
                  "tensors": len(split.from_base)},
         "built_digest": tensor_digest({n: state[n] for n in split.built}),
+        "layer_order": layer_order(model, split),
+        "map_digest": map_digest(split),
         "trained": len(split.trained),
     }
+
+
+def layer_order(model: PreTrainedModel, split: Split) -> list[int | None]:
+    """Per decoder layer of the model: the base layer whose tensors it takes unchanged, or None (all stored)."""
+    prefix = arch_of(model.config).layers + "."
+    order: list[int | None] = [None] * len(decoder_layers(model))
+    for m, b in split.from_base.items():
+        if m.startswith(prefix) and b.startswith(prefix):
+            order[int(m[len(prefix):].split(".")[0])] = int(b[len(prefix):].split(".")[0])
+    return order
+
+
+def map_digest(split: Split) -> str:
+    """A digest of which base tensor lands where (model name -> base name, every pair)."""
+    text = "\n".join(f"{m}\0{b}" for m, b in sorted(split.from_base.items()))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def check_record(rec: Any, f: Path) -> None:
     """The `delta` entry of a scalecl.json, of the right shape, or one error naming the file."""
     base = rec.get("base") if isinstance(rec, dict) else None
+    order = rec.get("layer_order") if isinstance(rec, dict) else None
     ok = isinstance(base, dict) and rec.get("file") == DELTA_FILE and isinstance(rec.get("built_digest"), str) \
+        and isinstance(rec.get("map_digest"), str) and isinstance(order, list) \
+        and all(i is None or (isinstance(i, int) and not isinstance(i, bool)) for i in order) \
         and isinstance(base.get("source"), str) and isinstance(base.get("digest"), str) \
         and isinstance(base.get("path"), str | type(None))
     if not ok:
         raise ScaleclError(f"checkpoint record {f}: its 'delta' entry is damaged (it needs file {DELTA_FILE!r}, "
-                           f"built_digest, and base with source, path and digest)")
+                           f"built_digest, layer_order, map_digest, and base with source, path and digest)")
 
 
 def config_differences(config: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
@@ -187,6 +213,10 @@ def build_from_delta(p: Path, meta: dict[str, Any], method: Method, base: PreTra
                f"{len(split.from_base)} tensors it takes from the base is {got}, {rec['base']['digest']} was recorded; "
                f"nothing was loaded")
         raise ScaleclError(f"{why} (give its base: base=...)", cli=f"{why} (give its base: --base)")
+    if layer_order(model, split) != rec.get("layer_order") or map_digest(split) != rec.get("map_digest"):
+        raise ScaleclError(f"delta checkpoint {p}: {method.name} places the base's tensors otherwise than when it was "
+                           f"saved (layer order {layer_order(model, split)}, recorded {rec.get('layer_order')}); "
+                           f"nothing was loaded")
     if tensor_digest({n: state[n] for n in split.built}) != rec["built_digest"]:
         raise ScaleclError(f"delta checkpoint {p}: the frozen tensors {method.name} builds itself differ from those "
                            f"recorded (a scalecl that builds the method otherwise?); nothing was loaded")
@@ -197,10 +227,9 @@ def build_from_delta(p: Path, meta: dict[str, Any], method: Method, base: PreTra
         missing, unexpected = sorted(set(split.trained) - set(stored)), sorted(set(stored) - set(split.trained))
         raise ScaleclError(f"delta checkpoint {p} does not match its recorded method {method.name}: missing "
                            f"{missing[:3]}, unexpected {unexpected[:3]}")
-    tensors = st.load_file(str(file))
-    with torch.no_grad():
+    with torch.no_grad(), safe_open(str(file), framework="pt") as f:  # one tensor at a time: no second copy
         for name in split.trained:
-            t, dest = tensors[name], state[name]
+            t, dest = f.get_tensor(name), state[name]
             if t.shape != dest.shape or t.dtype != dest.dtype:
                 raise ScaleclError(f"delta checkpoint {p}: {name} is {t.dtype} {list(t.shape)}, the model's is "
                                    f"{dest.dtype} {list(dest.shape)}")
@@ -211,8 +240,6 @@ def build_from_delta(p: Path, meta: dict[str, Any], method: Method, base: PreTra
 def base_location(rec: dict[str, Any]) -> str | None:
     """Where the recorded base can be loaded from here: its folder (absolute, else as given), or the name as given
     when it is no folder (a hub id); None when it names nothing loadable."""
-    from scalecl.models.build import _HUB_ID
-
     for c in (rec.get("path"), rec.get("source")):
         if c and Path(c).expanduser().is_dir():
             return c

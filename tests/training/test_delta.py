@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch as st
 import torch
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from scalecl import load_model, save_model
@@ -94,7 +95,11 @@ def test_delta_holds_only_what_trains(saved, name):
         rec = json.loads((s["delta"] / "scalecl.json").read_text())
         assert rec["layout"] == "delta" and rec["format_version"] == 3 and rec["delta"]["base"]["source"] == str(s["base"])
         assert "model.safetensors" not in rec["files"] and "config.json" not in rec["files"]
+        with pytest.raises((OSError, ValueError)):  # plain transformers finds no model: never a random one
+            AutoModelForCausalLM.from_pretrained(s["delta"])
         n_base = len(unique_state(make_base(case)))
+        layers = {"freeze": [0, None, None], "llama-pro": [0, None, 1, None, 2, None]}.get(name, [0, 1, 2])
+        assert rec["delta"]["layer_order"] == layers  # Freeze k=1 stores its upper blocks; LLaMA Pro n=3 inserts 3
         if name != "freeze":
             assert rec["delta"]["base"]["tensors"] == n_base
             assert rec["delta"]["base"]["digest"] == tensor_digest(unique_state(make_base(case)))  # the whole base
@@ -156,6 +161,16 @@ def test_a_moved_base_is_named_and_can_be_given(saved, tmp_path):
     _same_tensors(load_model(delta, base=make_base("neox-parallel")), load_model(s["full"]))  # a model, in memory
     with pytest.raises(ScaleclError, match="is not a delta checkpoint: it takes no base"):
         load_model(s["full"], base=moved)
+
+
+def test_a_record_that_places_the_base_otherwise_is_refused(saved, tmp_path):
+    s = saved["llama-gqa-tied", "llama-pro"]
+    copy = Path(shutil.copytree(s["delta"], tmp_path / "delta"))
+    meta = json.loads((copy / "scalecl.json").read_text())
+    meta["delta"]["layer_order"] = [0, 1, None, None, 2, None]
+    (copy / "scalecl.json").write_text(json.dumps(meta))
+    with pytest.raises(ScaleclError, match=r"places the base's tensors otherwise .*recorded \[0, 1, None, None, 2"):
+        load_model(copy)
 
 
 def test_a_damaged_delta_is_refused(saved, tmp_path):
