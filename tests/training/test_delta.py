@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 from scalecl import load_model, save_model
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
-from scalecl.methods import get_method
+from scalecl.methods import REGISTRY, get_method, method_names
 from scalecl.training.delta import DELTA_FILE, tensor_digest, unique_state
 from tests.conftest import make_base, method_cases, random_batch, train_steps
 
 CASES = method_cases(l_fp=1)
-DELTA_METHODS = ("freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
+DELTA_METHODS = tuple(n for n in method_names() if REGISTRY[n].delta)  # a new method with one joins the matrix
 ARCHS = ("llama-gqa-tied", "llama-gqa-untied", "neox-parallel")
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,6 +58,10 @@ def saved(tmp_path_factory) -> dict:
             delta = save_model(model, root / f"{case}-{name}-delta", method, base_model=str(base), delta=True)
             out[case, name] = {"base": base, "full": full, "delta": delta, "model": model}
     return out
+
+
+def test_the_methods_that_keep_part_of_the_base_have_deltas():
+    assert DELTA_METHODS == ("freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route")
 
 
 def _same_tensors(a, b) -> None:
