@@ -135,11 +135,11 @@ def merge(
 ) -> None:
     """Write a checkpoint as one that needs nothing else to load.
 
-    LoRA: the adapters are merged into the base weights (peft's merge_and_unload), a plain transformers model. FFT,
-    Freeze, LLaMA Pro and base checkpoints are already plain models and are copied. A delta checkpoint (only
-    what trained) is merged with its base into the full checkpoint of its method: plain for Freeze and LLaMA
-    Pro, SCALE's own (weights + remote code) for SCALE. A full SCALE checkpoint cannot be folded into the base's
-    shape (split norms, new heads) and is refused: it already loads with
+    LoRA: the adapters are merged into the base weights (peft's merge_and_unload): a plain transformers model.
+    FFT, Freeze, LLaMA Pro and base checkpoints are already plain models and are copied. A delta checkpoint
+    (only what trained) is merged with its base into the full checkpoint of its method: plain for Freeze and
+    LLaMA Pro, SCALE's own (weights + remote code) for SCALE. A full SCALE checkpoint cannot be folded into the
+    base's shape (split norms, new heads) and is refused: it already loads with
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
     """
     from scalecl.training.prepare import merge_model
