@@ -127,19 +127,24 @@ def prepare(
 @user_errors
 def merge(
     model: Path = typer.Option(..., "--model", help="A checkpoint folder written by scalecl."),
-    out: Path = typer.Option(..., "--out", help="Folder to write the plain transformers model to."),
+    out: Path = typer.Option(..., "--out", help="Folder to write the merged checkpoint to."),
+    base: str | None = typer.Option(
+        None, "--base", help="Only for a delta checkpoint: its base (folder or hub id), when not where the "
+        "checkpoint records it. A base whose weights differ from the recorded digest is refused."),
     overwrite: Overwrite = False,
 ) -> None:
-    """Export a checkpoint as a plain transformers model (no scalecl, peft or remote code needed to load it).
+    """Write a checkpoint as one that needs nothing else to load.
 
-    LoRA: the adapters are merged into the base weights (peft's merge_and_unload). FFT, Freeze, LLaMA Pro and
-    base checkpoints are already plain models and are copied. SCALE cannot be folded into the base's shape
-    (split norms, new heads) and is refused: its checkpoint already loads with
+    LoRA: the adapters are merged into the base weights (peft's merge_and_unload): a plain transformers model.
+    FFT, Freeze, LLaMA Pro and base checkpoints are already plain models and are copied. A delta checkpoint
+    (only what trained) is merged with its base into the full checkpoint of its method: plain for Freeze and
+    LLaMA Pro, SCALE's own (weights + remote code) for SCALE. A full SCALE checkpoint cannot be folded into the
+    base's shape (split norms, new heads) and is refused: it already loads with
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
     """
     from scalecl.training.prepare import merge_model
 
-    path = merge_model(model, out, overwrite=overwrite)
+    path = merge_model(model, out, base=base, overwrite=overwrite)
     console.print(f"wrote {path}")
 
 

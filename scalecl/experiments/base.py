@@ -151,7 +151,8 @@ class ExperimentBase:
         identity = {"experiment": self.name, "name": name, "method": method.name, "options": method.options(),
                     "config_hash": h, "numerics": self.numerics}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / self.name / name,
-                   keep=rc.checkpoint.keep, main=d.main, method=method)
+                   keep=rc.checkpoint.keep, main=d.main, method=method,
+                   delta=rc.checkpoint.delta and method.delta)
 
     def attach(self, model: torch.nn.Module) -> torch.nn.Module:
         """What a method's model needs from the experiment besides its weights, whether built for step 0 or

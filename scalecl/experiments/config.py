@@ -150,6 +150,9 @@ class CheckpointConfig:
 
     every: int = opt(0, ge=0, le=MAX_STEPS)  # steps between checkpoints (0 = none; a run killed then restarts from step 0)
     keep: int = opt(2, ge=1)  # newest checkpoints kept per run (older ones are deleted)
+    # a method's checkpoints (step-N and final) hold only what it trains, with its base's identity (Freeze, LLaMA
+    # Pro, SCALE; FFT and LoRA write their usual ones): loaded from the base, bit-identical to the full ones
+    delta: bool = False
 
 
 @dataclass

@@ -33,6 +33,9 @@ class Method:
     """Base class: subclasses are dataclasses whose fields are the method's options."""
 
     name: ClassVar[str] = ""
+    # whether a checkpoint can hold only what the method trains (save_model(..., delta=True)): a method that keeps
+    # part of its base frozen and unchanged
+    delta: ClassVar[bool] = False
 
     def check(self, config) -> None:
         """Validate options against a base config before any heavy work (raise ScaleclError)."""

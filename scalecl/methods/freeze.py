@@ -23,6 +23,7 @@ class Freeze(Method):
     """Low layers hold general knowledge: keep them (and the embedding) fixed, train the rest fully."""
 
     name: ClassVar[str] = "freeze"
+    delta: ClassVar[bool] = True  # frozen tensors stay the base's: a delta checkpoint stores the rest
     k: int = 3  # paper CPT on Llama-3.2-1B
 
     def __post_init__(self) -> None:

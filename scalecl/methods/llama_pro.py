@@ -26,6 +26,7 @@ class LlamaPro(Method):
     """New capacity in depth while the original blocks stay untouched (the paper's depth-expansion baseline)."""
 
     name: ClassVar[str] = "llama-pro"
+    delta: ClassVar[bool] = True  # frozen tensors stay the base's: a delta checkpoint stores the rest
     n: int = 4  # paper: Pythia-160M 12 -> 16 layers, Llama-3.2-1B 16 -> 20
 
     def __post_init__(self) -> None:

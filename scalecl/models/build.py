@@ -184,9 +184,11 @@ def load_base_config(name_or_path: str) -> PretrainedConfig:
     meta_file = os.path.join(name_or_path, "scalecl.json")
     if os.path.exists(meta_file):  # methods apply to plain models; SCALE and LoRA checkpoints are not
         meta = read_json(meta_file, "checkpoint record")
-        if meta.get("layout") in ("scale", "lora") or str(meta.get("method")).startswith(("scale-", "lora")):
-            hint = "`scalecl merge` it first" if meta.get("method") == "lora" else "give its base model"
-            raise ScaleclError(f"{name_or_path} is a {meta.get('method')} checkpoint, not a plain model: {hint} "
+        delta = meta.get("layout") == "delta"
+        if delta or meta.get("layout") in ("scale", "lora") or str(meta.get("method")).startswith(("scale-", "lora")):
+            hint = "`scalecl merge` it first" if meta.get("method") == "lora" or delta else "give its base model"
+            kind = f"delta {meta.get('method')}" if delta else meta.get("method")
+            raise ScaleclError(f"{name_or_path} is a {kind} checkpoint, not a plain model: {hint} "
                                f"(recorded base: {meta.get('base_model')})")
     if os.path.isdir(name_or_path):  # a damaged config.json: one line naming it
         try:

@@ -14,6 +14,11 @@ scale (scale-preserve/adapt/route): a transformers folder with remote code.
                      scalecl's own SCALE model code (scalecl/modeling), copied verbatim: it needs only torch and
                      transformers, so `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)` works
                      without scalecl; without trust_remote_code transformers raises (size mismatch)
+delta (save_model(..., delta=True); Freeze, LLaMA Pro, SCALE): only what the method trains (training/delta.py).
+  delta.safetensors  the tensors the method trains, under the model's names
+  scalecl.json       also `delta`: the base as given (source) and its absolute folder (path), the digest of the
+                     base tensors the model takes unchanged, the digest of the frozen tensors the method builds
+                     no config.json and no model.safetensors: transformers' from_pretrained(dir) raises
 lora: peft's own format.
   adapter_config.json, adapter_model.safetensors, README.md   written by peft's save_pretrained; the config's
                      base_model_name_or_path is the base's hub id or absolute folder
@@ -65,9 +70,18 @@ from scalecl.common.files import (
 )
 from scalecl.common.locks import locked
 from scalecl.common.readers import check_weights_folder, field, model_weights_header, read_json
-from scalecl.methods import Method, get_method
+from scalecl.methods import REGISTRY, Method, get_method
+from scalecl.training.delta import (
+    DELTA_FILE,
+    base_location,
+    build_from_delta,
+    check_record,
+    check_structure,
+    write_delta,
+)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # what this scalecl reads; it writes 2, and 3 for a delta checkpoint (older ones refuse those)
+_WRITTEN_VERSION = 2
 META_FILE = "scalecl.json"
 LORA_BASE_DIR = "base"
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -220,38 +234,49 @@ def save_model(
     extra: dict[str, Any] | None = None,
     *,
     overwrite: bool = False,
+    delta: bool = False,
 ) -> Path:
     """Write a checkpoint atomically (temp sibling + rename); nothing the suite did not write is ever touched.
 
-    method: what built the model (None: inferred for SCALE and LoRA models, else a plain model).
+    method: what built the model (None: inferred for SCALE and LoRA models, else a plain model); a method given
+    must be the one that built the model (the same tensors, names and shapes), else one ScaleclError.
     base_model: where the base came from (hub id, folder or a description such as "random:llama"); a LoRA
     checkpoint records it for peft, and stores the base itself when it is not a hub id or plain folder.
     overwrite: replace an existing checkpoint of the suite at out_dir (never anything else).
+    delta: store only the tensors the method trains (Freeze, LLaMA Pro, SCALE), with the base's identity
+    (base_model, required, and a digest of its weights); load_model rebuilds the model from that base.
     """
     check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
     with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"), naming(Path(out_dir)):  # one writer
-        return _save_model(model, out_dir, method, base_model, tokenizer, extra, overwrite)
+        return _save_model(model, out_dir, method, base_model, tokenizer, extra, overwrite, delta)
 
 
 def _save_model(model: PreTrainedModel, out_dir: str | os.PathLike, method: Method | None, base_model: str | None,
-                tokenizer, extra: dict[str, Any] | None, overwrite: bool) -> Path:
+                tokenizer, extra: dict[str, Any] | None, overwrite: bool, delta: bool) -> Path:
     out = check_checkpoint_dest(out_dir, overwrite)
     method = _resolve_method(model, method)
     layout = "scale" if getattr(model, "scale_spec", None) is not None else "lora" if _is_peft(model) else "plain"
+    base_config = _base_config_of(model, method)
+    split = check_structure(model, method, base_config) if method is not None and layout != "lora" else None
+    if delta:
+        _check_delta(method, base_model)
+        layout = "delta"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temporary(out.parent, f".{out.name}.tmp-{os.getpid()}-")  # marked: the suite's, if left by a kill
     try:
         meta: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if delta else _WRITTEN_VERSION,
             "method": method.name if method else None,
             "options": method.options() if method else {},
             "layout": layout,
             "base_model": base_model,
-            "base_config": _base_config_of(model, method),
+            "base_config": base_config,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             **(extra or {}),
         }
-        if layout == "scale":
+        if layout == "delta":
+            meta["delta"] = write_delta(model, method, split, tmp, base_model)
+        elif layout == "scale":
             _write_scale(model, tmp)
         elif layout == "lora":
             meta["lora_base"] = _write_lora(model, tmp, out, base_model, tokenizer)
@@ -269,6 +294,17 @@ def _save_model(model: PreTrainedModel, out_dir: str | os.PathLike, method: Meth
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _check_delta(method: Method | None, base_model: str | None) -> None:
+    """A delta checkpoint needs a method that trains part of the model, and the base's name."""
+    if method is None or not method.delta:
+        what = f"method {method.name}" if method else "a plain model (no method)"
+        able = ", ".join(name for name, cls in REGISTRY.items() if cls.delta)
+        raise ScaleclError(f"{what} has no delta checkpoint (methods that have one: {able}; a LoRA checkpoint is an "
+                           f"adapter already): save a full checkpoint (delta=False)")
+    if not base_model:
+        raise ScaleclError("a delta checkpoint records its base: pass base_model (the base's hub id or folder)")
 
 
 def _is_peft(model) -> bool:
@@ -405,7 +441,7 @@ def _write_lora(model, folder: Path, out: Path, base_model: str | None, tokenize
 _META_TYPES: dict[str, type | tuple] = {
     "format_version": int, "method": (str, type(None)), "options": dict, "layout": str, "dtype": str,
     "base_model": (str, type(None)), "base_config": dict, "files": list, "written": dict, "digests": dict,
-    "lora_base": str,
+    "lora_base": str, "delta": dict,
     "stage": dict, "merged_from": str, "merged_method": (str, type(None)), "merged_options": dict,
 }
 
@@ -432,11 +468,17 @@ def _check_meta(meta: dict[str, Any], p: Path) -> None:
         raise ScaleclError(f"{what} {f}: format version {version} is not one this scalecl reads (1..{FORMAT_VERSION}); "
                            f"was it written by a newer scalecl?")
     layout = meta.get("layout", "plain")
-    if layout not in ("plain", "scale", "lora"):
+    if layout not in ("plain", "scale", "lora", "delta"):
         raise ScaleclError(f"{what} {f}: unknown layout {meta['layout']!r}")
     method = meta.get("method")
     expected = "scale" if str(method).startswith("scale-") else "lora" if method == "lora" else "plain"
-    if layout != expected:
+    if layout == "delta":
+        if method not in REGISTRY or not REGISTRY[method].delta:
+            raise ScaleclError(f"{what} {f}: a delta checkpoint of method {method!r}, which has none; the record was "
+                               f"edited or damaged")
+        check_record(meta.get("delta"), f)
+        field(meta, "base_model", str, f, what)
+    elif layout != expected:
         raise ScaleclError(f"{what} {f}: layout {layout!r} does not match its method {method!r} (which writes "
                            f"{expected!r}); the record was edited or damaged")
     if meta.get("dtype", "float32") not in _DTYPES:
@@ -494,28 +536,37 @@ def check_model_files(path: str | os.PathLike, *, verify: bool = True) -> dict[s
     _base_config(meta, p)
     if meta.get("layout") == "lora":
         model_weights_header(p / "adapter_model.safetensors", f"adapter weights of {p}")
+    elif meta.get("layout") == "delta":
+        model_weights_header(p / DELTA_FILE, f"delta weights of {p}")
     else:
         model_weights_header(p / "model.safetensors", f"weights of checkpoint {p}")
     return meta
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device: str | None = None, *,
-               verify: bool = True) -> PreTrainedModel:
+               verify: bool = True, base: str | os.PathLike | PreTrainedModel | None = None) -> PreTrainedModel:
     """Load any checkpoint the suite wrote (or a plain transformers directory), ready to use (eval mode).
 
     A checkpoint the suite wrote is verified first: every file it records must still be what was written
     (size and content hash), else one error naming the file (`verify=False`: the caller has just verified
     it). The model is rebuilt from the recorded base config and method options, then the weights are loaded
     strictly, so every parameter name and shape must match. A LoRA checkpoint in peft's format loads its
-    base (base/, else the recorded folder or hub id) and then the adapter weights.
+    base (base/, else the recorded folder or hub id) and then the adapter weights. A delta checkpoint loads
+    its base (`base`: a folder, hub id or model, which is then used in place; else the recorded one), refuses
+    one whose weights' digest is not the recorded one, and loads the trained tensors on top.
     """
     p = Path(path)
     meta = check_model_files(p, verify=verify)
+    if base is not None and (meta or {}).get("layout") != "delta":
+        raise ScaleclError(f"checkpoint {p} is not a delta checkpoint: it takes no base (base=...)",
+                           cli=f"checkpoint {p} is not a delta checkpoint: it takes no --base")
     if meta is None:  # a plain transformers checkpoint (safetensors only: checked above)
         return _load_plain(p, dtype)
     method = get_method(meta["method"], **meta.get("options", {})) if meta.get("method") else None
     if meta.get("layout") == "lora":
         model = _load_lora(p, meta, method)
+    elif meta.get("layout") == "delta":
+        model = _load_delta(p, meta, method, base)
     else:
         # Every checkpoint is rebuilt the same way: the recorded base config, then the method's structure
         # (without its initialisation), then the saved weights, loaded strictly.
@@ -550,6 +601,28 @@ def _load_plain(p: Path, dtype: torch.dtype | None) -> PreTrainedModel:
     except (TypeError, KeyError) as e:
         raise ScaleclError(f"cannot load the model in {p} ({type(e).__name__}: "
                            f"{(str(e).splitlines() or [''])[0][:160]})") from None
+
+
+def _load_delta(p: Path, meta: dict[str, Any], method: Method, base) -> PreTrainedModel:
+    """The base (given, else the recorded one) with the method applied, checked, and the stored tensors loaded."""
+    dtype = getattr(torch, meta.get("dtype", "float32"))
+    if isinstance(base, PreTrainedModel):
+        return build_from_delta(p, meta, method, base.to(dtype), "(the model given)")
+    rec = meta["delta"]["base"]
+    source = str(base) if base is not None else base_location(rec)
+    if source is None:
+        raise ScaleclError(f"delta checkpoint {p} needs its base, {rec['source']!r}, which is neither a folder here nor "
+                           f"a hub id; give it with base=... (a folder, hub id or model)",
+                           cli=f"delta checkpoint {p} needs its base, {rec['source']!r}, which is neither a folder "
+                           f"here nor a hub id; give it with --base")
+    if Path(source).expanduser().is_dir():
+        # its weights are checked below, tensor by tensor, against the recorded digest: no file pass first
+        model = load_model(Path(source).expanduser(), dtype=dtype, verify=False)
+    else:
+        from scalecl.models.build import load_base_model
+
+        model = load_base_model(source, dtype)
+    return build_from_delta(p, meta, method, model, source)
 
 
 def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel:

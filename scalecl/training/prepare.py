@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.locks import locked
-from scalecl.methods import Method
+from scalecl.methods import Method, get_method
 from scalecl.training.checkpoint import check_checkpoint_dest, load_model, read_meta, save_model
 
 
@@ -80,25 +80,31 @@ def _check_memory(config, method: Method) -> None:
 # Export as a plain transformers model
 
 
-def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write a checkpoint as a plain transformers model: LoRA merged into its base, other plain methods copied.
+def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, base: str | os.PathLike | None = None,
+                overwrite: bool = False) -> Path:
+    """Write a checkpoint as one that needs nothing else: LoRA merged into its base and other plain methods copied
+    (a plain transformers model), a delta checkpoint merged with its base (`base`, else the recorded one) into
+    the full checkpoint of its method (what save_model writes without delta=True).
 
-    SCALE cannot be folded into the base's shape (split norms, new heads): refused, since its checkpoints
-    already load with `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`.
+    A full SCALE checkpoint cannot be folded into the base's shape (split norms, new heads): refused, since it
+    already loads with `AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`.
     """
     p = Path(path)
     if not p.is_dir():
         raise ScaleclError(f"model path {path} does not exist or is not a directory")
     meta = read_meta(p) or {}
-    name = meta.get("method")
-    if name and name.startswith("scale-"):
+    name, delta = meta.get("method"), meta.get("layout") == "delta"
+    if name and name.startswith("scale-") and not delta:
         raise ScaleclError(f"{name} cannot be merged into a plain model of the base's shape (split norms, new heads); "
                            f"its checkpoint already loads with AutoModelForCausalLM.from_pretrained(DIR, "
                            f"trust_remote_code=True)")
+    if base is not None and not delta:
+        raise ScaleclError(f"checkpoint {path} is not a delta checkpoint: it takes no base (base=...)",
+                           cli=f"checkpoint {path} is not a delta checkpoint: it takes no --base")
     check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
     with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # from the check to the write
         out = check_checkpoint_dest(out_dir, overwrite)
-        model = load_model(p)
+        model = load_model(p, base=base)
         if name == "lora":
             from scalecl.methods.lora import merge_lora
 
@@ -108,6 +114,10 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrit
             raise ScaleclError(f"checkpoint {path} holds non-finite weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
                                f"nothing was written")
         tokenizer = _checkpoint_tokenizer(p)
+        if delta:  # the full checkpoint of its method, from the base it was checked against
+            method = get_method(name, **meta.get("options", {}))
+            return save_model(model, out, method, base_model=meta.get("base_model"), tokenizer=tokenizer,
+                              extra={"merged_from": str(p.resolve())}, overwrite=overwrite)
         source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
         return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,
                           overwrite=overwrite)

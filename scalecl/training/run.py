@@ -159,7 +159,8 @@ class Run:
     `final_dir` (default ckpt_root/final). `identity` is recorded in every checkpoint and the result.
 
     `method` is the method the run trains (None: a plain model, e.g. a cached stage); `save_kw` what every
-    saved model carries besides its weights (tokenizer, base model; scalecl.training.checkpoint.save_model)."""
+    saved model carries besides its weights (tokenizer, base model; scalecl.training.checkpoint.save_model);
+    `delta` whether its models are saved as delta checkpoints (only what the method trains)."""
 
     identity: dict[str, Any]  # experiment, name, method, options, config_hash, numerics (scalecl.compute.machine)
     out_dir: Path | None
@@ -169,6 +170,7 @@ class Run:
     main: bool = True
     method: Any = None
     save_kw: dict[str, Any] = field(default_factory=dict)
+    delta: bool = False
     trackers: list[Any] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     wall: WallClock | None = None  # the run's phases (set by the sweep); finish() adds `write` and `total`
@@ -323,7 +325,7 @@ class Run:
         dest = self.ckpt_root / f"step-{step:07d}"
         self.check_free([step])
         with atomic_dir(dest) as tmp:
-            save_model(model, tmp / "model", self.method, **self.save_kw)
+            save_model(model, tmp / "model", self.method, delta=self.delta, **self.save_kw)
             crash_point("checkpoint-model-written")
             save_state(tmp, state | {"run": self.identity})
             crash_point("checkpoint-state-written")
@@ -408,7 +410,8 @@ class Run:
         if model is not None:
             from scalecl.training.checkpoint import save_model
 
-            save_model(model, self.final_dir, self.method, overwrite=True, **(self.save_kw | save_extra))
+            save_model(model, self.final_dir, self.method, overwrite=True, delta=self.delta,
+                       **(self.save_kw | save_extra))
             crash_point("final-model-written")
         if self.out_dir is None:
             return

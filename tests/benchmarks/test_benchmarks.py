@@ -33,3 +33,14 @@ def test_bench_route_head_forms_agree(tmp_path):
             "--reps", "1", tmp_path=tmp_path)
     assert r["max_abs_diff_of_outputs"] < 1e-4
     assert 0.0 < r["tokens_routed_to_preserve"] < 1.0
+
+
+def test_bench_delta_runs_and_every_delta_loads_to_its_full_checkpoint(tmp_path):
+    r = run("bench_delta.py", "--real", "tiny", "--repeats", "1", tmp_path=tmp_path)
+    methods = {"freeze", "llama-pro", "scale-preserve", "scale-adapt", "scale-route"}
+    for rows in (r["paper_llama_3_2_1b"], r["real"]["rows"]):
+        assert {x["method"] for x in rows} == methods
+        assert all(0 < x["delta_bytes"] < x["full_bytes"] for x in rows)
+    assert all(x["delta_equals_full"] for x in r["real"]["rows"])
+    paper = {x["method"]: x for x in r["paper_llama_3_2_1b"]}
+    assert paper["scale-route"]["full_bytes"] > 4 * 1_235_814_400  # more than Llama-3.2-1B's own float32 weights

@@ -36,6 +36,7 @@ class ScaleMethod(Method):
     """Width upscaling; the variant is fixed by the registered subclass."""
 
     variant: ClassVar[str] = "route"
+    delta: ClassVar[bool] = True  # frozen tensors stay the base's: a delta checkpoint stores the rest
     # the options are ScaleSpec's fields (less the variant), with the defaults declared there (ScaleConfig
     # inherits them): one place defines them
     hidden_up: int = ScaleConfig.hidden_up
