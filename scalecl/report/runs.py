@@ -254,9 +254,22 @@ def _config_rest(r: dict, not_named: Sequence[str], pair: bool = False) -> dict:
     leaves out (its experiment's ExperimentBase.not_named): checkpointing and the compute options (thread count,
     device options), which cannot change its numbers beyond float rounding, and the per-method tables, whose
     entry for the run _config_id adds as its options and rate. pair=True: also without any per-method table."""
+    from scalecl.experiments.base import named_dict
+
     cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
-    rest = without(cfg, (*SEED_KEYS, *not_named))
+    rest = named_dict(without(cfg, (*SEED_KEYS, *not_named)), (), _added_later())
     return {k: v for k, v in rest.items() if not (pair and k in METHOD_KEYS and isinstance(v, dict))}
+
+
+def _added_later() -> dict[str, Any]:
+    """Config keys added after runs were made, with the default that gives the behaviour before them (every
+    experiment's named_when_set): a run that holds the default is a replicate of one made before the key."""
+    from scalecl.experiments import EXPERIMENTS
+
+    out: dict[str, Any] = {}
+    for spec in EXPERIMENTS.values():
+        out |= spec.experiment_class().named_when_set
+    return out
 
 
 def _config_id(r: dict, not_named: Sequence[str], pair: bool = False) -> str:

@@ -739,3 +739,15 @@ def test_plot_result_and_an_experiment_known_only_by_its_spec(tmp_path):
     assert str(broken / "metrics.jsonl") in again.skipped
     assert out / "table_bio2.csv" in again.removed and not (out / "table_bio2.csv").exists()
     assert {p.name for p in again.written} >= {"table_bio.csv"}
+
+
+def test_a_key_added_later_at_its_default_keeps_runs_in_one_replicate_group():
+    """A run made after `data.text_unit` existed (at its default, "line") and one made before it are replicates;
+    a run that set it otherwise is not."""
+    from scalecl.report.runs import _config_id
+
+    old = {"experiment": "cpt", "preset": "cpu", "method": "fft", "lr": 1e-4, "method_options": {},
+           "config": {"data": {"path": "x", "split": "train"}, "seed": 0}}
+    new = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "line"}, "seed": 1}}
+    para = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "paragraph"}, "seed": 0}}
+    assert _config_id(old, ()) == _config_id(new, ()) != _config_id(para, ())
