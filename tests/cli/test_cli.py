@@ -43,7 +43,7 @@ def test_upscale_writes_a_loadable_checkpoint(tmp_path):
     meta = json.loads((out / "scalecl.json").read_text())
     assert meta["method"] == "scale-adapt"
     assert meta["options"] == {"hidden_up": 32, "ffn_up": 16, "l_fp": 2, "collab": ["attn"],
-                               "init": ["svd", "zero"], "tau": 0.9, "router": "logit", "embed_init": "zero"}
+                               "init": ["svd", "zero"], "tau": 0.5, "router": "logit", "embed_init": "zero"}
     assert meta["base_config"]["hidden_size"] == 64
     m = load_model(out)
     assert m.config.hidden_size == 96 and m.scale_config.variant == "adapt"

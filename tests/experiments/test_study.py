@@ -96,7 +96,7 @@ BIO_FAST = ["--preset", "tiny", "--set", "stage1.steps=24", "--set", "stage2.ste
 
 def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     """A study value whose run already finished among the main runs (results/bio/<name>: the default Route run
-    is tau=0.9) is not trained again: the study folder gets a reference.json to it, `plot` reads the run through
+    is tau=0.5) is not trained again: the study folder gets a reference.json to it, `plot` reads the run through
     it, and a second study run trains nothing. A reference to a removed run is skipped with one line."""
     from scalecl.experiments.reports import BIO_REPORT
     from scalecl.report import Plot, load_runs
@@ -105,7 +105,7 @@ def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     r = runner.invoke(app, ["train-bio", "--method", "scale-route", *BIO_FAST, "--out", str(res / "bio"), *cache])
     assert r.exit_code == 0, r.output
     (main_run,) = [p.parent for p in (res / "bio").glob("*/result.json")]
-    study = ["study", "tau", "--values", "-1;0.9", *BIO_FAST, "--out", str(res / "studies"), *cache]
+    study = ["study", "tau", "--values", "-1;0.5", *BIO_FAST, "--out", str(res / "studies"), *cache]
     r = runner.invoke(app, study)
     assert r.exit_code == 0, r.output
     assert "refers to it (no copy)" in r.output
@@ -123,7 +123,7 @@ def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     assert sorted(p.stat().st_mtime_ns for p in (res / "studies").rglob("*") if p.is_file()) == before
     r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(tmp_path / "figs")])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, [*study[:3], "0.9", *study[4:], "--force"])  # --force trains a copy, which is read
+    r = runner.invoke(app, [*study[:3], "0.5", *study[4:], "--force"])  # --force trains a copy, which is read
     assert r.exit_code == 0 and (ref.parent / "result.json").is_file(), r.output
     assert ref.parent in set(load_runs(Plot.of(res), BIO_REPORT, study="tau")["dir"])
     for p in ref.parent.iterdir():
