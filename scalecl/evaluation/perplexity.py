@@ -26,7 +26,7 @@ from scalecl.compute.parallel import local, lockstep_padding
 LOGIT_BLOCK = 1 << 24  # float32 logits per head product when the loss runs by blocks of positions (64 MiB)
 # what the model's forward does to the head's output besides the head itself, per family (transformers 5): only
 # Gemma's final soft-cap. A family outside this table is scored from its whole logits.
-_HEAD_FAMILIES = ("gpt_neox", "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3_text")
+HEAD_FAMILIES = ("gpt_neox", "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3_text")
 
 
 def _dist() -> tuple[int, int]:
@@ -99,7 +99,7 @@ def _score(model: nn.Module, ids: torch.Tensor, autocast_dtype, stats, extra: di
             extra[k] = extra.get(k, 0.0) + v * n / ids.numel()
         return torch.tensor([nll, n], dtype=torch.float64, device=device)
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        logits = model(input_ids=ids).logits  # (B, T, V)
+        logits = model(input_ids=ids, use_cache=False).logits  # (B, T, V); no KV cache: nothing follows
     nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
     if stats is not None:
         mask = torch.ones(ids.shape, dtype=torch.bool, device=device)
@@ -110,9 +110,9 @@ def _score(model: nn.Module, ids: torch.Tensor, autocast_dtype, stats, extra: di
 
 def chunked_logits(model: nn.Module) -> bool:
     """Whether the loss can run by blocks of positions through the model's head: a family whose forward does
-    nothing to the head's output but Gemma's soft-cap (_HEAD_FAMILIES), with an output head."""
+    nothing to the head's output but Gemma's soft-cap (HEAD_FAMILIES), with an output head."""
     config = getattr(model, "config", None)
-    return getattr(config, "model_type", None) in _HEAD_FAMILIES and model.get_output_embeddings() is not None
+    return getattr(config, "model_type", None) in HEAD_FAMILIES and model.get_output_embeddings() is not None
 
 
 def logit_positions(rows: int, vocab: int, block: int = LOGIT_BLOCK) -> int:
@@ -159,7 +159,7 @@ def _blocked_nll(model: nn.Module, ids: torch.Tensor, positions: int, stats) -> 
 
     handle = head.register_forward_pre_hook(score_blocks)
     try:
-        logits = model(input_ids=ids).logits
+        logits = model(input_ids=ids, use_cache=False).logits  # no KV cache: a layer's K and V are freed
     finally:
         handle.remove()
     if out["nll"] is None:  # the head was not called with its input alone: its logits are whole

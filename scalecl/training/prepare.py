@@ -109,6 +109,8 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrit
                                f"nothing was written")
         tokenizer = _checkpoint_tokenizer(p)
         source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
+        if isinstance(meta.get("train_seq_len"), int):  # the merged model was trained at it too
+            source["train_seq_len"] = meta["train_seq_len"]
         return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,
                           overwrite=overwrite)
 
