@@ -282,7 +282,11 @@ def check_task_data(selection: TaskSelection, tm) -> None:
     (23 s and more) after the model has loaded. A task scored with an `evaluate` metric probes the hub too, so that
     `evaluate` does not retry either. With the hub reachable, lm-eval downloads what it needs."""
     tasks = list(_task_configs(selection, tm))
-    needs = {(path, cfg.get("dataset_name")): name for name, cfg in tasks if (path := _hub_dataset(cfg))}
+    needs = {}  # (dataset, config, its load arguments) -> the first task that reads it
+    for name, cfg in tasks:
+        if path := _hub_dataset(cfg):
+            kwargs = cfg.get("dataset_kwargs") if isinstance(cfg.get("dataset_kwargs"), dict) else {}
+            needs.setdefault((path, cfg.get("dataset_name"), json.dumps(kwargs, sort_keys=True, default=str)), name)
     metrics = any(isinstance(m, dict) and m.get("hf_evaluate") for _, cfg in tasks for m in cfg.get("metric_list") or [])
     if not needs and not metrics:
         return
@@ -294,11 +298,14 @@ def check_task_data(selection: TaskSelection, tm) -> None:
 
     missing: dict[str, tuple[str, str | None]] = {}  # dataset -> the first task that reads it, its config
     with quiet_libraries():
-        for (path, name), task in needs.items():
-            try:
-                datasets.load_dataset_builder(path, name)
+        for (path, name, kwargs), task in needs.items():
+            try:  # as lm-eval will load it: the same dataset, config and arguments
+                datasets.load_dataset_builder(path, name, **json.loads(kwargs))
             except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError):
                 missing.setdefault(path, (task, name))
+            except ValueError as e:  # cached, but not this config of it
+                if "Couldn't find cache" in str(e):
+                    missing.setdefault(path, (task, name))
             except Exception:  # anything else about the data is lm-eval's to report, as it always does
                 continue
     if missing:
@@ -355,8 +362,8 @@ def tokenizer_source(model_path: str | os.PathLike, tokenizer: str | None = None
             folder, base = found, _read_base(found)
             continue
         if found is not None:
-            return str(found), (f"tokenizer: {found} (the checkpoint has no tokenizer files; the base model recorded "
-                                f"in its scalecl.json has)")
+            return str(found), (f"tokenizer: {found}, the base model its scalecl.json records (the checkpoint has "
+                                f"no tokenizer)")
         break
     what = (f"looked for its recorded base {recorded!r} in {', '.join(tried)}" if tried else
             f"its recorded base ({recorded!r}) has none to give" if recorded else "it records no base model")
