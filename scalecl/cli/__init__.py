@@ -27,9 +27,10 @@ app = typer.Typer(
 @app.callback()
 def _global_options(
     offline: bool = typer.Option(
-        False, "--offline", help="Never contact the Hugging Face hub (the same as HF_HUB_OFFLINE=1): hub ids load "
-        "from the local cache or fail with one line. Without it an unreachable hub is noticed in at most 3 s "
-        "and the command goes offline by itself.", show_default=False),
+        False, "--offline", help="Never contact the Hugging Face hub (the same as HF_HUB_OFFLINE=1): models, "
+        "tokenizers, datasets and lm-eval's task data named by hub id load from the local cache or fail with one "
+        "line. Without it an unreachable hub is noticed by one probe of at most 3 s and the command goes offline "
+        "by itself.", show_default=False),
 ) -> None:
     if offline:
         from scalecl.common.hub import go_offline

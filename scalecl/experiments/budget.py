@@ -237,6 +237,14 @@ CPU_EFFICIENCY = 0.5
 GPU_MFU = 0.3  # assumed fraction of the GPU's dense peak
 
 
+# `eval-ppl`'s forward without gradients, measured (ru_maxrss less the resident set before it, tiny Llama and
+# GPT-NeoX models of d = 256-512, ffn = 4d, 8 x 512-2,048 tokens): 15-21 d floats per token for all its layers
+# together (a layer's tensors are freed before the next one runs), counted here as 4 d + 4 ffn (gated MLP) or
+# 4 d + 3 ffn; a block of logits: the head's product, the cross-entropy's log-softmax and its input's copy, 3 in
+# all (the whole-logits path measured 3.1 copies of 500 MiB)
+SCORE_WIDTHS, SCORE_FFNS, SCORE_LOGIT_COPIES = 4, 3, 3
+
+
 def train_logit_copies() -> int:
     """float32 copies of a training forward's logits the process holds at its peak: 4 alive at once (measured:
     4.1 after one step). With the allocator the `scalecl` command tunes (scalecl.compute.machine.tune_cpu_allocator: freed
@@ -264,10 +272,17 @@ class Phase(NamedTuple):
     tokens: int = 0  # tokens the phase processes in all (time)
     keys: tuple[str, ...] = ()  # the --set keys that shrink it
     glu: bool = False  # a gated MLP (Llama's SwiGLU) keeps three FFN-wide tensors per token, GPT-NeoX's two
+    # `eval-ppl`: the positions of one head product when the loss runs by blocks of positions (scalecl.evaluation.
+    # perplexity); 0: another phase. Such a phase has no optimizer and holds what SCORE_* say.
+    scoring: int = 0
 
     def parts(self) -> dict[str, int]:
         """Bytes of weights, gradients, AdamW state, activations and logits at the phase's peak."""
         tokens = self.rows * self.seq
+        if self.scoring:  # a forward without gradients, then the head and the loss by blocks of positions
+            per_token = SCORE_WIDTHS * self.width + (SCORE_FFNS + self.glu) * self.ffn
+            return {"weights": self.params * FLOAT, "activations": tokens * per_token * FLOAT * self.paths,
+                    "logits": self.rows * min(self.scoring, self.seq) * self.vocab * FLOAT * SCORE_LOGIT_COPIES}
         # floats a decoder layer keeps per token for the backward (inputs of its norms, projections, attention
         # and MLP; SDPA keeps no T x T matrix), measured with d=256, ffn=4d, 32 x 256 tokens: GPT-NeoX 20.9 d
         # (13 d + 2 ffn = 21 d), Llama 31.8 d (16 d + 4 ffn = 32 d). A forward without gradients keeps ~2 layers.
@@ -418,12 +433,14 @@ def check_fits(e: Estimate) -> None:
         return
     micro = next((k for k in e.phase.keys if k.endswith("micro_batch")), None)
     note = f" ({micro} below the batch keeps the batch: it accumulates)" if micro else ""
+    options = all(k.startswith("--") for k in e.phase.keys)  # a command's options (eval-ppl), not --set keys
     raise ScaleclError(f"this run needs about {_size(e.peak)} of {'GPU ' if e.baseline == 0 else ''}memory at its "
                        f"peak ({e.phase.name}: {e.phase.rows} x {e.phase.seq} tokens, logits "
                        f"{_size(e.phase.parts()['logits'])}; with the estimate's {round(100 * (MEMORY_MARGIN - 1))}% "
                        f"margin "
                        f"{_size(e.peak * MEMORY_MARGIN)}), more than the {_size(e.available)} available; shrink "
-                       f"it with --set {', '.join(e.phase.keys)}{note}, or set SCALECL_MEMORY_CHECK=0 to try anyway")
+                       f"it with {'' if options else '--set '}{', '.join(e.phase.keys)}{note}, or set "
+                       f"SCALECL_MEMORY_CHECK=0 to try anyway")
 
 
 def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: int) -> Estimate:

@@ -205,14 +205,15 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
         model = model_from_config(config, seed=rc.seed)
         info = {"wall_s": round(time.perf_counter() - t, 1), "final_loss": None, "steps": 0,
                 "params": sum(p.numel() for p in model.parameters()), "numerics": run.identity.get("numerics")}
-        run.finish(None, model, extra={"stage": info}, base_model="builtin (random initialisation, not pre-trained)")
+        run.finish(None, model, extra={"stage": info, "train_seq_len": rc.model.context},
+                   base_model="builtin (random initialisation, not pre-trained)")
         return info
     res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
               batches=RankBatches(chunks, rc.pretrain.batch), rt=Runtime(Dist(), rt.device, rt.progress, rt.say))
     info = stage_record(run, res, t, epochs_completed=chunks.epoch,
                         tokens=rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
                         params=sum(p.numel() for p in res.model.parameters()))
-    run.finish(None, res.model.cpu(), extra={"stage": info},
+    run.finish(None, res.model.cpu(), extra={"stage": info, "train_seq_len": rc.model.context},
                base_model="builtin (pre-trained on the stand-in's base corpus)")
     run.remove_checkpoints()  # its own checkpoints (anything else named like one stays)
     return info
@@ -463,8 +464,9 @@ class CptExperiment(ExperimentBase):
             return self.attach(self.load_base())
         return self.attach(method.apply(self.load_base()))
 
-    def save_kw(self) -> dict[str, Any]:
-        return {"base_model": self.base_source, "tokenizer": self.tokenizer}
+    def save_kw(self) -> dict[str, Any]:  # the length it trains at: eval-ppl's default (scalecl.experiments.eval_ppl)
+        return {"base_model": self.base_source, "tokenizer": self.tokenizer,
+                "extra": {"train_seq_len": self.rc.train.seq_len}}
 
     def batches(self, method: Method, rt: Runtime) -> RankBatches:
         rc = self.rc

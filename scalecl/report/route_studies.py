@@ -13,9 +13,9 @@ import pandas as pd
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
     Drawn,
-    _draw_mean,
     _band,
     _colors,
+    _draw_mean,
     _figure_legend,
     _has,
     _save_all,

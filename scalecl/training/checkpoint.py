@@ -443,6 +443,7 @@ _META_TYPES: dict[str, type | tuple] = {
     "base_model": (str, type(None)), "base_config": dict, "files": list, "written": dict, "digests": dict,
     "lora_base": str, "delta": dict,
     "stage": dict, "merged_from": str, "merged_method": (str, type(None)), "merged_options": dict,
+    "train_seq_len": int,  # the tokens per sequence it was trained at (train-cpt): eval-ppl's default length
 }
 
 

@@ -119,6 +119,8 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, base: st
             return save_model(model, out, method, base_model=meta.get("base_model"), tokenizer=tokenizer,
                               extra={"merged_from": str(p.resolve())}, overwrite=overwrite)
         source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}
+        if isinstance(meta.get("train_seq_len"), int):  # the merged model was trained at it too
+            source["train_seq_len"] = meta["train_seq_len"]
         return save_model(model, out, None, base_model=meta.get("base_model"), tokenizer=tokenizer, extra=source,
                           overwrite=overwrite)
 

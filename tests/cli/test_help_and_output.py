@@ -78,14 +78,21 @@ def test_offline_and_unreachable_hub_fail_in_one_quick_line(tmp_path):
 
 
 def test_hub_misses_of_datasets_and_tokenizers_are_one_quick_line(tmp_path, local):
-    """The same check before an eval-ppl dataset and an eval-harness tokenizer named by hub id."""
+    """The same check before an eval-ppl dataset and an eval-harness tokenizer named by hub id (on a local task:
+    a task's data on the hub is checked first, tests/evaluation/test_eval_offline.py)."""
     model = local / "llama"  # a saved tiny model with its tokenizer
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     env |= {"HF_ENDPOINT": "http://127.0.0.1:9"}
+    (tmp_path / "t.jsonl").write_text('{"q": "a", "choices": ["b", "c"], "label": 0}\n')
+    (tmp_path / "local_mc.yaml").write_text(
+        f"task: local_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 't.jsonl'}\n"
+        'output_type: multiple_choice\ntest_split: test\ndoc_to_text: "{{q}}"\ndoc_to_target: "{{label}}"\n'
+        'doc_to_choice: "{{choices}}"\n')
     for args, start in ((["eval-ppl", "--model", str(model), "--dataset", "nobody/no-data"],
                          "error: cannot open dataset nobody/no-data"),
-                        (["eval-harness", "--model", str(model), "--tasks", "arc_easy", "--tokenizer", "nobody/no-tok",
-                          "--out", str(tmp_path / "h")], "error: cannot load tokenizer nobody/no-tok")):
+                        (["eval-harness", "--model", str(model), "--tasks", str(tmp_path / "local_mc.yaml"),
+                          "--tokenizer", "nobody/no-tok", "--out", str(tmp_path / "h")],
+                         "error: cannot load tokenizer nobody/no-tok")):
         t0 = time.monotonic()
         res = subprocess.run([sys.executable, "-m", "scalecl_launch", *args], capture_output=True, text=True,
                              cwd=ROOT, timeout=300, env=env)

@@ -275,8 +275,8 @@ def test_harness_bootstrap_and_metric_overrides_are_checked():
     )
 
     with pytest.raises(ScaleclError, match="--bootstrap-iters"):
-        _check_settings(HarnessSettings(bootstrap_iters=-1), "float32")
-    _check_settings(HarnessSettings(bootstrap_iters=0), "float32")
+        _check_settings(HarnessSettings(bootstrap_iters=-1))
+    _check_settings(HarnessSettings(bootstrap_iters=0))
     sel = TaskSelection(("arc_easy", "kobest_boolq"), ())
     with pytest.raises(ScaleclError, match="'hellaswag'"):
         check_metric_overrides({"hellaswag": "acc"}, sel)

@@ -158,6 +158,14 @@ def test_tiny_preset_end_to_end_with_builtin_corpus_and_eval_ppl(tmp_path, monke
     res = runner.invoke(app, ["eval-ppl", "--model", str(checkpoint_dir(result, d)), "--dataset", str(corpus / "ko"),
                               "--split", "test", "--take", "30", "--seq-len", "64"])
     assert res.exit_code == 0 and res.stdout.startswith(f"ppl {ppl['ppl']:.4f}"), res.output
+    # without --seq-len: the length the run trained at, recorded in its checkpoint (the training's own number)
+    assert json.loads((checkpoint_dir(result, d) / "scalecl.json").read_text())["train_seq_len"] == 64
+    res = runner.invoke(app, ["eval-ppl", "--model", str(checkpoint_dir(result, d)), "--dataset", str(corpus / "ko"),
+                              "--split", "test", "--take", "30", "--json"])
+    assert res.exit_code == 0, res.output
+    default = json.loads(res.stdout)
+    assert default["seq_len"] == 64 and "trained at" in default["seq_len_from"] and default["ppl"] == ppl["ppl"]
+    assert "eval-ppl: 64 tokens per sequence (the length it was trained at" in res.stderr
 
 
 def _bad_cases(local: Path, tmp: Path):
