@@ -292,9 +292,11 @@ def check_task_data(selection: TaskSelection, tm) -> None:
         return
     from scalecl.common import hub
 
-    if not hub.hub_off(next(iter(needs))[0] if needs else "evaluate-metric/f1") or not needs:
-        return
+    off = hub.hub_off(next(iter(needs))[0] if needs else "evaluate-metric/f1")
     import datasets
+
+    if not needs or not (off or datasets.config.HF_HUB_OFFLINE):  # datasets' own flag: HF_DATASETS_OFFLINE=1
+        return
 
     missing: dict[str, tuple[str, str | None]] = {}  # dataset -> the first task that reads it, its config
     with quiet_libraries():
@@ -311,9 +313,11 @@ def check_task_data(selection: TaskSelection, tm) -> None:
     if missing:
         (path, (task, name)), *others = missing.items()
         what = f"{path} ({name})" if isinstance(name, str) else path
+        why = hub.miss_reason(path) or (f"{path} is not in the local Hugging Face cache, and datasets is offline "
+                                        f"(HF_DATASETS_OFFLINE=1)")
         more = (f"; {len(others)} more missing: {', '.join(p for p, _ in others[:4])}{', ...' if len(others) > 4 else ''}"
                 if others else "")
-        raise ScaleclError(f"task {task} reads the dataset {what}: {hub.miss_reason(path)}{more}; fill the cache on a "
+        raise ScaleclError(f"task {task} reads the dataset {what}: {why}{more}; fill the cache on a "
                            f"machine with internet first (docs/evaluation.md#offline)")
 
 

@@ -124,6 +124,14 @@ def test_the_tasks_data_is_looked_up_in_the_cache_before_the_model_loads(tmp_pat
     with pytest.raises(ScaleclError, match=r"^task arc_easy reads the dataset allenai/ai2_arc \(ARC-Easy\).*; 1 more "
                                            r"missing: skt/kobest_v1; fill the cache"):
         check_task_data(*resolve_tasks("arc_easy,kobest_copa"))
+    # the hub reachable, but datasets offline by its own flag (HF_DATASETS_OFFLINE=1): checked all the same
+    monkeypatch.setattr(hub, "hub_off", lambda name: False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setitem(hub._STATE, "unreachable", False)
+    with pytest.raises(ScaleclError, match=r"not in the local Hugging Face cache, and datasets is offline"):
+        check_task_data(*resolve_tasks("kobest_copa"))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # online: lm-eval downloads what it needs
+    check_task_data(*resolve_tasks("kobest_copa"))
 
 
 @pytest.mark.slow
