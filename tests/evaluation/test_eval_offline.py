@@ -117,6 +117,7 @@ def test_the_tasks_data_is_looked_up_in_the_cache_before_the_model_loads(tmp_pat
         monkeypatch.setattr(module, flag, True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     monkeypatch.setattr(hub, "hub_off", lambda name: True)
+    monkeypatch.setitem(hub._STATE, "unreachable", False)  # offline by the setting (an earlier probe may have run)
     check_task_data(*resolve_tasks("kobest_boolq"))
     with pytest.raises(ScaleclError, match=r"^task kobest_copa reads the dataset skt/kobest_v1 \(copa\): "
                                            r"skt/kobest_v1 is not .* hub access is off"):
@@ -127,7 +128,6 @@ def test_the_tasks_data_is_looked_up_in_the_cache_before_the_model_loads(tmp_pat
     # the hub reachable, but datasets offline by its own flag (HF_DATASETS_OFFLINE=1): checked all the same
     monkeypatch.setattr(hub, "hub_off", lambda name: False)
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setitem(hub._STATE, "unreachable", False)
     with pytest.raises(ScaleclError, match=r"not in the local Hugging Face cache, and datasets is offline"):
         check_task_data(*resolve_tasks("kobest_copa"))
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # online: lm-eval downloads what it needs
