@@ -155,12 +155,13 @@ def test_tasks_resolve_from_the_folders_that_mention_them_as_in_the_full_index()
     group and a tag."""
     from lm_eval.tasks._index import Kind
 
-    from scalecl.evaluation.harness import _full_task_manager, _subset_task_manager
+    from scalecl.evaluation.harness import _full_task_manager
+    from scalecl.evaluation.harness_tasks import subset_task_manager
 
     full = _full_task_manager(()).task_index
     for names in (["kobest_boolq", "kobest_copa", "kobest_hellaswag"],
                   ["arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2", "winogrande"], ["ai2_arc", "arc_easy"]):
-        sub = _subset_task_manager(names, []).task_index
+        sub = subset_task_manager(names, []).task_index
         todo, seen = list(names), set()
         while todo:
             name = todo.pop()
