@@ -211,3 +211,20 @@ def test_a_checkpoint_without_tokenizer_takes_its_recorded_bases(local, tmp_path
     assert res.exit_code == 2 and len(lines) == 1, res.output
     assert lines[0].startswith(f"error: no tokenizer files in {tmp_path / 'wide'} and looked for its recorded base "
                                f"'llama' in {tmp_path / 'wide' / 'llama'}, {tmp_path / 'llama'}") and "--tokenizer" in lines[0]
+
+
+def test_merge_keeps_the_training_length(tmp_path):
+    """A LoRA run's checkpoint merged into a plain model was trained at the same length: its record keeps it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from scalecl.cli import app
+    from scalecl.training.checkpoint import save_model
+
+    lora = get_method("lora", rank=4)
+    model = lora.apply(model_from_config(tiny_config("llama", vocab_size=97), seed=0))
+    save_model(model, tmp_path / "lora", lora, base_model="random:llama", extra={"train_seq_len": 24})
+    res = CliRunner().invoke(app, ["merge", "--model", str(tmp_path / "lora"), "--out", str(tmp_path / "merged")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "merged" / "scalecl.json").read_text())["train_seq_len"] == 24
