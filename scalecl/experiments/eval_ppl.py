@@ -16,7 +16,7 @@ from scalecl.common.files import OwnedFiles, check_path_length, check_writable_d
 from scalecl.compute.machine import pick_device, provenance
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import check_corpus, eval_chunks, wrap_warning
-from scalecl.evaluation.harness import load_eval_tokenizer
+from scalecl.evaluation.checkpoint_tokenizer import load_eval_tokenizer
 from scalecl.evaluation.perplexity import HEAD_FAMILIES, LOGIT_BLOCK, logit_positions, perplexity
 from scalecl.experiments.budget import Estimate, Phase, check_fits, describe, estimate, phase
 from scalecl.experiments.config import CorpusConfig, CptRunConfig

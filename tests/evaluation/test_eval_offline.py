@@ -117,6 +117,7 @@ def test_the_tasks_data_is_looked_up_in_the_cache_before_the_model_loads(tmp_pat
         monkeypatch.setattr(module, flag, True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     monkeypatch.setattr(hub, "hub_off", lambda name: True)
+    monkeypatch.setitem(hub._STATE, "unreachable", False)  # offline by the setting (an earlier probe may have run)
     check_task_data(*resolve_tasks("kobest_boolq"))
     with pytest.raises(ScaleclError, match=r"^task kobest_copa reads the dataset skt/kobest_v1 \(copa\): "
                                            r"skt/kobest_v1 is not .* hub access is off"):
@@ -124,6 +125,13 @@ def test_the_tasks_data_is_looked_up_in_the_cache_before_the_model_loads(tmp_pat
     with pytest.raises(ScaleclError, match=r"^task arc_easy reads the dataset allenai/ai2_arc \(ARC-Easy\).*; 1 more "
                                            r"missing: skt/kobest_v1; fill the cache"):
         check_task_data(*resolve_tasks("arc_easy,kobest_copa"))
+    # the hub reachable, but datasets offline by its own flag (HF_DATASETS_OFFLINE=1): checked all the same
+    monkeypatch.setattr(hub, "hub_off", lambda name: False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(ScaleclError, match=r"not in the local Hugging Face cache, and datasets is offline"):
+        check_task_data(*resolve_tasks("kobest_copa"))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # online: lm-eval downloads what it needs
+    check_task_data(*resolve_tasks("kobest_copa"))
 
 
 @pytest.mark.slow
@@ -147,12 +155,13 @@ def test_tasks_resolve_from_the_folders_that_mention_them_as_in_the_full_index()
     group and a tag."""
     from lm_eval.tasks._index import Kind
 
-    from scalecl.evaluation.harness import _full_task_manager, _subset_task_manager
+    from scalecl.evaluation.harness import _full_task_manager
+    from scalecl.evaluation.harness_tasks import subset_task_manager
 
     full = _full_task_manager(()).task_index
     for names in (["kobest_boolq", "kobest_copa", "kobest_hellaswag"],
                   ["arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2", "winogrande"], ["ai2_arc", "arc_easy"]):
-        sub = _subset_task_manager(names, []).task_index
+        sub = subset_task_manager(names, []).task_index
         todo, seen = list(names), set()
         while todo:
             name = todo.pop()

@@ -96,6 +96,7 @@ def big_head(local, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_estimate_is_close_to_the_measured_peak(big_head, tmp_path):
     """The `estimate:` line against the peak resident memory of the process (ru_maxrss): within 1/1.3 and 1.5 of it
     (measured here: 847-1,040 MiB over five runs of the same command, estimated 836-840 MiB; the process's own
@@ -210,3 +211,20 @@ def test_a_checkpoint_without_tokenizer_takes_its_recorded_bases(local, tmp_path
     assert res.exit_code == 2 and len(lines) == 1, res.output
     assert lines[0].startswith(f"error: no tokenizer files in {tmp_path / 'wide'} and looked for its recorded base "
                                f"'llama' in {tmp_path / 'wide' / 'llama'}, {tmp_path / 'llama'}") and "--tokenizer" in lines[0]
+
+
+def test_merge_keeps_the_training_length(tmp_path):
+    """A LoRA run's checkpoint merged into a plain model was trained at the same length: its record keeps it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from scalecl.cli import app
+    from scalecl.training.checkpoint import save_model
+
+    lora = get_method("lora", rank=4)
+    model = lora.apply(model_from_config(tiny_config("llama", vocab_size=97), seed=0))
+    save_model(model, tmp_path / "lora", lora, base_model="random:llama", extra={"train_seq_len": 24})
+    res = CliRunner().invoke(app, ["merge", "--model", str(tmp_path / "lora"), "--out", str(tmp_path / "merged")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "merged" / "scalecl.json").read_text())["train_seq_len"] == 24
