@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from shapes import LLAMA_1B, SMOLLM2  # benchmarks/shapes.py
 from transformers import AutoConfig
 
 from scalecl.methods import get_method
@@ -33,10 +34,6 @@ from scalecl.models.build import model_from_config
 from scalecl.training.checkpoint import load_model, save_model
 from scalecl.training.delta import skeleton_split, unique_state
 
-LLAMA_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, tie_word_embeddings=True)
-SMOLLM2 = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-               num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True)
 TINY = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
 PAPER_METHODS = {"freeze": {"k": 3}, "llama-pro": {"n": 4}, "scale-preserve": {"hidden_up": 256, "ffn_up": 1024},

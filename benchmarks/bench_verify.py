@@ -20,15 +20,12 @@ import time
 from pathlib import Path
 
 import torch
+from shapes import LLAMA_1B, SMOLLM2  # benchmarks/shapes.py
 
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config
 from scalecl.training.checkpoint import damage, load_model, save_model
 
-LLAMA_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, tie_word_embeddings=True)
-SMOLLM2 = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-               num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True)
 PYTHIA_CPU = dict(model_type="gpt_neox", vocab_size=1045, hidden_size=256, intermediate_size=1024, num_hidden_layers=8,
                   num_attention_heads=8, max_position_embeddings=512)
 CASES = {  # name: (base config, SCALE-Route widening)
