@@ -393,3 +393,16 @@ def config_hash(*parts: Any, n: int = 10) -> str:
     """Stable short hash of JSON-able parts (dataclasses are converted)."""
     blob = json.dumps([asdict(p) if is_dataclass(p) else p for p in parts], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:n]
+
+
+def named_dict(config: dict[str, Any], not_named: typing.Iterable[str], when_set: typing.Mapping[str, Any]) -> dict[str, Any]:
+    """`config` without the `not_named` keys and without each key of `when_set` that holds its default there."""
+    def value(path: str) -> Any:
+        d: Any = config
+        for k in path.split("."):
+            if not isinstance(d, dict) or k not in d:
+                return None
+            d = d[k]
+        return d
+
+    return without(config, [*not_named, *(k for k, default in when_set.items() if value(k) == default)])

@@ -21,7 +21,7 @@ from scalecl.common.consoles import make_console
 from scalecl.common.errors import Busy, ScaleclError
 from scalecl.common.files import set_aside
 from scalecl.common.locks import locked
-from scalecl.common.schema import config_hash, numerics_key, seed_key, seed_tag, without
+from scalecl.common.schema import config_hash, named_dict, numerics_key, seed_key, seed_tag
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
 from scalecl.methods import Method
 from scalecl.training.checkpoint import damage, read_meta
@@ -42,19 +42,6 @@ class Paths:
     # folders of finished runs this sweep may compare with besides `out` (a study: the main runs, whose FFT run
     # of the same base its end-of-run table shows)
     shared: tuple[Path, ...] = ()
-
-
-def named_dict(config: dict[str, Any], not_named: Sequence[str], when_set: dict[str, Any]) -> dict[str, Any]:
-    """`config` without the `not_named` keys and without each key of `when_set` that holds its default there."""
-    def value(path: str) -> Any:
-        d: Any = config
-        for k in path.split("."):
-            if not isinstance(d, dict) or k not in d:
-                return None
-            d = d[k]
-        return d
-
-    return without(config, [*not_named, *(k for k, default in when_set.items() if value(k) == default)])
 
 
 def micro_split(batch: int, micro_batch: int, world: int) -> tuple[int, int]:

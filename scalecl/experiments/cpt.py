@@ -35,7 +35,7 @@ from transformers import AutoConfig
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
-from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
+from scalecl.common.schema import config_hash, named_dict, numerics_key, run_stream_seed
 from scalecl.compute.machine import run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
@@ -59,7 +59,6 @@ from scalecl.experiments.base import (
     adopt_entry,
     cached_stage,
     micro_split,
-    named_dict,
     path_key,
     stage_record,
     stage_run,

@@ -13,6 +13,10 @@ from scalecl.report.spec import FrontierSpec, ReportSpec
 from scalecl.report.studies import study_label
 from scalecl.training.record import NUMBER
 
+# Keys added after runs were made, at the default that behaves as before them, of either experiment: runs of
+# one experiment that share a config section with the other (model.vocab) group the same way in both.
+ADDED_LATER = {**BioExperiment.named_when_set, **CptExperiment.named_when_set}
+
 # (column, where in result.json, questions behind one value: for a binomial SE, or None)
 BIO_METRICS = (("task0_start", "summary.task0_start", slice_questions),
                ("task0_min", "summary.task0_min", slice_questions),
@@ -75,6 +79,7 @@ BIO_REPORT = ReportSpec(
     study_label=option_label,
     fields={"priors.task0_heldout": dict},
     not_named=BioExperiment.not_named,
+    named_when_set=ADDED_LATER,
 )
 
 CPT_REPORT = ReportSpec(
@@ -102,4 +107,5 @@ CPT_REPORT = ReportSpec(
             "config.data.path": str, "config.model.tie_embeddings": bool, "method_options.embed_init": str,
             "method_options.init": list, "method_options.collab": list},
     not_named=CptExperiment.not_named,
+    named_when_set=ADDED_LATER,
 )

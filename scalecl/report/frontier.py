@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -48,10 +47,10 @@ def _threshold_column(threshold: float) -> str:
     return f"task0_at_task1_{round(100 * threshold)}"
 
 
-def _frontier_config(r: dict, not_named: Sequence[str]) -> dict:
-    """What a frontier line's runs share: the config without seeds, what run names leave out (`not_named`),
+def _frontier_config(r: dict, spec: ReportSpec) -> dict:
+    """What a frontier line's runs share: the config without seeds, what run names leave out (spec.not_named),
     method tables and the stage-3 rate."""
-    rest = {k: v for k, v in _config_rest(r, not_named, pair=True).items() if k not in METHOD_KEYS}
+    rest = {k: v for k, v in _config_rest(r, spec, pair=True).items() if k not in METHOD_KEYS}
     if isinstance(rest.get("stage3"), dict):
         rest["stage3"] = {k: v for k, v in rest["stage3"].items() if k != "lr"}
     return rest
@@ -78,24 +77,24 @@ def frontier_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
     runs = runs[ok].copy() if len(runs) else runs
     if runs.empty:
         return runs
-    runs["front"] = [_short_hash([spec.name, r["preset"], _frontier_config(r, spec.not_named)]) for r in runs["result"]]
+    runs["front"] = [_short_hash([spec.name, r["preset"], _frontier_config(r, spec)]) for r in runs["result"]]
     runs["line"] = [_short_hash([f, r["method"], r.get("method_options") or {}] + _unverified_part(r))
                     for f, r in zip(runs["front"], runs["result"], strict=True)]
     runs["lr"] = [float(r["lr"]) for r in runs["result"]]
     runs["point"] = runs["line"] + runs["lr"].map(lambda v: f"@{v:.6g}")
     newest = runs.sort_values("date", kind="stable").drop_duplicates(["point", "base_seed", "run_seed"], keep="last")
     runs = runs.loc[[i for i in runs.index if i in newest.index]]
-    runs["setting"] = _frontier_settings(runs, spec.not_named)
+    runs["setting"] = _frontier_settings(runs, spec)
     runs["line_label"] = [group_label(row) for _, row in runs.iterrows()]
     return runs.sort_values(["preset", "order", "setting", "lr"], kind="stable").reset_index(drop=True)
 
 
-def _frontier_settings(runs: pd.DataFrame, not_named: Sequence[str], most: int = 4) -> pd.Series:
+def _frontier_settings(runs: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
     """Per run, what tells its frontier line from the preset's others: config keys that differ across the
     preset's lines and method options that differ across the method's lines ('' if none)."""
     labels = {}
     for _, g in runs.drop_duplicates("line").groupby("preset", sort=False):
-        fronts = {row["front"]: _flat(_frontier_config(row["result"], not_named)) for _, row in g.iterrows()}
+        fronts = {row["front"]: _flat(_frontier_config(row["result"], spec)) for _, row in g.iterrows()}
         keys = _varying(list(fronts.values()))
         for _, row in g.iterrows():
             same = [_flat(r.get("method_options") or {}) for r in g[g["method"] == row["method"]]["result"]]

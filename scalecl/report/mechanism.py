@@ -69,7 +69,7 @@ def _mechanism_groups(plot: Plot, spec: ReportSpec) -> list[tuple[pd.DataFrame, 
     runs = route_runs(plot, spec)
     if runs.empty:
         return []
-    runs["group"] = [_config_id(r, spec.not_named) for r in runs["result"]]
+    runs["group"] = [_config_id(r, spec) for r in runs["result"]]
     runs = runs.sort_values("date", kind="stable").drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
     out = []
     for _, g in runs.groupby("group", sort=False):

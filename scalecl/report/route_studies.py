@@ -125,7 +125,7 @@ def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict, bases: set[int] | Non
             ffts = ffts[ffts["base_seed"].isin(bases)]
         for _, row in ffts.iterrows():
             (found if _trained_like(row["result"], r0) else other).append({**row, "where": where,
-                                                                           "group": _config_id(row["result"], spec.not_named)})
+                                                                           "group": _config_id(row["result"], spec)})
     if not found:
         return None, (f" The FFT runs of preset '{r0['preset']}' ({', '.join(Path(x['dir']).name for x in other)}) "
                       f"trained on other data, steps or vocabulary rows; no reference drawn." if other else

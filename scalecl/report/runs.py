@@ -9,7 +9,6 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pandas as pd
 from scalecl.common.errors import ScaleclError
 from scalecl.common.files import OwnedFiles, proves
 from scalecl.common.readers import read_json, read_jsonl
-from scalecl.common.schema import without
+from scalecl.common.schema import named_dict, without
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
@@ -174,14 +173,14 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
                 continue
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
-                         "run_seed": seeds[1], "group": _config_id(r, spec.not_named) if study is None else str(f.parent),
-                         "pair": _config_id(r, spec.not_named, pair=True), "base_build": _base_build(r)})
+                         "run_seed": seeds[1], "group": _config_id(r, spec) if study is None else str(f.parent),
+                         "pair": _config_id(r, spec, pair=True), "base_build": _base_build(r)})
     if not rows:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
         df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
-    df["setting"] = _settings(df, spec.not_named) if study is None else [marked("", r) for r in df["result"]]
+    df["setting"] = _settings(df, spec) if study is None else [marked("", r) for r in df["result"]]
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
@@ -249,33 +248,21 @@ def seeds_of(r: dict) -> tuple[int, int] | None:
     return seeds if all(isinstance(v, int) and not isinstance(v, bool) for v in seeds) else None
 
 
-def _config_rest(r: dict, not_named: Sequence[str], pair: bool = False) -> dict:
-    """The config a replicate group shares: without its seeds and without `not_named`, the keys a run's name
-    leaves out (its experiment's ExperimentBase.not_named): checkpointing and the compute options (thread count,
-    device options), which cannot change its numbers beyond float rounding, and the per-method tables, whose
-    entry for the run _config_id adds as its options and rate. pair=True: also without any per-method table."""
-    from scalecl.experiments.base import named_dict
-
+def _config_rest(r: dict, spec: ReportSpec, pair: bool = False) -> dict:
+    """The config a replicate group shares: without its seeds and without the keys a run's name leaves out
+    (spec.not_named: checkpointing and the compute options, which cannot change its numbers beyond float
+    rounding, and the per-method tables, whose entry for the run _config_id adds as its options and rate), nor
+    a key added later that holds its default (spec.named_when_set). pair=True: also without any per-method
+    table."""
     cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
-    rest = named_dict(without(cfg, (*SEED_KEYS, *not_named)), (), _added_later())
+    rest = named_dict(without(cfg, SEED_KEYS), spec.not_named, spec.named_when_set)
     return {k: v for k, v in rest.items() if not (pair and k in METHOD_KEYS and isinstance(v, dict))}
 
 
-def _added_later() -> dict[str, Any]:
-    """Config keys added after runs were made, with the default that gives the behaviour before them (every
-    experiment's named_when_set): a run that holds the default is a replicate of one made before the key."""
-    from scalecl.experiments import EXPERIMENTS
-
-    out: dict[str, Any] = {}
-    for spec in EXPERIMENTS.values():
-        out |= spec.experiment_class().named_when_set
-    return out
-
-
-def _config_id(r: dict, not_named: Sequence[str], pair: bool = False) -> str:
+def _config_id(r: dict, spec: ReportSpec, pair: bool = False) -> str:
     """A short hash of a run's replicate group (pair=False: its run name without seeds and numerics) or of the
     base it shares with other methods (pair=True)."""
-    ident = [r["experiment"], r["preset"], _config_rest(r, not_named, pair)]
+    ident = [r["experiment"], r["preset"], _config_rest(r, spec, pair)]
     if not pair:
         ident += [r["method"], r.get("method_options") or {}, r.get("lr")]
         ident += [UNVERIFIED] if r.get(UNVERIFIED) else []  # never a replicate of runs that are proven
@@ -300,13 +287,13 @@ def _varying(flats: list[dict[str, str]]) -> list[str]:
     return [k for k in keys if len({f.get(k) for f in flats}) > 1]
 
 
-def _settings(df: pd.DataFrame, not_named: Sequence[str], most: int = 4) -> pd.Series:
+def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
     """Per run, what tells its replicate group from the others of its preset: the config keys that differ
     across the preset's groups and the method options that differ across the method's groups ('' if none)."""
     labels: dict[str, str] = {}
     firsts = df.drop_duplicates("group")
     for _, g in firsts.groupby("preset", sort=False):
-        shared = {row["group"]: _flat(_config_rest(row["result"], not_named, pair=True)) for _, row in g.iterrows()}
+        shared = {row["group"]: _flat(_config_rest(row["result"], spec, pair=True)) for _, row in g.iterrows()}
         opts = {row["group"]: _flat(row["result"].get("method_options") or {}) for _, row in g.iterrows()}
         keys = _varying(list(shared.values()))
         for _, row in g.iterrows():

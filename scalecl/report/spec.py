@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # (column, result.json dotted path, questions behind one value (a binomial SE) or None)
 Metric = tuple[str, str, Callable[[dict], int | None] | None]
@@ -48,7 +49,9 @@ class ReportSpec:
     fields: the type of each further result.json key its captions and labels read (dotted path -> type; the
     paths above are numbers unless declared here), checked before a run is used;
     not_named: the config keys its run names leave out (its ExperimentBase.not_named), left out of replicate
-    groups too: runs that differ only there (and in their seeds) are replicates of one setting.
+    groups too: runs that differ only there (and in their seeds) are replicates of one setting;
+    named_when_set: config keys added after runs were made, with the default that behaves as before them (its
+    ExperimentBase.named_when_set): a run holding the default is a replicate of one made before the key.
     """
 
     name: str
@@ -70,3 +73,4 @@ class ReportSpec:
     study_variant: Callable[[dict], str] | None = None
     fields: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
     not_named: tuple[str, ...] = ()
+    named_when_set: Mapping[str, Any] = field(default_factory=dict)

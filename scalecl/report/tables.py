@@ -128,7 +128,7 @@ def paired_table(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.D
     `study`: among that study's runs, grouped as main runs are (method, options, config outside the seeds)."""
     runs, rows = load_runs(plot, spec, study=study), []
     if study is not None and len(runs):
-        runs["group"] = [_config_id(r, spec.not_named) for r in runs["result"]]
+        runs["group"] = [_config_id(r, spec) for r in runs["result"]]
         runs["setting"] = [_study_setting(spec, study, r) for r in runs["result"]]  # names each group's value
     for _, share in runs.groupby("pair", sort=False):
         reps = replicate_groups(share)

@@ -106,7 +106,7 @@ def _train_log_lines(plot: Plot, spec: ReportSpec, runs: pd.DataFrame, study: st
         same = [line for line in lines if (line[0], line[2]) == (panel, label)]
         if len(same) < 2:
             continue
-        flats = [_flat({**_config_rest(line[1].iloc[0]["result"], spec.not_named),
+        flats = [_flat({**_config_rest(line[1].iloc[0]["result"], spec),
                         "options": line[1].iloc[0]["result"].get("method_options") or {}}) for line in same]
         keys = _varying(flats)
         for line, flat in zip(same, flats, strict=True):

@@ -431,7 +431,9 @@ def test_committed_results_still_plot(tmp_path):
     r = runner.invoke(app, ["plot", "--results", str(results), "--out", str(out)])
     assert r.exit_code == 0, r.output
     bio = pd.read_csv(out / "table_bio.csv")
-    assert len(bio) == len(bio[["method", "lr"]].drop_duplicates()) and (bio["n"] >= 1).all()  # group = rate
+    # a group is a method at one rate and one setting (SCALE-Route at 1e-3 twice: tau 0.5 and the former 0.9)
+    assert len(bio) == len(bio[["method", "lr", "setting"]].drop_duplicates()) and (bio["n"] >= 1).all()
+    assert len(bio) == bio["group"].nunique()
     assert all(i == interval_note(1) if n == 1 else i.startswith(f"t over {n} ")
                for i, n in zip(bio["interval"], bio["n"], strict=True))
     assert (bio["task0_full_end_ci_lo"].isna() == (bio["n"] < 2)).all()
@@ -458,7 +460,7 @@ def test_replicate_groups_leave_out_what_run_names_leave_out():
                            "methods": {}} | config}
 
     def group(r, pair=False):
-        return _config_id(r, BIO_REPORT.not_named, pair=pair)
+        return _config_id(r, BIO_REPORT, pair=pair)
 
     new = result(2)
     for same in (result(1, compute={"threads": None, "tf32": True}), result(1, compute={"threads": 2, "tf32": False}),

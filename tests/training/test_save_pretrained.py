@@ -106,7 +106,7 @@ def test_save_model_refuses_a_method_the_model_was_not_built_with(tmp_path):
     model = upscale(make_base("llama-gqa-tied"), ScaleConfig(variant="route", **SCALE_OPTS))
     for wrong, phrase in ((get_method("scale-adapt", **SCALE_OPTS), "variant 'adapt'"),
                           (get_method("scale-route", hidden_up=64, ffn_up=16), "hidden_up 64"),
-                          (get_method("scale-route", **SCALE_OPTS, tau=0.5), "tau 0.5")):
+                          (get_method("scale-route", **SCALE_OPTS, tau=0.25), "tau 0.25")):
         with pytest.raises(ScaleclError, match=f"does not match the model.*{phrase}"):
             save_model(model, tmp_path / "ck", wrong)
         assert not (tmp_path / "ck").exists()
