@@ -431,14 +431,14 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
     assert len(fig.axes) == 2
     assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting: old-domain perplexity",
                                                    "(b) learning: new-domain perplexity"]
-    names = ["FFT", "LLaMA Pro", "SCALE-Preserve", "SCALE-Adapt", "SCALE-Route"]  # method order
+    names = [f"{m} [lr=0.001]" for m in ("FFT", "LLaMA Pro", "SCALE-Preserve", "SCALE-Adapt", "SCALE-Route")]
     for ax, key in zip(fig.axes, ("old", "new"), strict=True):
-        assert labels(ax) == names
+        assert labels(ax) == names  # method order, each with its rate
         assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_yscale()) == ("training step", "perplexity (log scale)",
                                                                        "log")
-        fft = line(ax, "FFT")  # drawn over the others, thick and dashed: methods close to it cannot hide it
+        fft = line(ax, "FFT [lr=0.001]")  # drawn over the others, thick: methods close to it cannot hide it
         assert fft.get_zorder() > max(ln.get_zorder() for ln in ax.get_lines() if ln is not fft)
-        assert fft.get_linewidth() > 2 and fft.get_linestyle() == "--"
+        assert fft.get_linewidth() > 2 and fft.get_marker() == "o"
         for ln, method in zip(ax.get_lines(), [m for m in METHOD_ORDER if m in old], strict=True):
             assert xs(ln) == [0, 10, 20]
             assert ys(ln) == pytest.approx(old[method] if key == "old" else (50.0, 20.0, 15.0))
@@ -449,7 +449,8 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
     assert (ax_cos.get_title(), ax_ppl.get_title()) == ("(a) representation forgetting",
                                                         "(b) forgetting perplexity (old domain)")
     assert ax_cos.get_ylabel() == "cosine of final hidden states (step 0 vs now)"
-    width_depth = ["Depth (LLaMA Pro)", "Width (Preserve)", "Width (Adapt), l_fp=2"]  # no FFT, no Route
+    width_depth = ["Depth (LLaMA Pro) [lr=0.001]", "Width (Preserve) [lr=0.001]",
+                   "Width (Adapt), l_fp=2 [lr=0.001]"]  # no FFT, no Route
     for ax in (ax_cos, ax_ppl):
         assert labels(ax) == width_depth and texts(ax.get_legend()) == width_depth
         assert ax.get_xlabel() == "training step"
@@ -457,6 +458,38 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
         assert ys(ln) == pytest.approx([1.0, 0.99, 0.98])  # the run's rep_cos
     assert [ys(ln) for ln in ax_ppl.get_lines()] == [
         pytest.approx(old[m]) for m in ("llama-pro", "scale-preserve", "scale-adapt")]
+
+
+def test_fig9_and_fig4_colour_the_method_and_style_the_rate(tmp_path, drawn):
+    """Three rates of one method are told apart: one colour per method, one line style per rate (lowest solid),
+    and the legend names both."""
+    from scalecl.report.draw import COLORS
+
+    rates = {"fft": (3e-5, 1e-4, 3e-4), "scale-adapt": (1e-3, 3e-4), "llama-pro": (1e-3,)}
+    for method, lrs in rates.items():
+        for lr in lrs:
+            d = fake_cpt_run(tmp_path, method, {"l_fp": 2} if method == "scale-adapt" else {}, tag=f"{lr:g}")
+            r = json.loads((d / "result.json").read_text())
+            r["lr"] = lr
+            write_result(d, r)
+    fig = drawn(draw_fig9(Plot.of(tmp_path), CPT_REPORT))["fig9_cpt_cpu"]
+    want = {"FFT [lr=3e-05]": ("fft", "-"), "FFT [lr=0.0001]": ("fft", "--"), "FFT [lr=0.0003]": ("fft", "-."),
+            "LLaMA Pro [lr=0.001]": ("llama-pro", "-"), "SCALE-Adapt [lr=0.0003]": ("scale-adapt", "-"),
+            "SCALE-Adapt [lr=0.001]": ("scale-adapt", "--")}
+    for ax in fig.axes:
+        assert sorted(labels(ax)) == sorted(want)
+        for name, (method, ls) in want.items():
+            assert (line(ax, name).get_color(), line(ax, name).get_linestyle()) == (COLORS[method], ls), name
+    assert sorted(texts(fig.axes[1].get_legend())) == sorted(want)
+    assert "line style: its learning rate" in caption(fig)
+
+    fig = drawn(draw_fig4(Plot.of(tmp_path), CPT_REPORT))["fig4_width_vs_depth_cpu"]
+    for ax in fig.axes:
+        slow, fast = line(ax, "Width (Adapt), l_fp=2 [lr=0.0003]"), line(ax, "Width (Adapt), l_fp=2 [lr=0.001]")
+        assert slow.get_color() == fast.get_color() == COLORS["scale-adapt"]
+        assert (slow.get_linestyle(), fast.get_linestyle()) == ("-", "--")
+        assert texts(ax.get_legend()) == labels(ax)
+    assert "line style: its learning rate" in caption(fig)
 
 
 def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
