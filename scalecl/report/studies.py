@@ -12,7 +12,15 @@ from matplotlib.figure import Figure
 
 from scalecl.report.context import Plot
 from scalecl.report.cpt import embedding_variant
-from scalecl.report.draw import Drawn, _band, _save_all, _with_inputs, pool_replicates
+from scalecl.report.draw import (
+    Drawn,
+    _band,
+    _pooled_metrics,
+    _save_all,
+    _with_inputs,
+    pool_replicates,
+    unit_frames,
+)
 from scalecl.report.registry import figure
 from scalecl.report.runs import _metrics_with, inputs_text, load_runs, marked
 from scalecl.report.settings import l_fp_text
@@ -52,12 +60,13 @@ def study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
 STUDY_TABLES = {"init": "table_fig5_init", "l_fp": "table_fig6_l_fp", "collab": "table_fig7_collab"}
 
 
-def _study_caption(fig: Figure, plot: Plot, spec: ReportSpec, study: str, df: pd.DataFrame, note: str = "") -> Figure:
-    """Caption a study's figure (method + run settings) and lay it out."""
+def _study_caption(fig: Figure, plot: Plot, spec: ReportSpec, study: str, df: pd.DataFrame, note: str = "",
+                   more: str = "") -> Figure:
+    """Caption a study's figure (method + run settings, then `more`) and lay it out."""
     runs = load_runs(plot, spec, study=study)
     r0 = runs.iloc[0]["result"]
-    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0), ha="center", va="top", fontsize=8,
-             wrap=True)
+    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0) + (f"\n{more}" if more else ""),
+             ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
     return _with_inputs(fig, runs, f"study '{study}': one line or point per run")
 
@@ -148,18 +157,42 @@ def fig7(plot: Plot, spec: ReportSpec) -> list[Path]:
 
 
 def draw_fig7(plot: Plot, spec: ReportSpec) -> Drawn:
-    """Paper Fig. 7: old-domain perplexity against the upscaled weights' norm, a line per collab setting."""
+    """Paper Fig. 7: old-domain perplexity against the upscaled weights' norm, a line per collab setting (the
+    mean over its units, base seeds else run seeds, with the t band of the perplexity where it has >= 2)."""
     df = study_table(plot, spec, "collab")
     if df.empty:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    rows = [(row, _metrics_with(plot, row["dir"], "old/ppl")) for _, row in df.iterrows()]
-    for row, m in pool_replicates([(r, m) for r, m in rows if m is not None], lambda r: r["setting"]):
+    runs = _with_setting(load_runs(plot, spec, study="collab"), df)
+    banded = False
+    for setting, g in runs.groupby("setting", sort=False):
+        ms = [_metrics_with(plot, d, "old/ppl") for d in g["dir"]]
+        g, ms = g[[m is not None for m in ms]], [m for m in ms if m is not None]
+        if not ms:
+            continue
+        units, note = unit_frames(g, ms)
+        m = _pooled_metrics(units) if len(units) > 1 else units[0]
         if "up_norm" in m:
-            ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4, label=f"W12 trains in {row['setting']}")
+            (ln,) = ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4,
+                            label=f"W12 trains in {setting}" + (f" ({note})" if len(units) > 1 else ""))
+            _band(ax, m, "up_norm", "old/ppl", ln.get_color())
+            banded |= len(units) > 1
     ax.set_xlabel("average norm of upscaled weights (W12, W21, W22)")
     ax.set_ylabel("forgetting PPL (old domain)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     yield "fig7_collab_modules", _study_caption(fig, plot, spec, "collab", df,
-                                                ", " + l_fp_text(df["l_fp"].iloc[0]))
+                                                ", " + l_fp_text(df["l_fp"].iloc[0]), FIG7_BAND if banded else "")
+
+
+FIG7_BAND = ("A line with replicates: per evaluated step, the mean norm against the mean forgetting PPL over its "
+             "units (named in the legend: its base seeds, each base's run seeds averaged first, else its run "
+             "seeds on one base); shaded: the 95% Student-t interval of the forgetting PPL over those units at "
+             "that step (mean +- t_0.975,n-1 s/sqrt(n)), drawn at the mean norm; the norm's own spread is not "
+             "drawn.")
+
+
+def _with_setting(runs: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """A study's load_runs with each run's setting as its study_table names it (matched by run folder)."""
+    setting = dict(zip(df["dir"], df["setting"], strict=True))
+    return runs.assign(setting=[setting[str(d)] for d in runs["dir"]])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.colors
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
@@ -519,6 +520,25 @@ def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     assert ax.get_xlabel() == "average norm of upscaled weights (W12, W21, W22)"
     assert ax.get_ylabel() == "forgetting PPL (old domain)"
     assert caption(fig).startswith("scale-adapt, l_fp=2; preset 'cpu'")
+
+
+def test_fig7_draws_the_band_of_a_setting_with_replicates(tmp_path, drawn):
+    """A collab setting run on three bases: its mean line and the 95% t band over the base seeds, said so."""
+    collab = tmp_path / "studies" / "collab"
+    for base, old in enumerate(((10.0, 12.0, 11.0), (10.0, 14.0, 13.0), (10.0, 13.0, 12.0))):
+        d = fake_cpt_run(collab, "scale-adapt", {"l_fp": 2, "collab": ["attn"]}, old=old, tag=f"attn{base}")
+        _set_seeds(d, base)
+    fake_cpt_run(collab, "scale-adapt", {"l_fp": 2, "collab": ["mlp"]}, tag="mlp")
+    fig = drawn(draw_fig7(Plot.of(tmp_path), CPT_REPORT))["fig7_collab_modules"]
+    (ax,) = fig.axes
+    assert labels(ax) == ["W12 trains in attn (t over 3 base seeds)", "W12 trains in mlp"]
+    attn = line(ax, "W12 trains in attn (t over 3 base seeds)")
+    assert xs(attn) == [1.0, 2.0, 3.0] and ys(attn) == pytest.approx([10.0, 13.0, 12.0])
+    (band,) = ax.collections  # the setting with replicates only
+    assert band.get_facecolor()[0][:3] == pytest.approx(matplotlib.colors.to_rgb(attn.get_color()))
+    h = 4.302653 / 3**0.5  # t_{0.975,2} x sd 1 / sqrt(3), at the last two steps
+    assert max(band.get_paths()[0].vertices[:, 1]) == pytest.approx(13.0 + h, rel=1e-6)
+    assert "shaded: the 95% Student-t interval of the forgetting PPL" in caption(fig)
 
 
 def fake_loss(steps: int = 50, loss0: float = 3.0) -> list[float]:
