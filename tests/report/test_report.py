@@ -496,8 +496,10 @@ def test_fig9_and_fig4_colour_the_method_and_style_the_rate(tmp_path, drawn):
 def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     build_cpt_results(tmp_path)
     fig = drawn(draw_fig5(Plot.of(tmp_path), CPT_REPORT))["fig5_init_pairs"]
-    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL (old domain)", "(b) learning PPL (new domain)"]
-    for ax, values in zip(fig.axes, ((10.0, 12.0, 11.0), (50.0, 20.0, 15.0)), strict=True):
+    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL (old domain)", "(b) learning PPL (new domain)",
+                                                   "(c) forgetting PPL minus SVD,0's, same base",
+                                                   "(d) learning PPL minus SVD,0's, same base"]
+    for ax, values in zip(fig.axes, ((10.0, 12.0, 11.0), (50.0, 20.0, 15.0)), strict=False):
         assert labels(ax) == ["0,RND", "RND,0", "SVD,0"]  # (W21, W22) per run
         assert ax.get_legend().get_title().get_text() == "W21,W22"
         assert all(ys(ln) == pytest.approx(values) for ln in ax.get_lines())
@@ -520,6 +522,35 @@ def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     assert ax.get_xlabel() == "average norm of upscaled weights (W12, W21, W22)"
     assert ax.get_ylabel() == "forgetting PPL (old domain)"
     assert caption(fig).startswith("scale-adapt, l_fp=2; preset 'cpu'")
+
+
+def test_fig5_draws_the_paired_differences_per_base(tmp_path, drawn):
+    """Bases far apart hide a pair's difference from (SVD,0) in base-to-base bands; fig5 draws the difference on
+    each base (thin lines) and their mean with its t band over the base seeds (a base's run seeds averaged)."""
+    init = tmp_path / "studies" / "init"
+    diffs = {(0, 0): (0.0, 0.6, 1.6), (0, 1): (0.0, 1.0, 2.0), (1, 0): (0.0, 1.5, 2.5), (2, 0): (0.0, 2.0, 3.0)}
+    for base in range(3):
+        ref = (10.0 + 5 * base, 12.0 + 5 * base, 11.0 + 5 * base)
+        _set_seeds(fake_cpt_run(init, "scale-preserve", {"init": ["svd", "zero"]}, old=ref, tag=f"ref{base}"), base)
+        for (b, run), diff in diffs.items():
+            if b == base:
+                old = tuple(x + d for x, d in zip(ref, diff, strict=True))
+                d = fake_cpt_run(init, "scale-preserve", {"init": ["zero", "rnd"]}, old=old, tag=f"z{b}{run}")
+                _set_seeds(d, b, run)
+    fig = drawn(draw_fig5(Plot.of(tmp_path), CPT_REPORT))["fig5_init_pairs"]
+    ax_old_diff, ax_new_diff = fig.axes[2:]
+    assert labels(ax_old_diff) == ["0,RND (t over 3 base seeds)"]
+    mean = line(ax_old_diff, "0,RND (t over 3 base seeds)")
+    per_base = [(0.0, 0.8, 1.8), (0.0, 1.5, 2.5), (0.0, 2.0, 3.0)]  # base 0: its two run seeds averaged
+    assert ys(mean) == pytest.approx([sum(v) / 3 for v in zip(*per_base, strict=True)])
+    thin = [ys(ln) for ln in ax_old_diff.get_lines() if ln.get_label().startswith("_") and len(ln.get_xdata()) == 3]
+    assert sorted(thin) == [pytest.approx(list(v)) for v in per_base]
+    (band,) = ax_old_diff.collections
+    at_end = [v[-1] for v in per_base]
+    sd = (sum((v - sum(at_end) / 3) ** 2 for v in at_end) / 2) ** 0.5
+    assert max(band.get_paths()[0].vertices[:, 1]) == pytest.approx(sum(at_end) / 3 + 4.302653 * sd / 3**0.5)
+    assert ys(line(ax_new_diff, "0,RND (t over 3 base seeds)")) == pytest.approx([0.0, 0.0, 0.0])
+    assert "paired differences" in caption(fig) and "same base seed" in caption(fig)
 
 
 def test_fig7_draws_the_band_of_a_setting_with_replicates(tmp_path, drawn):
