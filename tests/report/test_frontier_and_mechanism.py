@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.text import Text
 
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.report import (
@@ -241,6 +242,28 @@ def test_cpt_frontier_table_and_log_axes(tmp_path, closing):
     assert bars["FFT"].lines[0].get_linestyle() == "-" and bars["SCALE-Route"].lines[0].get_linestyle() == "None"
     ys_segment = bars["FFT"].lines[2][1].get_segments()[0]  # the 1e-4 point's perplexity interval, cut at 1
     assert ys_segment[:, 1].tolist() == pytest.approx([1.0, 12 + half(math.sqrt(2), 2, T1)], rel=1e-6)
+
+
+def test_frontier_labels_of_points_close_together_do_not_overlap(tmp_path, closing):
+    """Five methods ending at almost one point (as the real model's do): every rate label is drawn, inside the
+    axes, and no two overlap (a label moved away from its point gets a leader line)."""
+    ends = {"fft": (42.0, 4.10), "freeze": (42.5, 4.12), "llama-pro": (42.2, 4.14), "scale-adapt": (43.0, 4.11),
+            "scale-preserve": (900.0, 8.0), "scale-route": (42.8, 4.13)}
+    for method, (old, new) in ends.items():
+        for lr in (1e-4, 1e-3):
+            cpt_run(tmp_path, method, 0, lr, old * (1 + 10 * lr), new)
+    fig = dict(draw_frontier(Plot.of(tmp_path), CPT_REPORT))["frontier_cpt"]
+    closing(fig)
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    notes = [t for t in ax.texts if t.get_text() in ("0.0001", "0.001")]
+    assert len(notes) == 2 * len(ends)
+    boxes = [Text.get_window_extent(t) for t in notes]  # the text alone, not its leader line
+    inside = ax.get_window_extent()
+    assert all(inside.contains(b.x0, b.y0) and inside.contains(b.x1, b.y1) for b in boxes)
+    clashes = [(a.get_text(), b.get_text()) for i, (a, p) in enumerate(zip(notes, boxes, strict=True))
+               for b, q in zip(notes[i + 1:], boxes[i + 1:], strict=True) if p.overlaps(q)]
+    assert not clashes
 
 
 def test_plot_writes_frontier_files(tmp_path):
