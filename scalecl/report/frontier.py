@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 import pandas as pd
+from matplotlib.path import Path as MplPath
 from matplotlib.transforms import Bbox
 
 from scalecl.report.context import Plot
@@ -245,15 +246,16 @@ def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> list[tup
 
 
 def _place_labels(ax, notes: list[tuple[float, float, str, str]], fontsize: float = 7) -> None:
-    """Each point's label (x, y, text, colour) at the first place around it, nearest first, where it overlaps no
-    point and no label placed before and stays inside the axes; one further out gets a thin leader line. Where
-    no place is free, the one that overlaps least."""
+    """Each point's label (x, y, text, colour) at the place around it that overlaps no point and no label placed
+    before, stays inside the axes and crosses the fewest lines and error bars, nearest first; one further out
+    gets a thin leader line. Where no place is free, the one that overlaps least."""
     if not notes:
         return
     ax.get_xlim(), ax.get_ylim()  # the limits autoscaling gives, before reading where the points lie
     renderer, pt = ax.figure.canvas.get_renderer(), ax.figure.dpi / 72  # display pixels per point
     where = ax.transData.transform([(x, y) for x, y, _, _ in notes])
     taken = [Bbox.from_bounds(px - 3 * pt, py - 3 * pt, 6 * pt, 6 * pt) for px, py in where]
+    drawn = _drawn_paths(ax)
     for (x, y, text, color), (px, py) in zip(notes, where, strict=True):
         probe = ax.annotate(text, (x, y), fontsize=fontsize)
         ext = probe.get_window_extent(renderer)
@@ -263,14 +265,25 @@ def _place_labels(ax, notes: list[tuple[float, float, str, str]], fontsize: floa
             (g, 1), (g, -h - 1), (-g - w, 1), (-g - w, -h - 1), (-w / 2, g), (-w / 2, -g - h),
             (g, g), (g, -g - h), (-g - w, g), (-g - w, -g - h))]
         boxes = [Bbox.from_bounds(px + dx * pt, py + dy * pt, w * pt, h * pt) for dx, dy, _ in spots]
-        costs = [_overlap(ax.bbox, box, taken) for box in boxes]
-        best = costs.index(0.0) if 0.0 in costs else costs.index(min(costs))
+        costs = [(_overlap(ax.bbox, box, taken), sum(p.intersects_bbox(box, filled=False) for p in drawn
+                                                     if p.get_extents().overlaps(box)), i)
+                 for i, box in enumerate(boxes)]
+        best = min(costs)[2]
         dx, dy, ring = spots[best]
         ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha="left", va="bottom",
                     fontsize=fontsize, color=color,
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": color, "shrinkA": 0, "shrinkB": 3}
                     if ring else None)
         taken.append(boxes[best])
+
+
+def _drawn_paths(ax) -> list[MplPath]:
+    """The axes' lines and error bars as paths in display pixels (what a label should not cross)."""
+    paths = [MplPath(ln.get_transform().transform(ln.get_xydata())) for ln in ax.get_lines()
+             if ln.get_linestyle() != "None" and len(ln.get_xydata()) >= 2]
+    for c in ax.collections:
+        paths += [MplPath(c.get_transform().transform(seg)) for seg in c.get_segments() if len(seg) >= 2]
+    return paths
 
 
 def _overlap(inside: Bbox, box: Bbox, taken: list[Bbox]) -> float:

@@ -51,8 +51,8 @@ MECHANISM_CAPTION = (
     "(d) The router's score, mean over answer positions; tau dotted (preserve above). A row per Route setting "
     "(vocabulary rows, tau, router), from the main runs and the biography studies; a run found in several folders "
     "counts once; lr: the run's learning rate. (a, b) of a row share one y-axis, from the row's lowest to its highest "
-    "mean with a tenth of that span (at least half a percentage point) beyond each: shares near 100% are drawn "
-    "apart, not flattened (read the axis' values); a wider band is cut.")
+    "mean with a tenth of that span (at least half a percentage point) beyond each, within 0-100%: shares near "
+    "100% are drawn apart, not flattened (read the axis' values); a wider band is cut.")
 
 
 def _has_never_share(m: pd.DataFrame, sets: tuple[EvalSet, ...]) -> bool:
@@ -159,13 +159,13 @@ def draw_route_mechanism(plot: Plot, spec: ReportSpec) -> Drawn:
 
 def _share_limits(axes) -> tuple[float, float]:
     """The y-range of a row's never-target shares (in %): its lowest to its highest mean drawn, a tenth of that
-    span (at least half a point) beyond each; a band wider than that is cut."""
+    span (at least half a point) beyond each, within 0-100; a band wider than that is cut."""
     means = [float(v) for ax in axes for ln in ax.get_lines() for v in ln.get_ydata() if math.isfinite(v)]
     if not means:
         return 0.0, 100.0
     lo, hi = min(means), max(means)
     pad = max(0.1 * (hi - lo), 0.5)
-    return lo - pad, hi + pad
+    return max(0.0, lo - pad), min(100.0, hi + pad)
 
 
 def _mechanism_row(ax_row, sets: tuple[EvalSet, ...], ms: list[pd.DataFrame], label: str, tau: float | None
