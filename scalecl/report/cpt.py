@@ -13,22 +13,31 @@ from scalecl.report.context import Plot
 from scalecl.report.draw import (
     BAND_NOTE,
     COLORS,
+    RATE_NOTE,
     Drawn,
     _draw_mean,
     _group_metrics,
     _save_all,
     _with_inputs,
     mean_curve,
+    rate_styles,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import _n_label, _replicates_note, group_label, load_runs, replicate_groups
+from scalecl.report.runs import (
+    _n_label,
+    _replicates_note,
+    group_label,
+    load_runs,
+    rated_setting,
+    replicate_groups,
+)
 from scalecl.report.settings import l_fp_text
 from scalecl.report.spec import ReportSpec
 
-# FFT in fig9 is drawn on top of the others, thick and dashed: methods that learn like it would hide it
-FFT_STYLE = {"lw": 2.6, "ls": (0, (5, 2)), "zorder": 5, "marker": "o", "ms": 3.5}
-FFT_NOTE = ("FFT: thick dashed line drawn over the others (methods close to it would hide it). Perplexity axes "
-            "are log scale.")
+# FFT in fig9 is drawn on top of the others, thick with round markers: methods that learn like it would hide it
+FFT_STYLE = {"lw": 2.6, "zorder": 5, "marker": "o", "ms": 3.5}
+FFT_NOTE = ("FFT: thick line with round markers drawn over the others (methods close to it would hide it). "
+            "Perplexity axes are log scale.")
 # the evaluation sets: (metrics prefix, label, colour)
 CPT_SETS = (("old", "old domain", "tab:blue"), ("new", "new domain", "tab:orange"))
 
@@ -64,14 +73,17 @@ def draw_fig9(plot: Plot, spec: ReportSpec) -> Drawn:
     for preset, group in load_runs(plot, spec).groupby("preset", sort=False):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         reps = replicate_groups(group)
+        rate_ls = rate_styles(reps)
         for g in reps:
             ms = _group_metrics(plot, g, "old/ppl", "new/ppl")
             if not ms:  # recorded as skipped
                 continue
-            style = FFT_STYLE if g.iloc[0]["method"] == "fft" else {"marker": ".", "ms": 3}
+            first = g.iloc[0]
+            style = FFT_STYLE if first["method"] == "fft" else {"marker": ".", "ms": 3}
+            label = _n_label(group_label({**first, "setting": rated_setting(first)}), len(ms))
             for ax, key in zip(axes, ("old/ppl", "new/ppl"), strict=True):
-                _draw_mean(ax, mean_curve(ms, key), color=COLORS.get(g.iloc[0]["method"]),
-                           label=_n_label(group_label(g.iloc[0]), len(ms)), **style)
+                _draw_mean(ax, mean_curve(ms, key), color=COLORS.get(first["method"]), ls=rate_ls[first["group"]],
+                           label=label, **style)
         axes[0].set_title("(a) forgetting: old-domain perplexity")
         axes[1].set_title("(b) learning: new-domain perplexity")
         for ax in axes:
@@ -84,7 +96,8 @@ def draw_fig9(plot: Plot, spec: ReportSpec) -> Drawn:
         axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
         band = "\n" + BAND_NOTE if any(len(g) >= 2 for g in reps) else ""
         fft = "\n" + FFT_NOTE if (group["method"] == "fft").any() else ""
-        fig.text(0.5, -0.02, spec.caption(group.iloc[0]["result"]) + fft + band + "\n" + _replicates_note(group),
+        fig.text(0.5, -0.02, spec.caption(group.iloc[0]["result"]) + fft + "\n" + RATE_NOTE + band + "\n"
+                 + _replicates_note(group),
                  ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
         stem = f"fig9_{spec.name}_{preset}"
@@ -106,6 +119,7 @@ def draw_fig4(plot: Plot, spec: ReportSpec) -> Drawn:
         if group.empty:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        rate_ls = rate_styles(replicate_groups(group))
         for g in replicate_groups(group):
             ms = _group_metrics(plot, g, "rep_cos", "old/ppl")
             if not ms:  # recorded as skipped
@@ -114,9 +128,10 @@ def draw_fig4(plot: Plot, spec: ReportSpec) -> Drawn:
             label = names[row["method"]]
             if row["method"] == "scale-adapt":
                 label += ", " + l_fp_text(row["result"]["method_options"].get("l_fp"), row["result"])
-            label = _n_label(label + (f" [{row['setting']}]" if row["setting"] else ""), len(ms))
+            label = _n_label(label + f" [{rated_setting(row)}]" if rated_setting(row) else label, len(ms))
             for ax, key in zip(axes, ("rep_cos", "old/ppl"), strict=True):
-                _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=COLORS[row["method"]], label=label)
+                _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=COLORS[row["method"]],
+                           ls=rate_ls[row["group"]], label=label)
         axes[0].set_title("(a) representation forgetting")
         axes[0].set_ylabel("cosine of final hidden states (step 0 vs now)")
         axes[1].set_title("(b) forgetting perplexity (old domain)")
@@ -126,7 +141,8 @@ def draw_fig4(plot: Plot, spec: ReportSpec) -> Drawn:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         band = "\n" + BAND_NOTE if any(len(g) >= 2 for g in replicate_groups(group)) else ""
-        fig.text(0.5, -0.02, spec.caption(group.iloc[0]["result"]) + band + "\n" + _replicates_note(group),
+        fig.text(0.5, -0.02, spec.caption(group.iloc[0]["result"]) + "\n" + RATE_NOTE + band + "\n"
+                 + _replicates_note(group),
                  ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
         yield f"fig4_width_vs_depth_{preset}", _with_inputs(fig, group, f"fig4_width_vs_depth_{preset}")

@@ -19,6 +19,7 @@ from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
 from scalecl.report.runs import _metrics_with, inputs_text
 from scalecl.report.stats import LEVEL, t_quantile
+from scalecl.report.tables import replicate_unit
 
 Drawn = Iterator[tuple[str, Figure]]
 
@@ -27,6 +28,11 @@ COLORS = {m: c for m, c in zip(METHOD_ORDER, ("tab:red", "tab:purple", "tab:brow
 LINESTYLES = ("-", "--", "-.", ":")
 INPUTS_ATTR = "scalecl_inputs"  # a drawn figure's inputs (inputs_text), saved beside it by _save
 BAND_ALPHA = 0.2
+RATE_NOTE = ("Colour: the method; line style: its learning rate (result.json lr) among the method's rates drawn, "
+             "lowest first: solid, dashed, dash-dot, dotted; the legend names both.")
+UNIT_NOTE = ("Shaded: the 95% Student-t interval per step over a line's units, named with it: its base seeds when "
+             "it has several (each base's run seeds averaged first; the two seed axes are never pooled), else its "
+             "run seeds on one base; one run: its line alone.")
 BAND_NOTE = ("Lines: mean over a group's replicates; shaded: the 95% Student-t interval per step over the runs "
              "evaluated at that step (mean +- t_0.975,n-1 s/sqrt(n)); a group of one run: its line alone.")
 
@@ -87,6 +93,29 @@ def _draw_mean(ax, curve: pd.DataFrame, scale: float = 1.0, **style):
         ax.fill_between(curve["step"], scale * curve["lo"], scale * curve["hi"], color=ln.get_color(),
                         alpha=BAND_ALPHA, lw=0)
     return ln
+
+
+def rate_styles(groups: Sequence[pd.DataFrame]) -> dict[str, str]:
+    """Per replicate group (its `group`), the line style of its learning rate (result.json `lr`) among its
+    method's rates in `groups`: LINESTYLES in rate order, lowest first (RATE_NOTE)."""
+    def rate(g: pd.DataFrame) -> float:
+        lr = g.iloc[0]["result"].get("lr")
+        return float(f"{lr:.6g}") if isinstance(lr, int | float) and not isinstance(lr, bool) else math.inf
+
+    rates: dict[str, set[float]] = {}
+    for g in groups:
+        rates.setdefault(g.iloc[0]["method"], set()).add(rate(g))
+    return {g.iloc[0]["group"]: LINESTYLES[sorted(rates[g.iloc[0]["method"]]).index(rate(g)) % len(LINESTYLES)]
+            for g in groups}
+
+
+def unit_frames(g: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> tuple[list[pd.DataFrame], str]:
+    """A replicate group's metrics (`frames`: one per run of `g`, in its order) as the units its interval is
+    over (tables.replicate_unit: its base seeds, each base's run seeds averaged first, else its run seeds on
+    one base), and what they are ('t over 3 base seeds')."""
+    of = dict(zip(g.index, frames, strict=True))
+    units, note = replicate_unit(g)
+    return [_mean_frame([of[i] for i in u.index]) for u in units], note
 
 
 def _group_metrics(plot: Plot, g: pd.DataFrame, *columns: str) -> list[pd.DataFrame]:

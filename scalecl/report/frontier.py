@@ -13,6 +13,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 import pandas as pd
+from matplotlib.path import Path as MplPath
+from matplotlib.transforms import Bbox
 
 from scalecl.report.context import Plot
 from scalecl.report.draw import COLORS, LINESTYLES, Drawn, _figure_legend, _save_all, _with_inputs
@@ -197,23 +199,28 @@ def draw_frontier(plot: Plot, spec: ReportSpec, table: pd.DataFrame | None = Non
         return
     presets = list(dict.fromkeys(table["preset"]))
     fig, axes = plt.subplots(1, len(presets), figsize=(6.2 * len(presets), 5.0), squeeze=False)
+    notes = []
     for ax, preset in zip(axes[0], presets, strict=True):
-        _frontier_panel(ax, table[table["preset"] == preset], spec.frontier)
+        notes.append(_frontier_panel(ax, table[table["preset"] == preset], spec.frontier))
         ax.set_title(f"preset '{preset}'", fontsize=10)
     _figure_legend(fig, axes[0])
     r0 = runs.iloc[0]["result"]
     fig.text(0.5, -0.02, f"{FRONTIER_CAPTION} {spec.frontier.better}\n{spec.caption(r0)}", ha="center", va="top",
              fontsize=8, wrap=True)
     fig.tight_layout()
+    for ax, panel_notes in zip(axes[0], notes, strict=True):  # where the points lie once the layout is final
+        _place_labels(ax, panel_notes)
     stem = f"frontier_{spec.name}"
     yield stem, _with_inputs(fig, _as_groups(runs), f"{stem}: a point per rate")
 
 
-def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> None:
-    """One preset's frontier: per line its points in lr order (joined when >= 2) with t-interval error bars."""
+def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> list[tuple[float, float, str, str]]:
+    """One preset's frontier: per line its points in lr order (joined when >= 2) with t-interval error bars;
+    returns each point's label (x, y, text, colour), placed once the figure's layout is final (_place_labels)."""
     (x, _, xlabel), (y, _, ylabel) = frontier.x, frontier.y
     scale, log = frontier.scale, frontier.log
     styles: dict[str, int] = {}
+    notes = []
     for _, pts in table.groupby("line", sort=False):
         pts = pts.sort_values("lr")
         method = pts["method"].iloc[0]
@@ -222,9 +229,8 @@ def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> None:
         ax.errorbar(scale * pts[x], scale * pts[y], xerr=_error_bars(pts, x, scale, log),
                     yerr=_error_bars(pts, y, scale, log), marker="o", ms=5, ls=ls, lw=1.3, capsize=3,
                     elinewidth=0.9, color=COLORS.get(method), label=pts["line"].iloc[0])
-        for _, p in pts.iterrows():
-            ax.annotate(f"{p['lr']:g}" + (f" (n={p['n']})" if p["n"] >= 2 else ""), (scale * p[x], scale * p[y]),
-                        textcoords="offset points", xytext=(5, 4), fontsize=7, color=COLORS.get(method))
+        notes += [(scale * p[x], scale * p[y], f"{p['lr']:g}" + (f" (n={p['n']})" if p["n"] >= 2 else ""),
+                   COLORS.get(method)) for _, p in pts.iterrows()]
     if log:
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -236,6 +242,55 @@ def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
+    return notes
+
+
+def _place_labels(ax, notes: list[tuple[float, float, str, str]], fontsize: float = 7) -> None:
+    """Each point's label (x, y, text, colour) at the place around it that overlaps no point and no label placed
+    before, stays inside the axes and crosses the fewest lines and error bars, nearest first; one further out
+    gets a thin leader line. Where no place is free, the one that overlaps least."""
+    if not notes:
+        return
+    ax.get_xlim(), ax.get_ylim()  # the limits autoscaling gives, before reading where the points lie
+    renderer, pt = ax.figure.canvas.get_renderer(), ax.figure.dpi / 72  # display pixels per point
+    where = ax.transData.transform([(x, y) for x, y, _, _ in notes])
+    taken = [Bbox.from_bounds(px - 3 * pt, py - 3 * pt, 6 * pt, 6 * pt) for px, py in where]
+    drawn = _drawn_paths(ax)
+    for (x, y, text, color), (px, py) in zip(notes, where, strict=True):
+        probe = ax.annotate(text, (x, y), fontsize=fontsize)
+        ext = probe.get_window_extent(renderer)
+        probe.remove()
+        w, h = ext.width / pt, ext.height / pt  # in points
+        spots = [(dx, dy, ring) for ring, g in enumerate((4, 14, 26, 40, 60, 85)) for dx, dy in (
+            (g, 1), (g, -h - 1), (-g - w, 1), (-g - w, -h - 1), (-w / 2, g), (-w / 2, -g - h),
+            (g, g), (g, -g - h), (-g - w, g), (-g - w, -g - h))]
+        boxes = [Bbox.from_bounds(px + dx * pt, py + dy * pt, w * pt, h * pt) for dx, dy, _ in spots]
+        costs = [(_overlap(ax.bbox, box, taken), sum(p.intersects_bbox(box, filled=False) for p in drawn
+                                                     if p.get_extents().overlaps(box)), i)
+                 for i, box in enumerate(boxes)]
+        best = min(costs)[2]
+        dx, dy, ring = spots[best]
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha="left", va="bottom",
+                    fontsize=fontsize, color=color,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": color, "shrinkA": 0, "shrinkB": 3}
+                    if ring else None)
+        taken.append(boxes[best])
+
+
+def _drawn_paths(ax) -> list[MplPath]:
+    """The axes' lines and error bars as paths in display pixels (what a label should not cross)."""
+    paths = [MplPath(ln.get_transform().transform(ln.get_xydata())) for ln in ax.get_lines()
+             if ln.get_linestyle() != "None" and len(ln.get_xydata()) >= 2]
+    for c in ax.collections:
+        paths += [MplPath(c.get_transform().transform(seg)) for seg in c.get_segments() if len(seg) >= 2]
+    return paths
+
+
+def _overlap(inside: Bbox, box: Bbox, taken: list[Bbox]) -> float:
+    """How much a label's box overlaps the boxes `taken` (their shared area), plus its own area when it leaves
+    `inside` (the axes)."""
+    out = 0.0 if inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) else box.width * box.height
+    return out + sum(b.width * b.height for b in (Bbox.intersection(box, t) for t in taken) if b is not None)
 
 
 def _error_bars(pts: pd.DataFrame, col: str, scale: float, log: bool) -> list[list[float]]:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
-    BAND_NOTE,
+    UNIT_NOTE,
     Drawn,
     _draw_mean,
     _figure_legend,
@@ -20,14 +20,16 @@ from scalecl.report.draw import (
     _save_all,
     _with_inputs,
     mean_curve,
+    unit_frames,
 )
 from scalecl.report.registry import figure, table
 from scalecl.report.runs import (
     RUN_COLUMNS,
     UNVERIFIED,
     _config_id,
+    _lr_text,
     _metrics_or_none,
-    _n_label,
+    _settings,
     inputs_text,
     load_runs,
     marked,
@@ -48,7 +50,9 @@ MECHANISM_CAPTION = (
     "mean; q05-q95 over the positions are recorded beside it). (c) Share of answer positions routed to preserve. "
     "(d) The router's score, mean over answer positions; tau dotted (preserve above). A row per Route setting "
     "(vocabulary rows, tau, router), from the main runs and the biography studies; a run found in several folders "
-    "counts once. (a, b) share one scale per column, up to a quarter above the highest mean; a wider band is cut.")
+    "counts once; lr: the run's learning rate. (a, b) of a row share one y-axis, from the row's lowest to its highest "
+    "mean with a tenth of that span (at least half a percentage point) beyond each, within 0-100%: shares near "
+    "100% are drawn apart, not flattened (read the axis' values); a wider band is cut.")
 
 
 def _has_never_share(m: pd.DataFrame, sets: tuple[EvalSet, ...]) -> bool:
@@ -90,12 +94,29 @@ def _mechanism_key(r: dict) -> tuple:
 
 
 def _mechanism_label(r: dict, presets: int) -> str:
-    """A Route setting's name: its vocabulary rows (and how many are never a target), tau and router."""
+    """A Route setting's name: its vocabulary rows (and how many are never a target), tau, router and learning
+    rate."""
     never = r.get("never_target_rows")
     label = _vocab_text(_vocab_key(r), r) + (f" ({never:,} never a target)" if isinstance(never, int) else "")
     tau = _tau(r)
     label += (f", tau={tau:g}" if tau is not None else "") + f", router={(r.get('method_options') or {}).get('router', 'logit')}"
+    label += f", lr={_lr_text(r)}" if _lr_text(r) else ""
     return marked((f"{r['preset']}: " if presets > 1 else "") + label, r)
+
+
+def _mechanism_labels(groups: list[tuple[pd.DataFrame, list[pd.DataFrame]]], spec: ReportSpec) -> list[str]:
+    """Each group's _mechanism_label; groups of one label (settings that differ elsewhere, another config) add
+    what tells them apart, the setting label of the other figures (runs._settings) among them."""
+    presets = len({g.iloc[0]["preset"] for g, _ in groups})
+    labels = [_mechanism_label(g.iloc[0]["result"], presets) for g, _ in groups]
+    out = list(labels)
+    for label in {x for x in labels if labels.count(x) > 1}:
+        twins = [i for i, x in enumerate(labels) if x == label]
+        settings = _settings(pd.concat([groups[i][0] for i in twins]), spec)
+        for i in twins:
+            setting = settings[groups[i][0].index[0]]
+            out[i] += f" [{setting}]" if setting else ""
+    return out
 
 
 @figure("route_mechanism")
@@ -106,34 +127,45 @@ def fig_route_mechanism(plot: Plot, spec: ReportSpec) -> list[Path]:
 
 
 def draw_route_mechanism(plot: Plot, spec: ReportSpec) -> Drawn:
-    """The mechanism figure: a row per Route setting group, the mean over its replicates with t bands."""
+    """The mechanism figure: a row per Route setting group, the mean over its units (base seeds, else run
+    seeds) with t bands."""
     groups = _mechanism_groups(plot, spec)
     if not groups:
         return
-    presets = len({g.iloc[0]["preset"] for g, _ in groups})
-    labels = [_mechanism_label(g.iloc[0]["result"], presets) for g, _ in groups]
-    for i, (g, _) in enumerate(groups):  # settings that differ elsewhere (other config): their hash tells
-        if labels.count(labels[i]) > 1:
-            labels[i] += f" #{g.iloc[0]['group']}"
+    labels = _mechanism_labels(groups, spec)
     scored = any(_has(m, f"{t}/answer/route_score/mean") for _, ms in groups for m in ms
                  for t, _, _ in spec.eval_sets)
     ncols = 4 if scored else 3
     fig, axes = plt.subplots(len(groups), ncols, figsize=(4.2 * ncols + 1.8, 2.9 * len(groups) + 0.8),
-                             squeeze=False, sharey="col")
+                             squeeze=False)
     for ax_row, (g, ms), label in zip(axes, groups, labels, strict=True):
-        _mechanism_row(ax_row, spec.eval_sets, ms, _n_label(label, len(ms)), _tau(g.iloc[0]["result"]))
+        units, note = unit_frames(g, ms)
+        _mechanism_row(ax_row, spec.eval_sets, units, f"{label}; {note}", _tau(g.iloc[0]["result"]))
+        ax_row[1].sharey(ax_row[0])
+        ax_row[0].set_ylim(*_share_limits(ax_row[:2]))
+    for col in range(2, ncols):  # routing and score: one scale down each column
+        for ax in axes[1:, col]:
+            ax.sharey(axes[0, col])
     for ax in axes[-1]:
         ax.set_xlabel(spec.step_label)
-    for col in (0, 1):  # shares from 0 to a quarter above the highest mean (a wide band of few replicates: cut)
-        means = [float(v) for ax in axes[:, col] for ln in ax.get_lines() for v in ln.get_ydata() if math.isfinite(v)]
-        axes[0, col].set_ylim(0, min(100.0, 1.25 * max(means, default=0) or 1.0))
     _figure_legend(fig, axes.flat)
-    band = "\n" + BAND_NOTE if any(len(ms) >= 2 for _, ms in groups) else ""
+    band = "\n" + UNIT_NOTE if any(len(ms) >= 2 for _, ms in groups) else ""
     fig.text(0.5, -0.01, MECHANISM_CAPTION + band + "\n" + spec.caption(groups[0][0].iloc[0]["result"]),
              ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
     runs = pd.concat([g for g, _ in groups])
     yield "route_mechanism", _with_inputs(fig, runs, "route_mechanism: a row per Route setting group")
+
+
+def _share_limits(axes) -> tuple[float, float]:
+    """The y-range of a row's never-target shares (in %): its lowest to its highest mean drawn, a tenth of that
+    span (at least half a point) beyond each, within 0-100; a band wider than that is cut."""
+    means = [float(v) for ax in axes for ln in ax.get_lines() for v in ln.get_ydata() if math.isfinite(v)]
+    if not means:
+        return 0.0, 100.0
+    lo, hi = min(means), max(means)
+    pad = max(0.1 * (hi - lo), 0.5)
+    return max(0.0, lo - pad), min(100.0, hi + pad)
 
 
 def _mechanism_row(ax_row, sets: tuple[EvalSet, ...], ms: list[pd.DataFrame], label: str, tau: float | None

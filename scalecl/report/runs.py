@@ -332,6 +332,15 @@ def group_label(row: pd.Series | dict) -> str:
     return f"{name} [{setting}]" if setting else name
 
 
+def rated_setting(row: pd.Series | dict) -> str:
+    """A replicate group's setting that names its learning rate (result.json `lr`): its setting, with
+    'lr=<rate>' added unless it has one (figures that draw a method at several rates)."""
+    setting, lr = row.get("setting") or "", _lr_text(row["result"])
+    if not lr or any(part.startswith("lr=") for part in setting.split(", ")):
+        return setting
+    return ", ".join(filter(None, (setting, f"lr={lr}")))
+
+
 def _n_label(label: str, n: int) -> str:
     return f"{label} (n={n})" if n >= 2 else label
 

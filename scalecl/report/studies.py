@@ -10,9 +10,21 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from scalecl.modeling.scale_spec import ScaleSpec
 from scalecl.report.context import Plot
 from scalecl.report.cpt import embedding_variant
-from scalecl.report.draw import Drawn, _band, _save_all, _with_inputs, pool_replicates
+from scalecl.report.draw import (
+    Drawn,
+    _band,
+    _draw_mean,
+    _mean_frame,
+    _pooled_metrics,
+    _save_all,
+    _with_inputs,
+    mean_curve,
+    pool_replicates,
+    unit_frames,
+)
 from scalecl.report.registry import figure
 from scalecl.report.runs import _metrics_with, inputs_text, load_runs, marked
 from scalecl.report.settings import l_fp_text
@@ -52,12 +64,13 @@ def study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
 STUDY_TABLES = {"init": "table_fig5_init", "l_fp": "table_fig6_l_fp", "collab": "table_fig7_collab"}
 
 
-def _study_caption(fig: Figure, plot: Plot, spec: ReportSpec, study: str, df: pd.DataFrame, note: str = "") -> Figure:
-    """Caption a study's figure (method + run settings) and lay it out."""
+def _study_caption(fig: Figure, plot: Plot, spec: ReportSpec, study: str, df: pd.DataFrame, note: str = "",
+                   more: str = "") -> Figure:
+    """Caption a study's figure (method + run settings, then `more`) and lay it out."""
     runs = load_runs(plot, spec, study=study)
     r0 = runs.iloc[0]["result"]
-    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0), ha="center", va="top", fontsize=8,
-             wrap=True)
+    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0) + (f"\n{more}" if more else ""),
+             ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
     return _with_inputs(fig, runs, f"study '{study}': one line or point per run")
 
@@ -81,15 +94,17 @@ def fig5(plot: Plot, spec: ReportSpec) -> list[Path]:
 
 
 def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
-    """Paper Fig. 5: a row of (forgetting, learning) panels per embedding variant, a line per init pair."""
+    """Paper Fig. 5: a row per embedding variant: (forgetting, learning) panels with a line per init pair, and
+    beside them each pair's paired difference from the default pair on the same base."""
     df = study_table(plot, spec, "init")
     if df.empty:
         return
+    runs = _with_table(load_runs(plot, spec, study="init"), df, "setting", "variant")
     variants = list(dict.fromkeys(df["variant"]))
     settings = sorted(dict.fromkeys(df["setting"]))  # one colour per pair in every row of panels
     color_of = {setting: f"C{i % 10}" for i, setting in enumerate(settings)}  # categorical: matplotlib's cycle
-    fig, axes = plt.subplots(len(variants), 2, figsize=(11, 4 * len(variants)), squeeze=False)
-    for (ax_old, ax_new), variant in zip(axes, variants, strict=True):
+    fig, axes = plt.subplots(len(variants), 4, figsize=(20, 4 * len(variants)), squeeze=False)
+    for (ax_old, ax_new, *ax_diff), variant in zip(axes, variants, strict=True):
         rows = [(row, _metrics_with(plot, row["dir"], "old/ppl", "new/ppl")) for _, row in
                 df[df["variant"] == variant].iterrows()]
         rows = sorted([(r, m) for r, m in rows if m is not None], key=lambda rm: settings.index(rm[0]["setting"]))
@@ -99,15 +114,58 @@ def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
                 color = color_of[setting]
                 ax.plot(m["step"], m[col], marker=".", ms=3, label=row["setting"], color=color)
                 _band(ax, m, "step", col, color)
+        _paired_panels(ax_diff, runs[runs["variant"] == variant], {r["dir"]: m for r, m in rows}, color_of)
         suffix = f"\n{variant}" if len(variants) > 1 else ""
         ax_old.set_title("(a) forgetting PPL (old domain)" + suffix)
         ax_new.set_title("(b) learning PPL (new domain)" + suffix)
-        for ax in (ax_old, ax_new):
+        ax_diff[0].set_title(f"(c) forgetting PPL minus {INIT_REFERENCE}'s, same base" + suffix)
+        ax_diff[1].set_title(f"(d) learning PPL minus {INIT_REFERENCE}'s, same base" + suffix)
+        for ax in (ax_old, ax_new, *ax_diff):
             ax.set_xlabel(spec.step_label)
-            ax.set_ylabel("perplexity")
+            ax.set_ylabel("perplexity" if ax in (ax_old, ax_new) else "perplexity difference (paired)")
             ax.grid(alpha=0.3)
             ax.legend(title="W21,W22", fontsize=8)
-    yield "fig5_init_pairs", _study_caption(fig, plot, spec, "init", df)
+    yield "fig5_init_pairs", _study_caption(fig, plot, spec, "init", df,
+                                            more=FIG5_PAIRED.format(ref=INIT_REFERENCE))
+
+
+INIT_REFERENCE = study_label("init", {"init": ScaleSpec().init})  # the default pair, '(SVD,0)'
+FIG5_PAIRED = (
+    "(c, d): the paired differences the comparison rests on: per evaluated step, a pair's perplexity minus that "
+    "of {ref} (the default) trained from the same base (same base seed and build of it; a base's run seeds "
+    "averaged first). Thin lines: one base each; thick: the mean over the bases, shaded its 95% Student-t "
+    "interval over the base seeds (mean +- t_0.975,n-1 s/sqrt(n), n in the legend; none for one base). Below 0: "
+    "lower perplexity than {ref}. (a, b): each pair's mean over its runs, shaded its t interval over them, which "
+    "holds the spread between bases that the paired differences remove.")
+
+
+def _paired_panels(axes, runs: pd.DataFrame, metrics: dict, color_of: dict[str, str]) -> None:
+    """fig5 (c, d) of one variant: per init pair, per base its perplexity minus INIT_REFERENCE's on that base
+    (thin lines), and their mean over the bases with its t band (`metrics`: each run folder's metrics)."""
+    runs = runs[runs["dir"].map(lambda d: str(d) in metrics)]
+
+    def per_base(g: pd.DataFrame) -> dict:  # (base seed, build) -> its runs' metrics, run seeds averaged
+        return {key: _mean_frame([metrics[str(d)] for d in sub["dir"]])
+                for key, sub in g.groupby(["base_seed", "base_build"])}
+
+    ref = per_base(runs[runs["setting"] == INIT_REFERENCE])
+    for setting in [x for x in color_of if x != INIT_REFERENCE and x in set(runs["setting"])]:
+        own = per_base(runs[runs["setting"] == setting])
+        bases = sorted(set(own) & set(ref))
+        for ax, col in zip(axes, ("old/ppl", "new/ppl"), strict=True):
+            diffs = [own[b][["step", col]].merge(ref[b][["step", col]], on="step", suffixes=("", ":ref"))
+                     for b in bases]
+            diffs = [d.assign(**{col: d[col] - d[f"{col}:ref"]}) for d in diffs]
+            for d in diffs:
+                ax.plot(d["step"], d[col], color=color_of[setting], lw=0.7, alpha=0.5)
+            if diffs:
+                unit = f"t over {len(bases)} base seeds" if len(bases) >= 2 else "1 base"
+                _draw_mean(ax, mean_curve(diffs, col), color=color_of[setting], lw=1.8, marker=".", ms=3,
+                           label=f"{setting} ({unit})")
+    for ax in axes:
+        ax.axhline(0, color="black", lw=0.8)
+        if not ref:
+            ax.text(0.5, 0.5, f"no {INIT_REFERENCE} run on these bases", transform=ax.transAxes, ha="center")
 
 
 @figure("fig6")
@@ -148,18 +206,42 @@ def fig7(plot: Plot, spec: ReportSpec) -> list[Path]:
 
 
 def draw_fig7(plot: Plot, spec: ReportSpec) -> Drawn:
-    """Paper Fig. 7: old-domain perplexity against the upscaled weights' norm, a line per collab setting."""
+    """Paper Fig. 7: old-domain perplexity against the upscaled weights' norm, a line per collab setting (the
+    mean over its units, base seeds else run seeds, with the t band of the perplexity where it has >= 2)."""
     df = study_table(plot, spec, "collab")
     if df.empty:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    rows = [(row, _metrics_with(plot, row["dir"], "old/ppl")) for _, row in df.iterrows()]
-    for row, m in pool_replicates([(r, m) for r, m in rows if m is not None], lambda r: r["setting"]):
+    runs = _with_table(load_runs(plot, spec, study="collab"), df, "setting")
+    banded = False
+    for setting, g in runs.groupby("setting", sort=False):
+        ms = [_metrics_with(plot, d, "old/ppl") for d in g["dir"]]
+        g, ms = g[[m is not None for m in ms]], [m for m in ms if m is not None]
+        if not ms:
+            continue
+        units, note = unit_frames(g, ms)
+        m = _pooled_metrics(units) if len(units) > 1 else units[0]
         if "up_norm" in m:
-            ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4, label=f"W12 trains in {row['setting']}")
+            (ln,) = ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4,
+                            label=f"W12 trains in {setting}" + (f" ({note})" if len(units) > 1 else ""))
+            _band(ax, m, "up_norm", "old/ppl", ln.get_color())
+            banded |= len(units) > 1
     ax.set_xlabel("average norm of upscaled weights (W12, W21, W22)")
     ax.set_ylabel("forgetting PPL (old domain)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     yield "fig7_collab_modules", _study_caption(fig, plot, spec, "collab", df,
-                                                ", " + l_fp_text(df["l_fp"].iloc[0]))
+                                                ", " + l_fp_text(df["l_fp"].iloc[0]), FIG7_BAND if banded else "")
+
+
+FIG7_BAND = ("A line with replicates: per evaluated step, the mean norm against the mean forgetting PPL over its "
+             "units (named in the legend: its base seeds, each base's run seeds averaged first, else its run "
+             "seeds on one base); shaded: the 95% Student-t interval of the forgetting PPL over those units at "
+             "that step (mean +- t_0.975,n-1 s/sqrt(n)), drawn at the mean norm; the norm's own spread is not "
+             "drawn.")
+
+
+def _with_table(runs: pd.DataFrame, df: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """A study's load_runs with each run's `columns` as its study_table has them (matched by run folder)."""
+    rows = df.set_index("dir")
+    return runs.assign(**{c: [rows.at[str(d), c] for d in runs["dir"]] for c in columns})

@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.text import Text
 
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.report import (
@@ -243,6 +244,28 @@ def test_cpt_frontier_table_and_log_axes(tmp_path, closing):
     assert ys_segment[:, 1].tolist() == pytest.approx([1.0, 12 + half(math.sqrt(2), 2, T1)], rel=1e-6)
 
 
+def test_frontier_labels_of_points_close_together_do_not_overlap(tmp_path, closing):
+    """Five methods ending at almost one point (as the real model's do): every rate label is drawn, inside the
+    axes, and no two overlap (a label moved away from its point gets a leader line)."""
+    ends = {"fft": (42.0, 4.10), "freeze": (42.5, 4.12), "llama-pro": (42.2, 4.14), "scale-adapt": (43.0, 4.11),
+            "scale-preserve": (900.0, 8.0), "scale-route": (42.8, 4.13)}
+    for method, (old, new) in ends.items():
+        for lr in (1e-4, 1e-3):
+            cpt_run(tmp_path, method, 0, lr, old * (1 + 10 * lr), new)
+    fig = dict(draw_frontier(Plot.of(tmp_path), CPT_REPORT))["frontier_cpt"]
+    closing(fig)
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    notes = [t for t in ax.texts if t.get_text() in ("0.0001", "0.001")]
+    assert len(notes) == 2 * len(ends)
+    boxes = [Text.get_window_extent(t) for t in notes]  # the text alone, not its leader line
+    inside = ax.get_window_extent()
+    assert all(inside.contains(b.x0, b.y0) and inside.contains(b.x1, b.y1) for b in boxes)
+    clashes = [(a.get_text(), b.get_text()) for i, (a, p) in enumerate(zip(notes, boxes, strict=True))
+               for b, q in zip(notes[i + 1:], boxes[i + 1:], strict=True) if p.overlaps(q)]
+    assert not clashes
+
+
 def test_plot_writes_frontier_files(tmp_path):
     out = tmp_path / "figs"
     names = {p.name for p in plot_all(frontier_results(tmp_path / "res"), out, SPECS).written}
@@ -306,7 +329,8 @@ def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing):
     assert len(fig.axes) == 2 * 4  # a row per setting group; never share x2, routing, router score
     top, bottom = fig.axes[:4], fig.axes[4:]
     assert top[0].get_title("left").startswith("1,045 vocab rows (tokenizer's size) (600 never a target), tau=0.9")
-    assert bottom[0].get_title("left").startswith("50,304 vocab rows (49,859 never a target), tau=0.9, router=logit (n=2)")
+    assert bottom[0].get_title("left").startswith(
+        "50,304 vocab rows (49,859 never a target), tau=0.9, router=logit, lr=0.001; t over 2 base seeds\n")
     pres, adapt = bottom[0].get_lines()
     assert (pres.get_label(), adapt.get_label()) == ("preserve path", "adapt path")
     assert [float(v) for v in pres.get_ydata()] == pytest.approx([30] * 4)  # mean of 20% and 40%, in %
@@ -321,6 +345,58 @@ def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing):
     assert {"route_mechanism.png", "route_mechanism.pdf", "route_mechanism.inputs.txt"} <= {
         p.name for p in plot_all(res, out, SPECS).written}
     assert "studies/tau" not in (out / "route_mechanism.inputs.txt").read_text()
+
+
+def _rewrite(d: Path, *, lr: float | None = None, steps3: int | None = None, run: int | None = None,
+             shares: tuple[float, float] | None = None) -> None:
+    """Change a route_run's rate, Task 1 steps, run seed or its (preserve, adapt) never-target shares."""
+    r = json.loads((d / "result.json").read_text())
+    if lr is not None:
+        r["lr"], r["config"]["lr_scale"]["scale-route"] = lr, lr / r["config"]["stage3"]["lr"]
+    if steps3 is not None:
+        r["config"]["stage3"]["steps"] = steps3
+    if run is not None:
+        r["seeds"]["run"] = r["config"]["run_seed"] = run
+    write_result(d, r)
+    if shares is not None:
+        lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for rec in lines:
+            rec |= {k: shares[k.split("_")[-1].startswith("adapt")] for k in rec if "/never_share_" in k}
+        (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_route_mechanism_rows_name_rate_and_unit_and_show_shares_near_100(tmp_path, closing):
+    """A row per Route group names its learning rate; groups that differ elsewhere are named by the setting the
+    other figures use, never by a hash; an interval is over base seeds (each base's run seeds averaged first),
+    never over base and run seeds pooled; shares near 100% get an axis that shows them."""
+    res = tmp_path / "res"
+    route_run(res, 0, 1045, never=600, share=0.1)  # lr 1e-3 (stage3.lr 1e-4 x 10)
+    _rewrite(route_run(res, 0, 1045, never=600, share=0.1, tag="-fast"), lr=3e-3)
+    _rewrite(route_run(res, 0, 1045, never=600, share=0.1, tag="-long"), steps3=20)
+    vocab = res / "studies" / "vocab"  # base 0 with run seeds 0 and 1, base 1: two base seeds
+    for base, run, preserve in ((0, 0, 0.990), (0, 1, 0.996), (1, 0, 0.997)):
+        _rewrite(route_run(vocab, base, 50304, never=49859, tag=f"-r{run}"), run=run, shares=(preserve, 0.999))
+    fig = dict(draw_route_mechanism(Plot.of(res), BIO_REPORT))["route_mechanism"]
+    closing(fig)
+    rows = {ax.get_title("left").split("\n")[0]: fig.axes[4 * i: 4 * i + 4] for i, ax in enumerate(fig.axes[::4])}
+    small = "1,045 vocab rows (tokenizer's size) (600 never a target), tau=0.9, router=logit"
+    assert sorted(rows) == sorted([
+        f"{small}, lr=0.001 [stage3.steps=10]; n=1 (no interval)",
+        f"{small}, lr=0.001 [stage3.steps=20]; n=1 (no interval)",
+        f"{small}, lr=0.003; n=1 (no interval)",
+        "50,304 vocab rows (49,859 never a target), tau=0.9, router=logit, lr=0.001; t over 2 base seeds (run "
+        "seeds averaged within a base)"])
+    big = rows[max(rows, key=lambda t: t.startswith("50,304"))]
+    pres, adapt = big[0].get_lines()[:2]
+    assert [float(v) for v in pres.get_ydata()] == pytest.approx([99.5] * 4)  # (99.3 + 99.7) / 2, not 99.43
+    band = big[0].collections[0].get_paths()[0].vertices
+    h = 100 * half(math.sqrt(0.000008), 2, T1)  # over the base means 0.993 and 0.997
+    assert max(band[:, 1]) == pytest.approx(99.5 + h, rel=1e-6)
+    for ax in big[:2]:  # the row's means 99.5 and 99.9 +- half a point (a share ends at 100%), not 0-100
+        assert ax.get_ylim() == pytest.approx((99.0, 100.0))
+    small_row = rows[f"{small}, lr=0.003; n=1 (no interval)"]
+    assert small_row[0].get_ylim() == pytest.approx((0.0, 22.0))  # its own range: 0 to 20% (adapt), +- 2
+    assert "a tenth of that span" in fig.texts[-1].get_text() and "base seeds" in fig.texts[-1].get_text()
 
 
 def test_route_mechanism_skipped_without_keys(tmp_path):

@@ -398,7 +398,8 @@ def test_cpt_table_paired_and_fig9_bands(tmp_path):
     fig = dict(draw_fig9(Plot.of(tmp_path), CPT_REPORT))["fig9_cpt_cpu"]
     try:
         labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
-        assert labels == ["FFT (n=2)", "SCALE-Route (n=2)"] and len(fig.axes[0].collections) == 2
+        assert labels == ["FFT [lr=0.001] (n=2)", "SCALE-Route [lr=0.001] (n=2)"]
+        assert len(fig.axes[0].collections) == 2
         assert [float(v) for v in fig.axes[0].get_lines()[0].get_ydata()] == pytest.approx([10, 12.5, 15])
     finally:
         plt.close(fig)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.colors
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
@@ -431,14 +432,14 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
     assert len(fig.axes) == 2
     assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting: old-domain perplexity",
                                                    "(b) learning: new-domain perplexity"]
-    names = ["FFT", "LLaMA Pro", "SCALE-Preserve", "SCALE-Adapt", "SCALE-Route"]  # method order
+    names = [f"{m} [lr=0.001]" for m in ("FFT", "LLaMA Pro", "SCALE-Preserve", "SCALE-Adapt", "SCALE-Route")]
     for ax, key in zip(fig.axes, ("old", "new"), strict=True):
-        assert labels(ax) == names
+        assert labels(ax) == names  # method order, each with its rate
         assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_yscale()) == ("training step", "perplexity (log scale)",
                                                                        "log")
-        fft = line(ax, "FFT")  # drawn over the others, thick and dashed: methods close to it cannot hide it
+        fft = line(ax, "FFT [lr=0.001]")  # drawn over the others, thick: methods close to it cannot hide it
         assert fft.get_zorder() > max(ln.get_zorder() for ln in ax.get_lines() if ln is not fft)
-        assert fft.get_linewidth() > 2 and fft.get_linestyle() == "--"
+        assert fft.get_linewidth() > 2 and fft.get_marker() == "o"
         for ln, method in zip(ax.get_lines(), [m for m in METHOD_ORDER if m in old], strict=True):
             assert xs(ln) == [0, 10, 20]
             assert ys(ln) == pytest.approx(old[method] if key == "old" else (50.0, 20.0, 15.0))
@@ -449,7 +450,8 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
     assert (ax_cos.get_title(), ax_ppl.get_title()) == ("(a) representation forgetting",
                                                         "(b) forgetting perplexity (old domain)")
     assert ax_cos.get_ylabel() == "cosine of final hidden states (step 0 vs now)"
-    width_depth = ["Depth (LLaMA Pro)", "Width (Preserve)", "Width (Adapt), l_fp=2"]  # no FFT, no Route
+    width_depth = ["Depth (LLaMA Pro) [lr=0.001]", "Width (Preserve) [lr=0.001]",
+                   "Width (Adapt), l_fp=2 [lr=0.001]"]  # no FFT, no Route
     for ax in (ax_cos, ax_ppl):
         assert labels(ax) == width_depth and texts(ax.get_legend()) == width_depth
         assert ax.get_xlabel() == "training step"
@@ -459,11 +461,45 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
         pytest.approx(old[m]) for m in ("llama-pro", "scale-preserve", "scale-adapt")]
 
 
+def test_fig9_and_fig4_colour_the_method_and_style_the_rate(tmp_path, drawn):
+    """Three rates of one method are told apart: one colour per method, one line style per rate (lowest solid),
+    and the legend names both."""
+    from scalecl.report.draw import COLORS
+
+    rates = {"fft": (3e-5, 1e-4, 3e-4), "scale-adapt": (1e-3, 3e-4), "llama-pro": (1e-3,)}
+    for method, lrs in rates.items():
+        for lr in lrs:
+            d = fake_cpt_run(tmp_path, method, {"l_fp": 2} if method == "scale-adapt" else {}, tag=f"{lr:g}")
+            r = json.loads((d / "result.json").read_text())
+            r["lr"] = lr
+            write_result(d, r)
+    fig = drawn(draw_fig9(Plot.of(tmp_path), CPT_REPORT))["fig9_cpt_cpu"]
+    want = {"FFT [lr=3e-05]": ("fft", "-"), "FFT [lr=0.0001]": ("fft", "--"), "FFT [lr=0.0003]": ("fft", "-."),
+            "LLaMA Pro [lr=0.001]": ("llama-pro", "-"), "SCALE-Adapt [lr=0.0003]": ("scale-adapt", "-"),
+            "SCALE-Adapt [lr=0.001]": ("scale-adapt", "--")}
+    for ax in fig.axes:
+        assert sorted(labels(ax)) == sorted(want)
+        for name, (method, ls) in want.items():
+            assert (line(ax, name).get_color(), line(ax, name).get_linestyle()) == (COLORS[method], ls), name
+    assert sorted(texts(fig.axes[1].get_legend())) == sorted(want)
+    assert "line style: its learning rate" in caption(fig)
+
+    fig = drawn(draw_fig4(Plot.of(tmp_path), CPT_REPORT))["fig4_width_vs_depth_cpu"]
+    for ax in fig.axes:
+        slow, fast = line(ax, "Width (Adapt), l_fp=2 [lr=0.0003]"), line(ax, "Width (Adapt), l_fp=2 [lr=0.001]")
+        assert slow.get_color() == fast.get_color() == COLORS["scale-adapt"]
+        assert (slow.get_linestyle(), fast.get_linestyle()) == ("-", "--")
+        assert texts(ax.get_legend()) == labels(ax)
+    assert "line style: its learning rate" in caption(fig)
+
+
 def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     build_cpt_results(tmp_path)
     fig = drawn(draw_fig5(Plot.of(tmp_path), CPT_REPORT))["fig5_init_pairs"]
-    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL (old domain)", "(b) learning PPL (new domain)"]
-    for ax, values in zip(fig.axes, ((10.0, 12.0, 11.0), (50.0, 20.0, 15.0)), strict=True):
+    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL (old domain)", "(b) learning PPL (new domain)",
+                                                   "(c) forgetting PPL minus SVD,0's, same base",
+                                                   "(d) learning PPL minus SVD,0's, same base"]
+    for ax, values in zip(fig.axes, ((10.0, 12.0, 11.0), (50.0, 20.0, 15.0)), strict=False):
         assert labels(ax) == ["0,RND", "RND,0", "SVD,0"]  # (W21, W22) per run
         assert ax.get_legend().get_title().get_text() == "W21,W22"
         assert all(ys(ln) == pytest.approx(values) for ln in ax.get_lines())
@@ -486,6 +522,54 @@ def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     assert ax.get_xlabel() == "average norm of upscaled weights (W12, W21, W22)"
     assert ax.get_ylabel() == "forgetting PPL (old domain)"
     assert caption(fig).startswith("scale-adapt, l_fp=2; preset 'cpu'")
+
+
+def test_fig5_draws_the_paired_differences_per_base(tmp_path, drawn):
+    """Bases far apart hide a pair's difference from (SVD,0) in base-to-base bands; fig5 draws the difference on
+    each base (thin lines) and their mean with its t band over the base seeds (a base's run seeds averaged)."""
+    init = tmp_path / "studies" / "init"
+    diffs = {(0, 0): (0.0, 0.6, 1.6), (0, 1): (0.0, 1.0, 2.0), (1, 0): (0.0, 1.5, 2.5), (2, 0): (0.0, 2.0, 3.0)}
+    for base in range(3):
+        ref = (10.0 + 5 * base, 12.0 + 5 * base, 11.0 + 5 * base)
+        _set_seeds(fake_cpt_run(init, "scale-preserve", {"init": ["svd", "zero"]}, old=ref, tag=f"ref{base}"), base)
+        for (b, run), diff in diffs.items():
+            if b == base:
+                old = tuple(x + d for x, d in zip(ref, diff, strict=True))
+                d = fake_cpt_run(init, "scale-preserve", {"init": ["zero", "rnd"]}, old=old, tag=f"z{b}{run}")
+                _set_seeds(d, b, run)
+    fig = drawn(draw_fig5(Plot.of(tmp_path), CPT_REPORT))["fig5_init_pairs"]
+    ax_old_diff, ax_new_diff = fig.axes[2:]
+    assert labels(ax_old_diff) == ["0,RND (t over 3 base seeds)"]
+    mean = line(ax_old_diff, "0,RND (t over 3 base seeds)")
+    per_base = [(0.0, 0.8, 1.8), (0.0, 1.5, 2.5), (0.0, 2.0, 3.0)]  # base 0: its two run seeds averaged
+    assert ys(mean) == pytest.approx([sum(v) / 3 for v in zip(*per_base, strict=True)])
+    thin = [ys(ln) for ln in ax_old_diff.get_lines() if ln.get_label().startswith("_") and len(ln.get_xdata()) == 3]
+    assert sorted(thin) == [pytest.approx(list(v)) for v in per_base]
+    (band,) = ax_old_diff.collections
+    at_end = [v[-1] for v in per_base]
+    sd = (sum((v - sum(at_end) / 3) ** 2 for v in at_end) / 2) ** 0.5
+    assert max(band.get_paths()[0].vertices[:, 1]) == pytest.approx(sum(at_end) / 3 + 4.302653 * sd / 3**0.5)
+    assert ys(line(ax_new_diff, "0,RND (t over 3 base seeds)")) == pytest.approx([0.0, 0.0, 0.0])
+    assert "paired differences" in caption(fig) and "same base seed" in caption(fig)
+
+
+def test_fig7_draws_the_band_of_a_setting_with_replicates(tmp_path, drawn):
+    """A collab setting run on three bases: its mean line and the 95% t band over the base seeds, said so."""
+    collab = tmp_path / "studies" / "collab"
+    for base, old in enumerate(((10.0, 12.0, 11.0), (10.0, 14.0, 13.0), (10.0, 13.0, 12.0))):
+        d = fake_cpt_run(collab, "scale-adapt", {"l_fp": 2, "collab": ["attn"]}, old=old, tag=f"attn{base}")
+        _set_seeds(d, base)
+    fake_cpt_run(collab, "scale-adapt", {"l_fp": 2, "collab": ["mlp"]}, tag="mlp")
+    fig = drawn(draw_fig7(Plot.of(tmp_path), CPT_REPORT))["fig7_collab_modules"]
+    (ax,) = fig.axes
+    assert labels(ax) == ["W12 trains in attn (t over 3 base seeds)", "W12 trains in mlp"]
+    attn = line(ax, "W12 trains in attn (t over 3 base seeds)")
+    assert xs(attn) == [1.0, 2.0, 3.0] and ys(attn) == pytest.approx([10.0, 13.0, 12.0])
+    (band,) = ax.collections  # the setting with replicates only
+    assert band.get_facecolor()[0][:3] == pytest.approx(matplotlib.colors.to_rgb(attn.get_color()))
+    h = 4.302653 / 3**0.5  # t_{0.975,2} x sd 1 / sqrt(3), at the last two steps
+    assert max(band.get_paths()[0].vertices[:, 1]) == pytest.approx(13.0 + h, rel=1e-6)
+    assert "shaded: the 95% Student-t interval of the forgetting PPL" in caption(fig)
 
 
 def fake_loss(steps: int = 50, loss0: float = 3.0) -> list[float]:
