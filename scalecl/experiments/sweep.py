@@ -60,6 +60,10 @@ def parse_methods(text: str) -> list[str]:
     names = split_items(text, "--method")
     if not names:
         raise ScaleclError(f"--method {text!r} names no method; choose from {', '.join(method_names())} or all")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # one run per method and setting: a repeat would train nothing more, and say nothing
+        raise ScaleclError(f"--method {text!r} names {', '.join(twice)} more than once; give each method once "
+                           f"(--seeds / --run-seeds replicate a method)")
     return names
 
 

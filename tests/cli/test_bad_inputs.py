@@ -125,6 +125,9 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         ([*tiny_bio, "--seeds", "0,,1"], "--seeds 0,,1 has an empty item"),
         ([*tiny_cpt, "--run-seeds", "0,"], "--run-seeds 0, has an empty item"),
         (["train-cpt", "--preset", "tiny", "--method", "fft,,lora"], "--method fft,,lora has an empty item"),
+        # a repeated method is an error, never collapsed to one run
+        (["train-cpt", "--preset", "tiny", "--method", "fft,lora,fft"], "names fft more than once"),
+        (["train-bio", "--preset", "tiny", "--method", "scale-route, scale-route"], "names scale-route more than once"),
         ([*up, "--collab", "attn,,mlp"], "has an empty item"),
         ([*up, "--collab", "attn,attn"], "collab must be attn, mlp or attn,mlp"),
         (["study", "collab", "--preset", "tiny", "--values", "attn;;mlp"], "have an empty value"),
