@@ -68,14 +68,18 @@ def tune_cpu_allocator() -> bool:
     default thresholds some of them go back to the OS and come back as fresh pages, and the page faults can
     cost a tenth of a step (measured in benchmarks/README.md). Serving blocks up to 1 GiB from the heap and
     never trimming it removes that; the price is that the process keeps its peak memory until it exits.
-    Done once per process by the `scalecl` command; set SCALECL_TUNE_MALLOC=0 to leave glibc alone.
+    Done once per process by the `scalecl` command; set SCALECL_TUNE_MALLOC=0 to leave glibc alone. Not done in
+    a process of several (torchrun's WORLD_SIZE > 1): there each process would keep the peak of every phase it
+    passed (the full model before FSDP shards it, evaluation, the step), measured at 2x the memory of the untuned
+    processes at Llama-3.2-1B's width (docs/cpt.md), and memory is what several processes on one machine lack.
     Returns whether the setting is in force (False off Linux/glibc).
     """
     try:
         wanted = env("SCALECL_TUNE_MALLOC")
     except ScaleclError:  # left alone: the command refuses the value with one line when it starts
         wanted = False
-    if _ALLOCATOR["tuned"] or not wanted or not sys.platform.startswith("linux"):
+    several = os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")
+    if _ALLOCATOR["tuned"] or not wanted or several or not sys.platform.startswith("linux"):
         return _ALLOCATOR["tuned"]
     try:
         libc = ctypes.CDLL("libc.so.6")

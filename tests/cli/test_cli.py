@@ -110,16 +110,19 @@ print(tuned, recorded, faults())
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc's mallopt")
-@pytest.mark.parametrize("env", ["1", "0"])
+@pytest.mark.parametrize("env", ["1", "0", "1 of several processes"])
 def test_allocator_tuning_reuses_freed_memory(env):
-    """Tuned, five 16 MB allocations after a warm-up touch no fresh pages (4096 pages each otherwise)."""
+    """Tuned, five 16 MB allocations after a warm-up touch no fresh pages (4096 pages each otherwise). One of
+    several processes (torchrun's WORLD_SIZE) is left untuned: it would keep every phase's peak."""
     import os
     import subprocess
     import sys
 
+    world = {"WORLD_SIZE": "2"} if env.endswith("processes") else {}
     out = subprocess.run([sys.executable, "-c", _ALLOC_PROBE], capture_output=True, text=True, check=True,
-                         env={**os.environ, "SCALECL_TUNE_MALLOC": env}).stdout.split()
-    if env == "0":
+                         env={**{k: v for k, v in os.environ.items() if k != "WORLD_SIZE"},
+                              "SCALECL_TUNE_MALLOC": env[0], **world}).stdout.split()
+    if env != "1":
         assert out[:2] == ["False", "False"]
     else:
         assert out[:2] == ["True", "True"]
