@@ -106,22 +106,39 @@ def host_copy(model: nn.Module) -> nn.Module:
 
 
 def gather(model: nn.Module, host: nn.Module | None) -> nn.Module | None:
-    """The full model to save: `model` itself unless it is sharded; then (every process calls this) the full
-    state dict is gathered to rank 0's CPU and loaded into its host copy, which is returned (None elsewhere)."""
+    """The full model to save: `model` itself unless it is sharded; then (every process calls this) each
+    parameter is gathered in turn and copied into rank 0's host copy, which is returned (None elsewhere).
+
+    One full tensor at a time, never a full state dict: rank 0 already holds the host copy, and a second full
+    copy of the model beside it and its shard did not fit (Llama-3.2-1B's shapes on a 24 GB machine)."""
     if not is_fsdp(model):
         return model
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
 
     reshard(model)
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    loaded: set[int] = set()
+    for name, p in model.named_parameters():  # the same order on every process: full_tensor() is collective
+        full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        if host is not None:
+            try:
+                target = _tensor(host, name)
+            except AttributeError:
+                raise RuntimeError(f"gathered state does not fit the host copy: unexpected {name}") from None
+            with torch.no_grad():
+                target.copy_(full.to(target.device))
+            loaded.add(id(target))
+        del full
     if host is None:
         return None
-    missing, unexpected = host.load_state_dict(full, strict=False)
-    loaded = {id(_tensor(host, k)) for k in full}
-    untied = [k for k in missing if id(_tensor(host, k)) not in loaded]  # a tied alias is loaded through its twin
-    if unexpected or untied:
-        raise RuntimeError(f"gathered state does not fit the host copy: missing {untied[:3]}, unexpected "
-                           f"{unexpected[:3]}")
+    with torch.no_grad():  # buffers are not sharded: every process holds them whole
+        for name, b in model.named_buffers():
+            try:
+                _tensor(host, name).copy_(b.to(_tensor(host, name).device))
+            except AttributeError:
+                raise RuntimeError(f"gathered state does not fit the host copy: unexpected {name}") from None
+    untied = [k for k, t in host.named_parameters() if id(t) not in loaded]  # a tied alias is its twin's tensor
+    if untied:
+        raise RuntimeError(f"gathered state does not fit the host copy: missing {untied[:3]}")
     return host
 
 
