@@ -4,10 +4,12 @@ embedding variant that tells a study's bases apart."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import matplotlib.ticker
+import pandas as pd
 
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
@@ -104,6 +106,25 @@ def draw_fig9(plot: Plot, spec: ReportSpec) -> Drawn:
         yield stem, _with_inputs(fig, group, f"{stem}: old/new-domain perplexity")
 
 
+# colours for SCALE-Adapt at a second, third ... l_fp in Fig. 4 (the first keeps the method's colour)
+EXTRA_COLOURS = ("tab:olive", "tab:pink", "tab:gray")
+
+
+def _fig4_line(row: pd.Series) -> str:
+    """Fig. 4's line of a run: its method, and for SCALE-Adapt its l_fp ("scale-adapt l_fp=0")."""
+    if row["method"] != "scale-adapt":
+        return row["method"]
+    return f"scale-adapt l_fp={row['result']['method_options'].get('l_fp')}"
+
+
+def _fig4_colours(lines: Iterable[str]) -> dict[str, str]:
+    """A colour per Fig. 4 line: the method's (COLORS). SCALE-Adapt's l_fp values in order, l_fp = 0 (W12 in every
+    layer) last: the first keeps the method's colour, each further one takes an EXTRA_COLOURS entry."""
+    adapt = sorted({x for x in lines if x.startswith("scale-adapt")}, key=lambda x: (x.endswith("l_fp=0"), x))
+    extra = {x: EXTRA_COLOURS[(i - 1) % len(EXTRA_COLOURS)] for i, x in enumerate(adapt) if i}
+    return {**COLORS, **{x: COLORS["scale-adapt"] for x in adapt[:1]}, **extra}
+
+
 @figure("fig4")
 def fig4(plot: Plot, spec: ReportSpec) -> list[Path]:
     """Representation cosine (original channels, step 0 vs now) and forgetting PPL: width vs depth (Fig. 4)."""
@@ -119,18 +140,22 @@ def draw_fig4(plot: Plot, spec: ReportSpec) -> Drawn:
         if group.empty:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        rate_ls = rate_styles(replicate_groups(group))
-        for g in replicate_groups(group):
+        # a line per width or depth: Adapt at each l_fp is its own (the paper's Width (Adapt) trains W12 in every
+        # layer, l_fp = 0), with its own colour; line styles tell the rates within one
+        groups = [g.assign(method=_fig4_line(g.iloc[0])) for g in replicate_groups(group)]
+        rate_ls = rate_styles(groups)
+        colours = _fig4_colours(g.iloc[0]["method"] for g in groups)
+        for g in groups:
             ms = _group_metrics(plot, g, "rep_cos", "old/ppl")
             if not ms:  # recorded as skipped
                 continue
             row = g.iloc[0]
-            label = names[row["method"]]
-            if row["method"] == "scale-adapt":
+            label = names[row["method"].split(" ")[0]]
+            if row["method"].startswith("scale-adapt"):
                 label += ", " + l_fp_text(row["result"]["method_options"].get("l_fp"), row["result"])
             label = _n_label(label + f" [{rated_setting(row)}]" if rated_setting(row) else label, len(ms))
             for ax, key in zip(axes, ("rep_cos", "old/ppl"), strict=True):
-                _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=COLORS[row["method"]],
+                _draw_mean(ax, mean_curve(ms, key), marker=".", ms=3, color=colours[row["method"]],
                            ls=rate_ls[row["group"]], label=label)
         axes[0].set_title("(a) representation forgetting")
         axes[0].set_ylabel("cosine of final hidden states (step 0 vs now)")

@@ -492,6 +492,17 @@ def test_fig9_and_fig4_colour_the_method_and_style_the_rate(tmp_path, drawn):
         assert texts(ax.get_legend()) == labels(ax)
     assert "line style: its learning rate" in caption(fig)
 
+    # Width (Adapt) with W12 in every layer (l_fp = 0, as the paper's Fig. 4) is its own line and colour
+    d = fake_cpt_run(tmp_path, "scale-adapt", {"l_fp": 0}, tag="every-layer")
+    r = json.loads((d / "result.json").read_text())
+    r["lr"] = 1e-3
+    write_result(d, r)
+    fig = drawn(draw_fig4(Plot.of(tmp_path), CPT_REPORT))["fig4_width_vs_depth_cpu"]
+    for ax in fig.axes:
+        every, some = line(ax, "Width (Adapt), l_fp=0 [l_fp=0, lr=0.001]"), line(ax, "Width (Adapt), l_fp=2 [l_fp=2, lr=0.001]")
+        assert some.get_color() == COLORS["scale-adapt"] != every.get_color()
+        assert (every.get_linestyle(), some.get_linestyle()) == ("-", "--")  # its only rate; the second of l_fp=2's
+
 
 def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     build_cpt_results(tmp_path)
