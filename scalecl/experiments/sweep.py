@@ -223,12 +223,14 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
         return results
 
 
-def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist, show=say) -> None:
+def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist, show=say) -> list[str]:
     """Show the estimated peak memory and time of what the sweep will train (scalecl.experiments.budget), once its
-    data is ready; a run that cannot fit is one error on every process before any training."""
+    data is ready; returns the methods to train. A sweep that cannot fit is one error on every process before any
+    training, except a sweep of every method (`--method all`): there each method that cannot fit is left out with
+    one line saying why, and the others train (the error when none fits)."""
     from scalecl.experiments.budget import check_fits, describe, sweep_estimate
 
-    refused = None
+    refused, kept = None, methods
     if d.main:
         e = sweep_estimate(exp, methods, dev, d.world)
         show(describe(e))
@@ -236,9 +238,22 @@ def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dis
             check_fits(e)
         except ScaleclError as err:
             refused = str(err)
-    refused = d.share(refused)
+            if len(methods) > 1 and set(methods) >= set(method_names()):
+                kept, lines = [], []
+                for name in methods:
+                    try:
+                        check_fits(sweep_estimate(exp, [name], dev, d.world))
+                        kept.append(name)
+                    except ScaleclError as one:
+                        lines.append(f"{name}: not trained: {one}")
+                if kept:
+                    for line in lines:
+                        show(line)
+                    refused = None
+    refused, kept = d.share((refused, kept))
     if refused is not None:
         raise ScaleclError(refused)
+    return kept
 
 
 def check_ahead(exps: Sequence[tuple[str, Experiment]], methods: list[str], opts: SweepOptions) -> None:
@@ -293,7 +308,9 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
     clock = clock or WallClock.begin()
     exp.prepare(Runtime(d, dev, None, say, force=opts.force))
     clock.lap("prepare")
-    _check_budget(exp, [n for n in prepared if opts.force or done[n] is None], dev, d)  # before any training
+    todo = [n for n in prepared if opts.force or done[n] is None]
+    fits = _check_budget(exp, todo, dev, d)  # before any training
+    prepared = {n: m for n, m in prepared.items() if n in fits or n not in todo}
     clock.lap("check")
     results = []
     with progress_bar() if d.main else contextlib.nullcontext() as progress:

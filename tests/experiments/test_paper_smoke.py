@@ -48,3 +48,35 @@ def test_one_step_at_the_1b_width(tmp_path, monkeypatch):
     r = json.loads(result.read_text())
     assert r["total_params"] > 128256 * 2304 and r["trainable_params"] > 128256 * 256  # the new head columns train
     assert "random initialisation, not pre-trained" in res.output
+
+
+def test_method_all_trains_what_fits_and_names_what_does_not(tmp_path, monkeypatch):
+    """`--method all` where one method's estimate does not fit (FFT at the 1B shapes on 24 GB, made to happen here
+    on the tiny preset): that method is one `not trained:` line, the others train; naming the methods one by one
+    keeps the refusal of the whole sweep."""
+    from scalecl.common.errors import ScaleclError
+    from scalecl.experiments import budget
+    from scalecl.methods import method_names
+
+    monkeypatch.chdir(tmp_path)
+    asked: list[list[str]] = []
+    estimate = budget.sweep_estimate
+
+    def sweep_estimate(exp, methods, device, world):
+        asked.append(list(methods))
+        return estimate(exp, methods, device, world)
+
+    def check_fits(e):
+        if "fft" in asked[-1]:
+            raise ScaleclError("this run needs about 9 TiB of memory at its peak")
+
+    monkeypatch.setattr(budget, "sweep_estimate", sweep_estimate)
+    monkeypatch.setattr(budget, "check_fits", check_fits)
+    args = ["train-cpt", "--preset", "tiny", "--out", "out", "--cache", "cache", "--checkpoints", "ck"]
+    res = CliRunner().invoke(app, [*args, "--method", "all"])
+    assert res.exit_code == 0, res.output
+    assert "fft: not trained: this run needs about 9 TiB" in res.output
+    trained = {json.loads(p.read_text())["method"] for p in Path("out").glob("*/result.json")}
+    assert trained == set(method_names()) - {"fft"}
+    res = CliRunner().invoke(app, [*args, "--method", "fft,lora", "--force"])
+    assert res.exit_code != 0 and "9 TiB" in res.output
