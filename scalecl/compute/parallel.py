@@ -133,9 +133,10 @@ def gather(model: nn.Module, host: nn.Module | None) -> nn.Module | None:
     with torch.no_grad():  # buffers are not sharded: every process holds them whole
         for name, b in model.named_buffers():
             try:
-                _tensor(host, name).copy_(b.to(_tensor(host, name).device))
+                target = _tensor(host, name)
             except AttributeError:
                 raise RuntimeError(f"gathered state does not fit the host copy: unexpected {name}") from None
+            target.copy_(b.to(target.device))
     untied = [k for k, t in host.named_parameters() if id(t) not in loaded]  # a tied alias is its twin's tensor
     if untied:
         raise RuntimeError(f"gathered state does not fit the host copy: missing {untied[:3]}")

@@ -75,6 +75,7 @@ from scalecl.training.delta import (
     DELTA_FILE,
     base_location,
     build_from_delta,
+    check_delta_method,
     check_record,
     check_structure,
     write_delta,
@@ -259,7 +260,7 @@ def _save_model(model: PreTrainedModel, out_dir: str | os.PathLike, method: Meth
     base_config = _base_config_of(model, method)
     split = check_structure(model, method, base_config) if method is not None and layout != "lora" else None
     if delta:
-        _check_delta(method, base_model)
+        check_delta_method(method, base_model)
         layout = "delta"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temporary(out.parent, f".{out.name}.tmp-{os.getpid()}-")  # marked: the suite's, if left by a kill
@@ -294,17 +295,6 @@ def _save_model(model: PreTrainedModel, out_dir: str | os.PathLike, method: Meth
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _check_delta(method: Method | None, base_model: str | None) -> None:
-    """A delta checkpoint needs a method that trains part of the model, and the base's name."""
-    if method is None or not method.delta:
-        what = f"method {method.name}" if method else "a plain model (no method)"
-        able = ", ".join(name for name, cls in REGISTRY.items() if cls.delta)
-        raise ScaleclError(f"{what} has no delta checkpoint (methods that have one: {able}; a LoRA checkpoint is an "
-                           f"adapter already): save a full checkpoint (delta=False)")
-    if not base_model:
-        raise ScaleclError("a delta checkpoint records its base: pass base_model (the base's hub id or folder)")
 
 
 def _is_peft(model) -> bool:

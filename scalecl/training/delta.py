@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import model_weights_header
-from scalecl.methods import Method
+from scalecl.methods import REGISTRY, Method
 from scalecl.models.build import _HUB_ID, arch_of, decoder_layers
 
 DELTA_FILE = "delta.safetensors"
@@ -131,6 +131,17 @@ def _some(items: list[str]) -> str:
 
 def _options(method: Method) -> str:
     return ", ".join(f"{k}={v}" for k, v in method.options().items()) or "no options"
+
+
+def check_delta_method(method: Method | None, base_model: str | None) -> None:
+    """A delta checkpoint needs a method that trains part of the model, and the base's name."""
+    if method is None or not method.delta:
+        what = f"method {method.name}" if method else "a plain model (no method)"
+        able = ", ".join(name for name, cls in REGISTRY.items() if cls.delta)
+        raise ScaleclError(f"{what} has no delta checkpoint (methods that have one: {able}; a LoRA checkpoint is an "
+                           f"adapter already): save a full checkpoint (delta=False)")
+    if not base_model:
+        raise ScaleclError("a delta checkpoint records its base: pass base_model (the base's hub id or folder)")
 
 
 def write_delta(model: PreTrainedModel, method: Method, split: Split, folder: Path,
