@@ -311,6 +311,12 @@ class CptEvalConfig:
     # records, per set, the router's score quantiles over every position and each path's share of its logit
     # norm on those rows. 0 = off. Measures only: changes no other number and is not part of the run's name.
     never_tokens: int = opt(0, ge=0)
+    # The final model's held-out evaluation, larger than the slices above: after the last step the base (once per
+    # sweep) and each method's final model score the first `final_take` documents after each held-out set's
+    # `skip` (0: every one; -1: off), at the training length and again at `final_context` tokens per sequence (0:
+    # the model's positions, at most 2,048). Recorded under `heldout` in result.json.
+    final_take: int = opt(-1, ge=-1, le=MAX_DOCS)
+    final_context: int = opt(0, ge=0, le=MAX_SIZE)
 
 
 # Paper Table 1: learning rates of continual pre-training on the Korean dataset.

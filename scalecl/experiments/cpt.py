@@ -11,6 +11,8 @@ method. Every `eval.every` steps the run records
             exactly it does; Route is measured on its adapt path (its preserve path is the base exactly),
   up_norm   SCALE only (Fig. 7): mean Frobenius norm of the upscaled blocks (and of the training W12),
   */route_preserve, */route_adapt  SCALE-Route's routing fractions on each evaluation set.
+With eval.final_take set, the base (once) and each final model are also scored on larger held-out sets, at the
+training length and at a long context (result.json `heldout`).
 
 Data parallel: run the same command under `torchrun --nproc_per_node N` (or `accelerate launch`): each
 process trains a DistributedDataParallel replica on its share of every global batch (train.batch
@@ -25,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,13 @@ from scalecl.data.corpus import (
     wrap_warning,
 )
 from scalecl.data.tokenizer import TOKENIZER_FILES, open_tokenizer
-from scalecl.evaluation.perplexity import final_hidden, perplexity, representation_cosine, upscaled_norms
+from scalecl.evaluation.perplexity import (
+    LOGIT_BLOCK,
+    final_hidden,
+    perplexity,
+    representation_cosine,
+    upscaled_norms,
+)
 from scalecl.evaluation.qa import value_summary
 from scalecl.experiments.base import (
     EndTable,
@@ -250,6 +258,32 @@ class EvalSets:
         return escape(f"{chunks.scored:,} tokens scored, {chunks.documents:,} documents of {spec}")
 
 
+@dataclass
+class FinalSet:
+    """One held-out set of the final evaluation: its slice in words, its chunks at each length, and the scores
+    (length -> "base" / "end" -> perplexity's record)."""
+
+    slice: str
+    chunks: dict[int, EvalChunks]
+    scores: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+
+def final_lengths(rc: Any, n_pos: int | None) -> list[int]:
+    """The lengths of the final held-out evaluation: the training length, then eval.final_context (0: the
+    model's positions, at most FINAL_CONTEXT) when it differs; none when eval.final_take is -1."""
+    if rc.eval.final_take < 0:
+        return []
+    seq, ctx = rc.train.seq_len, rc.eval.final_context or min(n_pos or FINAL_CONTEXT, FINAL_CONTEXT)
+    if n_pos is not None and ctx > n_pos:
+        raise ScaleclError(f"eval.final_context={ctx} exceeds the model's {n_pos} positions")
+    if ctx < 2:
+        raise ScaleclError(f"eval.final_context must be at least 2, got {ctx}")
+    return [seq] if ctx == seq else [seq, ctx]
+
+
+FINAL_CONTEXT = 2048  # eval.final_context = 0: the model's positions, at most this many (as eval-ppl)
+
+
 def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
     """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
     and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
@@ -272,6 +306,9 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
             phase(f"evaluation ({name})", cfg, name, opts, (rc.eval.batch, seq),
                   (t.steps // (rc.eval.every or t.steps) + 2) * eval_tokens, ("eval.batch",), train=False),
         ]
+        for n in final_lengths(rc, max_positions(cfg))[1:]:  # the longest forward of the final held-out evaluation
+            phases.append(phase(f"final held-out evaluation ({name})", cfg, name, opts,
+                                (max(1, rc.eval.batch * seq // n), n), 0, ("eval.final_context",), train=False))
     return phases
 
 
@@ -303,7 +340,7 @@ class CptExperiment(ExperimentBase):
     # the run's own rate is named (lr_of); the never-target rows are a measurement only
     not_named = (*ExperimentBase.not_named, "lr", "eval.never_tokens")
     named_when_set = {"model.vocab": 0, "data.text_unit": "line", "old_eval.text_unit": "line",
-                      "new_eval.text_unit": "line"}
+                      "new_eval.text_unit": "line", "eval.final_take": -1, "eval.final_context": 0}
     end_table = CPT_TABLE
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
@@ -324,6 +361,8 @@ class CptExperiment(ExperimentBase):
         self.base_source, self.base_info = "", {}  # stages: the base model and its record
         self.never_info: dict[str, Any] = {}
         self.chunks: PackedChunks | None = None  # batches: the training stream
+        self.final_lengths: list[int] = []  # check: the final held-out evaluation's lengths (none: off)
+        self.final_sets: dict[str, FinalSet] = {}  # prepare: its sets; stages: the base's scores on them
 
     # -- before anything is written ----------------------------------------------------------------------
 
@@ -362,6 +401,7 @@ class CptExperiment(ExperimentBase):
         n_pos = max_positions(base_cfg)
         if n_pos is not None and rc.train.seq_len > n_pos:
             raise ScaleclError(f"train.seq_len={rc.train.seq_len} exceeds the model's {n_pos} positions")
+        self.final_lengths = final_lengths(rc, n_pos)
         for m in methods.values():
             m.check(base_cfg)
 
@@ -403,6 +443,13 @@ class CptExperiment(ExperimentBase):
                                f"batch")
         self.evals = EvalSets(old_chunks, new_chunks, old_spec.describe(), new_spec.describe(),
                               torch.stack(full[: rc.eval.rep_batch]))
+        if self.final_lengths:
+            with self._status(d, "tokenising the final held-out sets"):
+                for split, cc in (("old", rc.old_eval), ("new", rc.new_eval)):
+                    spec = corpus_spec(replace(cc, take=rc.eval.final_take), self.root)
+                    what = f"{'old' if split == 'old' else 'new'}-domain final held-out set"
+                    self.final_sets[split] = FinalSet(spec.describe(), {n: eval_chunks(spec, self.tokenizer, n, what)
+                                                                        for n in self.final_lengths})
         self.data_s = time.perf_counter() - t0
 
     def stages(self, rt: Runtime) -> None:
@@ -419,6 +466,8 @@ class CptExperiment(ExperimentBase):
         ev = self.evals
         ev.d_model = getattr(base, "scale_base_sizes", {}).get("hidden_size") or base.config.hidden_size  # d: unwidened
         ev.h0 = final_hidden(base, ev.rep_ids.to(rt.device), ev.d_model)
+        if self.final_sets:  # the start of every method (each is exact at initialisation): scored once
+            self.heldout_scores(base, None, "base")
         del base
         info = self.base_info
         done = "random initialisation, not pre-trained" if info.get("steps") == 0 else f"pre-trained {info.get('wall_s')} s"
@@ -484,6 +533,31 @@ class CptExperiment(ExperimentBase):
                          save_every=rc.checkpoint.every, compute=rc.compute, desc=f"cpt: {method.name}",
                          tracker_config={"method": method.name, "options": method.options(), "lr": lr, **asdict(rc)})
 
+    def heldout_scores(self, model: torch.nn.Module, method: Method | None, who: str) -> None:
+        """Score `model` on every final held-out set at every length; kept as `who` ("base" or "end")."""
+        rc = self.rc
+        autocast = autocast_dtype(rc.dtype, self.device, rc.compute.cpu_bf16)
+        total = sum(len(c) for fs in self.final_sets.values() for c in fs.chunks.values())
+        stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
+        with eval_progress(f"cpt: {method.name if method else 'base'}: final held-out evaluation", total,
+                           "sequences") as advance:
+            for fs in self.final_sets.values():
+                for n, chunks in fs.chunks.items():
+                    rows = max(1, rc.eval.batch * rc.train.seq_len // n)  # as many tokens per forward as the others
+                    r = perplexity(model, chunks, rows, autocast, stats, progress=advance, logit_block=LOGIT_BLOCK)
+                    fs.scores.setdefault(n, {})[who] = {k: round(v, 6) if isinstance(v, float) else v
+                                                        for k, v in r.items()}
+
+    def heldout_record(self) -> dict[str, Any]:
+        """result.json's `heldout`: per set and length, the base's and the final model's scores."""
+        rc = self.rc
+        return {"take": rc.eval.final_take, "lengths": self.final_lengths, "train_seq_len": rc.train.seq_len,
+                **{split: {"slice": fs.slice, "documents": next(iter(fs.chunks.values())).documents,
+                           "at": {str(n): {"tokens": chunks.scored, "sequences": len(chunks),
+                                           "start": fs.scores[n]["base"], "end": fs.scores[n]["end"]}
+                                  for n, chunks in fs.chunks.items()}}
+                   for split, fs in self.final_sets.items()}}
+
     def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
         rc, ev = self.rc, self.evals
         autocast = autocast_dtype(rc.dtype, self.device, rc.compute.cpu_bf16)
@@ -507,6 +581,10 @@ class CptExperiment(ExperimentBase):
         ev, records = self.evals, res.records
         first, last = records[0], records[-1]
         micro, accum = self._micro(rt.d)
+        heldout = {}
+        if self.final_sets:
+            self.heldout_scores(res.model, method, "end")
+            heldout = {"heldout": self.heldout_record()}
         return self.envelope(method, res, rt) | {
             "base": {"source": self.base_source, **self.base_info},
             "tokenizer": self.tok_src, "micro_batch": micro, "accumulation": accum,
@@ -522,6 +600,7 @@ class CptExperiment(ExperimentBase):
                         "rep_cos_start": first["rep_cos"], "rep_cos_end": last["rep_cos"],
                         "rep_cos_min": min(r["rep_cos"] for r in records), "final_loss": res.losses[-1]},
             "final": last,
+            **heldout,
             "checkpoint": str(run.final_dir),
         }
 
