@@ -84,7 +84,7 @@ BIO_REPORT = ReportSpec(
 
 CPT_REPORT = ReportSpec(
     name="cpt",
-    outputs=("summary", "fig9", "fig4", "fig5", "fig6", "fig7", "train_loss", "lr_schedule", "routing",
+    outputs=("summary", "heldout", "fig9", "fig4", "fig5", "fig6", "fig7", "train_loss", "lr_schedule", "routing",
              "frontier", "route_mechanism_table"),
     required=("summary.old_ppl_start", "summary.old_ppl_end", "summary.old_ppl_max", "summary.new_ppl_start",
               "summary.new_ppl_end", "summary.rep_cos_end", "final", "config.train", "config.train.steps",

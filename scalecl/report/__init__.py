@@ -23,6 +23,7 @@ from scalecl.report.cpt import draw_fig4, draw_fig9, fig4, fig9  # noqa: E402
 from scalecl.report.draw import mean_curve, pool_replicates  # noqa: E402
 from scalecl.report.frontier import draw_frontier, fig_frontier, frontier_runs, frontier_table  # noqa: E402
 from scalecl.report.harness import table2  # noqa: E402
+from scalecl.report.heldout import heldout_table, heldout_tables  # noqa: E402
 from scalecl.report.mechanism import (  # noqa: E402
     draw_route_mechanism,
     fig_route_mechanism,
@@ -76,7 +77,7 @@ __all__ = [
     "draw_lr_schedule", "draw_route_mechanism", "draw_route_study", "draw_router_score", "draw_routing",
     "draw_train_loss", "fig4", "fig5", "fig6", "fig7", "fig8", "fig9", "fig_frontier", "fig_lr_schedule",
     "fig_route_mechanism", "fig_route_studies", "fig_route_study", "fig_router_score", "fig_routing",
-    "fig_train_loss", "find_files", "frontier_runs", "frontier_table", "group_label", "inputs_text", "l_fp_text",
+    "fig_train_loss", "find_files", "frontier_runs", "heldout_table", "heldout_tables", "frontier_table", "group_label", "inputs_text", "l_fp_text",
     "load_metrics", "load_runs", "load_train_log", "mean_curve", "paired_table", "plot_all", "pool_replicates",
     "read_result", "replicate_groups", "route_mechanism_cpt", "route_runs", "route_study_table", "seeds_of",
     "shown_aggregate", "study_means", "study_names", "study_table", "summary_table", "table2",
@@ -85,7 +86,7 @@ __all__ = [
 
 # the order plot_all makes the registered outputs in (each for every experiment listing it, in the order the
 # experiments are given); an output registered but not named here comes after these
-RUN_ORDER = ("fig8", "summary", "table2", "fig9", "fig4", "fig5", "fig6", "fig7", "route_studies", "train_loss",
+RUN_ORDER = ("fig8", "summary", "heldout", "table2", "fig9", "fig4", "fig5", "fig6", "fig7", "route_studies", "train_loss",
              "lr_schedule", "routing", "router_score", "frontier", "route_mechanism", "route_mechanism_table")
 
 

@@ -250,3 +250,37 @@ def test_cpu_bf16_autocast_runs_close_to_float32_under_its_own_name(tmp_path, lo
     a, b = ([json.loads(x)["loss"] for x in (d / "train_log.jsonl").read_text().splitlines()] for d in (da, db))
     assert len(a) == len(b) == 6 and a != b
     assert max(abs(x - y) / x for x, y in zip(a, b, strict=True)) < 0.02  # bf16 rounding, not another run
+
+
+def test_final_heldout_evaluation_scores_whole_sets_as_eval_ppl_does(tmp_path, local):
+    """eval.final_take: the base once and each final model on every held-out document, at the training length
+    and at the model's context; the final model's numbers are eval-ppl's on its checkpoint; off by default and
+    then no part of a run's name."""
+    from scalecl.common.errors import ScaleclError
+    from scalecl.experiments.config import CorpusConfig
+    from scalecl.experiments.eval_ppl import eval_ppl
+
+    small = ("old_eval.take=10", "new_eval.take=10")  # the slices evaluated during training
+    fft, route = run(tmp_path / "a", local_sets(local, "llama", *small, "eval.final_take=0"), ["fft", "scale-route"])
+    (plain,) = run(tmp_path / "b", local_sets(local, "llama", *small), ["fft"])
+    assert "heldout" not in plain and Path(plain["checkpoint"]).parent.name != Path(fft["checkpoint"]).parent.name
+    assert plain["final"] == fft["final"]  # a measurement only: the run trains the same
+    corpus = local / "corpus"
+    for split, lang in (("old", "en"), ("new", "ko")):
+        docs = len((corpus / lang / "test.jsonl").read_text().splitlines())
+        for r in (fft, route):
+            h = r["heldout"]
+            assert h["lengths"] == [32, 64] and h["train_seq_len"] == 32  # the local bases' 64 positions
+            assert h[split]["documents"] == docs > r["data"][f"{split}_eval"]["documents"]
+            for n in ("32", "64"):
+                at = h[split]["at"][n]
+                assert at["start"] == fft["heldout"][split]["at"][n]["start"]  # the base, scored once
+                assert at["end"]["seq_len"] == int(n) and at["end"]["tokens"] == at["tokens"]
+                rec = eval_ppl(r["checkpoint"], CorpusConfig(path=str(corpus / lang), split="test"), int(n), 3,
+                               tmp_path / "cache")
+                assert rec["ppl"] == pytest.approx(at["end"]["ppl"], rel=1e-5) and rec["tokens"] == at["tokens"]
+        assert fft["heldout"][split]["at"]["32"]["start"]["ppl"] != fft["heldout"][split]["at"]["32"]["end"]["ppl"]
+    assert 0 < route["heldout"]["old"]["at"]["64"]["end"]["route_preserve"] <= 1
+    with pytest.raises(ScaleclError, match="eval.final_context=65 exceeds the model's 64 positions"):
+        run(tmp_path / "c", local_sets(local, "llama", "eval.final_take=0", "eval.final_context=65"), ["fft"])
+    assert not (tmp_path / "c" / "out").exists()

@@ -111,7 +111,8 @@ def test_real_preset_end_to_end_on_smollm2(smol, tmp_path):
 
     cache = smol[0]
     rc = load_preset("cpt", "real", ["train.steps=2", "train.batch=2", "train.seq_len=32", "eval.every=2",
-                                     "eval.batch=2", "eval.rep_batch=2", "old_eval.take=2", "new_eval.take=2"])
+                                     "eval.batch=2", "eval.rep_batch=2", "old_eval.take=2", "new_eval.take=2",
+                                     "eval.final_take=3", "eval.final_context=64"])
     assert SMOLLM2_GGUF is not None
     out = sweep(cpt.CptExperiment(rc, "real", Paths(tmp_path / "out", cache, tmp_path / "runs")),
                 ["fft", "scale-route"])
@@ -122,6 +123,10 @@ def test_real_preset_end_to_end_on_smollm2(smol, tmp_path):
                   .read_text().splitlines()][0] for m in ("scale-route", "fft"))
     assert start["old/ppl"] == pytest.approx(f0["old/ppl"], rel=1e-5)  # Route at init = the base
     assert start["new/ppl"] == pytest.approx(f0["new/ppl"], rel=1e-5)
+    for split in ("old", "new"):  # the final held-out sets: 3 documents at 32 and 64 tokens, the base scored once
+        h = {m: r["heldout"][split] for m, r in res.items()}
+        assert route["heldout"]["lengths"] == [32, 64] and h["fft"]["documents"] == 3
+        assert h["scale-route"]["at"]["64"]["start"] == h["fft"]["at"]["64"]["start"]
     info = route["data"]["never_rows"]
     assert info["rows"] == 49152 and 40_000 < info["never_rows"] < 49152
     for split in ("old", "new"):

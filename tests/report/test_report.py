@@ -847,3 +847,49 @@ def test_a_key_added_later_at_its_default_keeps_runs_in_one_replicate_group():
     new = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "line"}, "seed": 1}}
     para = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "paragraph"}, "seed": 0}}
     assert _config_id(old, CPT_REPORT) == _config_id(new, CPT_REPORT) != _config_id(para, CPT_REPORT)
+
+
+def test_heldout_table_means_intervals_and_route_pairs_by_run_seed(tmp_path):
+    """heldout_cpt: per method the base's and final models' whole-set perplexities at both lengths with a t
+    interval over run seeds; paired_heldout_cpt: Route minus each other method per run seed. Runs without a
+    final held-out evaluation add no row."""
+    import math
+
+    from scalecl.report.stats import t_interval
+
+    res = tmp_path / "results"
+    ends = {"fft": (40.0, 42.0, 47.0), "scale-route": (44.0, 44.5, 45.5)}
+    for method, olds in ends.items():
+        for seed, old in enumerate(olds):
+            d = fake_cpt_run(res / "cpt", method, tag=f"s{seed}")
+            r = json.loads((d / "result.json").read_text())
+            at = {n: {"tokens": 100, "sequences": 2, "start": {"ppl": 45.9 + k}, "end": {"ppl": old + k}}
+                  for k, n in enumerate(("128", "2048"))}
+            r |= {"seeds": {"base": 0, "run": seed}, "config": r["config"] | {"seed": 0, "run_seed": seed},
+                  "heldout": {"take": 0, "lengths": [128, 2048], "train_seq_len": 128,
+                              "old": {"slice": "en", "documents": 9, "at": at},
+                              "new": {"slice": "ko", "documents": 9, "at": {n: {**v, "end": {"ppl": 4.0}}
+                                                                           for n, v in at.items()}}}}
+            write_result(d, r)
+    fake_cpt_run(res / "cpt", "lora", tag="plain")  # no heldout: in table_cpt only
+    out = tmp_path / "figs"
+    r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(out / "heldout_cpt.csv").set_index("method")
+    assert sorted(df.index) == ["fft", "scale-route"] and (df["n"] == 3).all()
+    for method, olds in ends.items():
+        for k, role in enumerate(("train", "context")):
+            iv = t_interval(o + k for o in olds)
+            row = df.loc[method]
+            assert row[f"old_{role}_end"] == pytest.approx(iv.mean)
+            assert (row[f"old_{role}_end_ci_lo"], row[f"old_{role}_end_ci_hi"]) == pytest.approx((iv.lo, iv.hi))
+            assert row[f"old_{role}_start"] == pytest.approx(45.9 + k) and row[f"new_{role}_end"] == 4.0
+        assert (df.loc[method, "train_len"], df.loc[method, "context_len"]) == (128, 2048)
+        assert "run seeds of base 0" in df.loc[method, "interval"]
+    paired = pd.read_csv(out / "paired_heldout_cpt.csv")
+    row = paired[(paired["metric"] == "old_train_end") & paired["interval"].str.contains("run seeds")].iloc[0]
+    diffs = [a - b for a, b in zip(ends["scale-route"], ends["fft"], strict=True)]
+    iv = t_interval(diffs)
+    assert row["b"] == "FFT" and (row["diff_mean"], row["diff_ci_lo"], row["diff_ci_hi"]) == pytest.approx(
+        (iv.mean, iv.lo, iv.hi))
+    assert not math.isnan(iv.lo) and "± " in (out / "heldout_cpt.md").read_text()
