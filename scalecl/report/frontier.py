@@ -32,6 +32,7 @@ from scalecl.report.runs import (
     inputs_text,
     load_runs,
     marked,
+    used_options,
 )
 from scalecl.report.spec import FrontierSpec, ReportSpec
 from scalecl.report.stats import interval_note, t_interval
@@ -80,7 +81,7 @@ def frontier_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
     if runs.empty:
         return runs
     runs["front"] = [_short_hash([spec.name, r["preset"], _frontier_config(r, spec)]) for r in runs["result"]]
-    runs["line"] = [_short_hash([f, r["method"], r.get("method_options") or {}] + _unverified_part(r))
+    runs["line"] = [_short_hash([f, r["method"], used_options(r)] + _unverified_part(r))
                     for f, r in zip(runs["front"], runs["result"], strict=True)]
     runs["lr"] = [float(r["lr"]) for r in runs["result"]]
     runs["point"] = runs["line"] + runs["lr"].map(lambda v: f"@{v:.6g}")
@@ -99,8 +100,8 @@ def _frontier_settings(runs: pd.DataFrame, spec: ReportSpec, most: int = 4) -> p
         fronts = {row["front"]: _flat(_frontier_config(row["result"], spec)) for _, row in g.iterrows()}
         keys = _varying(list(fronts.values()))
         for _, row in g.iterrows():
-            same = [_flat(r.get("method_options") or {}) for r in g[g["method"] == row["method"]]["result"]]
-            opts = _flat(row["result"].get("method_options") or {})
+            same = [_flat(used_options(r)) for r in g[g["method"] == row["method"]]["result"]]
+            opts = _flat(used_options(row["result"]))
             parts = [f"{k}={fronts[row['front']].get(k, 'unset')}" for k in keys]
             parts += [f"{k}={opts.get(k, 'unset')}" for k in _varying(same)]
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")

@@ -259,12 +259,22 @@ def _config_rest(r: dict, spec: ReportSpec, pair: bool = False) -> dict:
     return {k: v for k, v in rest.items() if not (pair and k in METHOD_KEYS and isinstance(v, dict))}
 
 
+ROUTE_ONLY = ("tau", "router")  # SCALE options only SCALE-Route reads (Preserve and Adapt record them too)
+
+
+def used_options(r: dict) -> dict:
+    """A run's method options that its method reads: SCALE-Route's router options are left out of every other
+    method's (a Preserve or Adapt run made under another default tau is the same run)."""
+    opts = r.get("method_options") or {}
+    return opts if r.get("method") == "scale-route" else {k: v for k, v in opts.items() if k not in ROUTE_ONLY}
+
+
 def _config_id(r: dict, spec: ReportSpec, pair: bool = False) -> str:
     """A short hash of a run's replicate group (pair=False: its run name without seeds and numerics) or of the
     base it shares with other methods (pair=True)."""
     ident = [r["experiment"], r["preset"], _config_rest(r, spec, pair)]
     if not pair:
-        ident += [r["method"], r.get("method_options") or {}, r.get("lr")]
+        ident += [r["method"], used_options(r), r.get("lr")]
         ident += [UNVERIFIED] if r.get(UNVERIFIED) else []  # never a replicate of runs that are proven
     text = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -294,7 +304,7 @@ def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
     firsts = df.drop_duplicates("group")
     for _, g in firsts.groupby("preset", sort=False):
         shared = {row["group"]: _flat(_config_rest(row["result"], spec, pair=True)) for _, row in g.iterrows()}
-        opts = {row["group"]: _flat(row["result"].get("method_options") or {}) for _, row in g.iterrows()}
+        opts = {row["group"]: _flat(used_options(row["result"])) for _, row in g.iterrows()}
         keys = _varying(list(shared.values()))
         for _, row in g.iterrows():
             same = [opts[x] for x in g[g["method"] == row["method"]]["group"]]

@@ -893,3 +893,21 @@ def test_heldout_table_means_intervals_and_route_pairs_by_run_seed(tmp_path):
     assert row["b"] == "FFT" and (row["diff_mean"], row["diff_ci_lo"], row["diff_ci_hi"]) == pytest.approx(
         (iv.mean, iv.lo, iv.hi))
     assert not math.isnan(iv.lo) and "± " in (out / "heldout_cpt.md").read_text()
+
+
+def test_route_only_options_neither_split_nor_label_other_methods(tmp_path):
+    """tau and router are read by SCALE-Route alone: Adapt runs recorded under two default taus are one
+    replicate group without a tau label; Route runs at two taus stay two groups, labelled by tau."""
+    res = tmp_path / "results"
+    for seed, tau in enumerate((0.9, 0.5)):
+        for method in ("scale-adapt", "scale-route"):
+            d = fake_cpt_run(res / "cpt", method, {"l_fp": 1, "tau": tau, "router": "logit"}, tag=f"s{seed}")
+            r = json.loads((d / "result.json").read_text())
+            write_result(d, r | {"seeds": {"base": seed, "run": 0}, "config": r["config"] | {"seed": seed}})
+    out = tmp_path / "figs"
+    r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(out / "table_cpt.csv")
+    adapt, route = df[df["method"] == "scale-adapt"], df[df["method"] == "scale-route"]
+    assert len(adapt) == 1 and adapt["n"].item() == 2 and "tau" not in str(adapt["setting"].item())
+    assert len(route) == 2 and sorted(route["setting"]) == ["tau=0.5", "tau=0.9"]
