@@ -152,8 +152,10 @@ def _missing_note(names: list[str], what: str) -> str:
 
 def pool_replicates(rows: list[tuple[pd.Series, pd.DataFrame]], setting_of) -> list[tuple[pd.Series, pd.DataFrame]]:
     """A study's (table row, metrics) pairs with the replicates of one setting (`setting_of(row)`) drawn as one
-    line: the first row, its setting marked with n, and per step the mean of every metric over the runs
-    evaluated there, with `<metric>:lo` / `<metric>:hi` its 95% t interval (NaN where fewer than 2 runs)."""
+    line: the first row, its setting marked with n and its unit, and per step the mean of every metric over the
+    units evaluated there, with `<metric>:lo` / `<metric>:hi` its 95% t interval (NaN where fewer than 2 units).
+    The units never pool the two seed axes (tables.replicate_unit): a setting's base seeds when it has several
+    (each base's run seeds averaged first), else its run seeds on the one base."""
     groups: dict[str, list[tuple[pd.Series, pd.DataFrame]]] = {}
     for row, m in rows:
         groups.setdefault(setting_of(row), []).append((row, m))
@@ -161,9 +163,15 @@ def pool_replicates(rows: list[tuple[pd.Series, pd.DataFrame]], setting_of) -> l
     for members in groups.values():
         row, m = members[0]
         if len(members) > 1:
+            by_base: dict = {}
+            for r, x in members:
+                by_base.setdefault(r.get("base_seed"), []).append(x)
+            units = [_mean_frame(xs) for xs in by_base.values()] if len(by_base) > 1 else [x for _, x in members]
+            unit = (f"{len(units)} base seeds" if len(by_base) > 1 else
+                    f"{len(units)} run seeds" + (f" of base {row.get('base_seed')}" if "base_seed" in row else ""))
             row = row.copy()
-            row["setting"] = f"{row['setting']} (mean of {len(members)})"
-            m = _pooled_metrics([x for _, x in members])
+            row["setting"] = f"{row['setting']} (mean of {unit})"
+            m = _pooled_metrics(units)
         out.append((row, m))
     return out
 

@@ -78,8 +78,8 @@ def route_study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
         s, opts = r["summary"], r.get("method_options") or {}
         model_rows, tok = _vocab_rows(r)
         m = _metrics_or_none(plot, row["dir"])
-        rec = {"study": study, "preset": row["preset"], "method": row["method"],
-               "setting": _setting(spec, study, r), "tau": _tau(r), "router": opts.get("router", "logit"),
+        rec = {"study": study, "preset": row["preset"], "method": row["method"], "base_seed": row["base_seed"],
+               "run_seed": row["run_seed"], "setting": _setting(spec, study, r), "tau": _tau(r), "router": opts.get("router", "logit"),
                "vocab_model": model_rows, "vocab_tokenizer": tok, "steps": r["config"]["stage3"]["steps"],
                "task0_start": s["task0_start"], "task0_min": s["task0_min"], "task0_end": s["task0_end"],
                "task1_end": s["task1_end"], "task0_full_end": r["final"]["task0_heldout"]["acc"],

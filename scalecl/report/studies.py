@@ -50,7 +50,7 @@ def study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
         opts = r.get("method_options", {})
         s = r["summary"]
         rows.append({"study": study, "preset": row["preset"], "method": row["method"],
-                     "variant": embedding_variant(r),
+                     "base_seed": row["base_seed"], "run_seed": row["run_seed"], "variant": embedding_variant(r),
                      "setting": marked(study_label(study, opts), r), "l_fp": opts.get("l_fp"),
                      "old_ppl_start": s["old_ppl_start"], "old_ppl_end": s["old_ppl_end"],
                      "new_ppl_start": s["new_ppl_start"], "new_ppl_end": s["new_ppl_end"],
@@ -82,8 +82,41 @@ def _save_study(plot: Plot, spec: ReportSpec, figures: Drawn, study: str) -> lis
         return []
     stem = STUDY_TABLES[study]
     inputs = inputs_text(load_runs(plot, spec, study=study), f"{stem}: one row per run")
-    return paths + write_table(plot, study_table(plot, spec, study).drop(columns="dir"), stem,
-                               inputs=inputs) + write_study_means(plot, spec, study, stem)
+    df = study_table(plot, spec, study)
+    paths += write_table(plot, df.drop(columns="dir"), stem, inputs=inputs) + write_study_means(plot, spec, study, stem)
+    paired = study_paired(df, STUDY_REFERENCE[study]) if study in STUDY_REFERENCE else pd.DataFrame()
+    if len(paired):
+        paths += write_table(plot, paired, f"paired_{stem}", float_fmt="{:.4f}",
+                             caption=STUDY_PAIRED.format(ref=STUDY_REFERENCE[study]),
+                             inputs=inputs_text(load_runs(plot, spec, study=study), f"paired_{stem}: runs per base"))
+    return paths
+
+
+STUDY_REFERENCE = {"init": "SVD,0", "collab": "mlp"}  # the setting each study's paired table subtracts
+STUDY_PAIRED = ("End-of-run forgetting (old_ppl_end) and learning (new_ppl_end) perplexity of each setting minus "
+                "{ref}'s trained from the same base seed (within one embedding variant), a base's run seeds "
+                "averaged first: the mean difference over the base seeds both have, with its 95% Student-t "
+                "interval (mean ± t_0.975,n-1 · s/√n; none for one base); per_base: each base's difference.")
+
+
+def study_paired(df: pd.DataFrame, ref: str) -> pd.DataFrame:
+    """Per embedding variant, setting (other than `ref`) and end metric: the paired differences from `ref` by
+    base seed (`df`: a study_table)."""
+    rows = []
+    for variant, v in df.groupby("variant", sort=False):
+        base = v[v["setting"] == ref].groupby("base_seed")
+        for setting in [x for x in dict.fromkeys(v["setting"]) if x != ref]:
+            own = v[v["setting"] == setting].groupby("base_seed")
+            for col in ("old_ppl_end", "new_ppl_end"):
+                a, b = own[col].mean(), base[col].mean()
+                bases = sorted(set(a.index) & set(b.index))
+                diffs = [float(a[x] - b[x]) for x in bases]
+                iv = t_interval(diffs)
+                rows.append({"variant": variant, "a": setting, "b": ref, "metric": col, "n_bases": len(bases),
+                             "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi,
+                             "interval": f"t over {len(bases)} base seeds" if len(bases) >= 2 else "1 base",
+                             "per_base": "; ".join(f"{x}: {d:+.6g}" for x, d in zip(bases, diffs, strict=True))})
+    return pd.DataFrame(rows)
 
 
 @figure("fig5")
@@ -182,7 +215,7 @@ def draw_fig6(plot: Plot, spec: ReportSpec) -> Drawn:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, col, color, title in ((axes[0], "old_ppl_end", "tab:red", "(a) forgetting PPL at the end"),
                                   (axes[1], "new_ppl_end", "tab:blue", "(b) learning PPL at the end")):
-        ivs = {k: t_interval(g[col]) for k, g in df.groupby("l_fp", sort=True)}  # replicates pooled per l_fp
+        ivs = {k: t_interval(_unit_values(g, col)) for k, g in df.groupby("l_fp", sort=True)}
         x, mean = list(ivs), [iv.mean for iv in ivs.values()]
         most = max(iv.n for iv in ivs.values())
         ax.plot(x, mean, marker="o", color=color)
@@ -190,7 +223,8 @@ def draw_fig6(plot: Plot, spec: ReportSpec) -> Drawn:
             ax.errorbar(x, mean, yerr=[[iv.mean - iv.lo if iv.n > 1 else 0 for iv in ivs.values()],
                                        [iv.hi - iv.mean if iv.n > 1 else 0 for iv in ivs.values()]],
                         fmt="none", ecolor=color, capsize=3)
-        ax.set_title(title + (f"\n(mean of up to {most} runs, 95% t interval)" if most > 1 else ""))
+        unit = "base seeds" if df["base_seed"].nunique() > 1 else "run seeds"
+        ax.set_title(title + (f"\n(mean of up to {most} {unit}, 95% t interval)" if most > 1 else ""))
     for ax in axes:
         ax.set_xlabel("l_fp (function-preserving lower layers)")
         ax.set_xticks(df["l_fp"].tolist())
@@ -239,6 +273,12 @@ FIG7_BAND = ("A line with replicates: per evaluated step, the mean norm against 
              "seeds on one base); shaded: the 95% Student-t interval of the forgetting PPL over those units at "
              "that step (mean +- t_0.975,n-1 s/sqrt(n)), drawn at the mean norm; the norm's own spread is not "
              "drawn.")
+
+
+def _unit_values(g: pd.DataFrame, col: str) -> list[float]:
+    """The values of one setting's runs over its units: one per base seed (its run seeds averaged) when it has
+    several bases, else one per run seed (the two seed axes are never pooled)."""
+    return g.groupby("base_seed")[col].mean().tolist() if g["base_seed"].nunique() > 1 else g[col].tolist()
 
 
 def _with_table(runs: pd.DataFrame, df: pd.DataFrame, *columns: str) -> pd.DataFrame:

@@ -760,10 +760,13 @@ def test_study_replicates_are_pooled_in_figures_and_tables(tmp_path, drawn):
     for seed, end in ((0, 0.2), (1, 0.4), (2, 0.3)):
         _set_seeds(fake_route_bio_run(tau, opts={"tau": -1}, tag=f"m1-s{seed}", end0=end), seed)
     _set_seeds(fake_route_bio_run(tau, opts={"tau": 0.9}, tag="t09", end0=0.5), 0)
+    for tag, base, run, end in (("a", 0, 0, 0.2), ("b", 0, 1, 0.4), ("c", 1, 0, 0.9)):  # two axes: bases are units
+        _set_seeds(fake_route_bio_run(tau, opts={"tau": 0.0}, tag=f"t0-{tag}", end0=end), base, run)
     fig = drawn(draw_route_study(Plot.of(res), BIO_REPORT, "tau"))["fig8_route_tau"]
     acc0 = fig.axes[0]
-    assert labels(acc0)[:2] == ["tau=-1 (mean of 3)", "tau=0.9"]
-    assert ys(line(acc0, "tau=-1 (mean of 3)"))[-1] == pytest.approx(30.0)  # mean of 20, 40, 30 (percent)
+    assert labels(acc0)[:3] == ["tau=-1 (mean of 3 base seeds)", "tau=0 (mean of 2 base seeds)", "tau=0.9"]
+    assert ys(line(acc0, "tau=-1 (mean of 3 base seeds)"))[-1] == pytest.approx(30.0)  # mean of 20, 40, 30 (%)
+    assert ys(line(acc0, "tau=0 (mean of 2 base seeds)"))[-1] == pytest.approx(60.0)  # base 0's mean 30, base 1's 90
     assert len(acc0.collections) >= 1  # the band of the pooled setting
     written = write_study_means(Plot.of(res, tmp_path / "figs"), BIO_REPORT, "tau", "table_fig8_route_tau")
     table = pd.read_csv(next(p for p in written if p.suffix == ".csv"))
@@ -779,7 +782,7 @@ def test_study_replicates_are_pooled_in_figures_and_tables(tmp_path, drawn):
     fig = drawn(draw_fig6(Plot.of(res), CPT_REPORT))["fig6_l_fp"]
     old = fig.axes[0].get_lines()[0]
     assert xs(old) == [0, 1] and ys(old) == pytest.approx([30.0, 21.0])  # replicates pooled per l_fp
-    assert "mean of up to 2 runs" in fig.axes[0].get_title()
+    assert "mean of up to 2 base seeds" in fig.axes[0].get_title()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -911,3 +914,27 @@ def test_route_only_options_neither_split_nor_label_other_methods(tmp_path):
     adapt, route = df[df["method"] == "scale-adapt"], df[df["method"] == "scale-route"]
     assert len(adapt) == 1 and adapt["n"].item() == 2 and "tau" not in str(adapt["setting"].item())
     assert len(route) == 2 and sorted(route["setting"]) == ["tau=0.5", "tau=0.9"]
+
+
+def test_study_paired_tables_subtract_the_reference_on_each_base(tmp_path):
+    """paired_table_fig5_init: each init pair minus (SVD,0) at the end, per base seed, mean and t interval over
+    the bases; a base's run seeds are averaged first (never pooled with the bases)."""
+    from scalecl.report.stats import t_interval
+
+    init = tmp_path / "results" / "studies" / "init"
+    ref_new = {0: 10.0, 1: 12.0, 2: 11.0}
+    svd_new = {0: (10.5, 10.7), 1: (12.1,), 2: (11.6,)}  # base 0: two run seeds
+    for base, v in ref_new.items():
+        _set_seeds(fake_cpt_run(init, "scale-preserve", {"init": ["svd", "zero"]}, new=(50, 20, v), tag=f"r{base}"),
+                   base)
+        for run, w in enumerate(svd_new[base]):
+            _set_seeds(fake_cpt_run(init, "scale-preserve", {"init": ["svd", "svd"]}, new=(50, 20, w),
+                                    tag=f"s{base}-{run}"), base, run)
+    out = tmp_path / "figs"
+    r = runner.invoke(app, ["plot", "--results", str(tmp_path / "results"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    paired = pd.read_csv(out / "paired_table_fig5_init.csv")
+    row = paired[(paired["a"] == "SVD,SVD") & (paired["metric"] == "new_ppl_end")].iloc[0]
+    iv = t_interval([sum(svd_new[b]) / len(svd_new[b]) - ref_new[b] for b in ref_new])
+    assert row["b"] == "SVD,0" and row["n_bases"] == 3 and row["interval"] == "t over 3 base seeds"
+    assert (row["diff_mean"], row["diff_ci_lo"], row["diff_ci_hi"]) == pytest.approx((iv.mean, iv.lo, iv.hi))
