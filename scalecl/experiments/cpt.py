@@ -270,18 +270,17 @@ class FinalSet:
 
 def final_lengths(rc: Any, n_pos: int | None) -> list[int]:
     """The lengths of the final held-out evaluation: the training length, then eval.final_context (0: the
-    model's positions, at most FINAL_CONTEXT) when it differs; none when eval.final_take is -1."""
+    model's positions, at most eval-ppl's default length) when it differs; none when eval.final_take is -1."""
+    from scalecl.experiments.eval_ppl import DEFAULT_SEQ_LEN
+
     if rc.eval.final_take < 0:
         return []
-    seq, ctx = rc.train.seq_len, rc.eval.final_context or min(n_pos or FINAL_CONTEXT, FINAL_CONTEXT)
+    seq, ctx = rc.train.seq_len, rc.eval.final_context or min(n_pos or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN)
     if n_pos is not None and ctx > n_pos:
         raise ScaleclError(f"eval.final_context={ctx} exceeds the model's {n_pos} positions")
     if ctx < 2:
         raise ScaleclError(f"eval.final_context must be at least 2, got {ctx}")
     return [seq] if ctx == seq else [seq, ctx]
-
-
-FINAL_CONTEXT = 2048  # eval.final_context = 0: the model's positions, at most this many (as eval-ppl)
 
 
 def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:

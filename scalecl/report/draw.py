@@ -163,12 +163,10 @@ def pool_replicates(rows: list[tuple[pd.Series, pd.DataFrame]], setting_of) -> l
     for members in groups.values():
         row, m = members[0]
         if len(members) > 1:
-            by_base: dict = {}
-            for r, x in members:
-                by_base.setdefault(r.get("base_seed"), []).append(x)
-            units = [_mean_frame(xs) for xs in by_base.values()] if len(by_base) > 1 else [x for _, x in members]
-            unit = (f"{len(units)} base seeds" if len(by_base) > 1 else
-                    f"{len(units)} run seeds" + (f" of base {row.get('base_seed')}" if "base_seed" in row else ""))
+            g = pd.DataFrame([r for r, _ in members]).reset_index(drop=True)
+            units, _ = unit_frames(g, [x for _, x in members])
+            bases = g["base_seed"].nunique()
+            unit = f"{len(units)} base seeds" if bases > 1 else f"{len(units)} run seeds of base {row['base_seed']}"
             row = row.copy()
             row["setting"] = f"{row['setting']} (mean of {unit})"
             m = _pooled_metrics(units)

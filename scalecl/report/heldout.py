@@ -12,14 +12,13 @@ import pandas as pd
 
 from scalecl.report.context import Plot
 from scalecl.report.registry import table
-from scalecl.report.runs import inputs_text, load_runs, replicate_groups
+from scalecl.report.runs import inputs_text, load_runs
 from scalecl.report.spec import Metric, ReportSpec
 from scalecl.report.tables import (
     AGG_CAPTION,
-    PAIR_REFERENCE,
     PAIRED_CAPTION,
-    _paired_rows,
     aggregate_table,
+    reference_pairs,
     shown_aggregate,
     write_table,
 )
@@ -71,17 +70,6 @@ def heldout_table(runs: pd.DataFrame) -> pd.DataFrame:
         "context_len": r["heldout_values"]["context_len"]})
 
 
-def heldout_paired(runs: pd.DataFrame) -> pd.DataFrame:
-    """SCALE-Route minus each other method on the final held-out perplexities, paired by base or run seed."""
-    rows = []
-    for _, share in runs.groupby("pair", sort=False):
-        reps = replicate_groups(share)
-        for a in (g for g in reps if g.iloc[0]["method"] == PAIR_REFERENCE):
-            for b in (g for g in reps if g.iloc[0]["method"] != PAIR_REFERENCE):
-                rows += [row for col, path in PAIRED for row in _paired_rows(a, b, col, path)]
-    return pd.DataFrame(rows)
-
-
 @table("heldout")
 def heldout_tables(plot: Plot, spec: ReportSpec) -> list[Path]:
     """heldout_<name> (means over replicates with t intervals) and paired_heldout_<name> (Route minus each other
@@ -97,7 +85,7 @@ def heldout_tables(plot: Plot, spec: ReportSpec) -> list[Path]:
     stem = f"heldout_{spec.name}"
     written = write_table(plot, df, stem, shown=shown, caption=f"{AGG_CAPTION} {HELDOUT_NOTE}",
                           inputs=inputs_text(runs, f"{stem}: one row per replicate group"))
-    paired = heldout_paired(runs)
+    paired = pd.DataFrame(reference_pairs(runs, PAIRED))  # SCALE-Route minus each method, by base or run seed
     if len(paired):
         written += write_table(plot, paired, f"paired_{stem}", float_fmt="{:.3f}",
                                caption=PAIRED_CAPTION.format(what=f"Metrics: the final models' {HELDOUT_NOTE}"),

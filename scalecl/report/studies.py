@@ -30,7 +30,7 @@ from scalecl.report.runs import _metrics_with, inputs_text, load_runs, marked
 from scalecl.report.settings import l_fp_text
 from scalecl.report.spec import ReportSpec
 from scalecl.report.stats import t_interval
-from scalecl.report.tables import write_study_means, write_table
+from scalecl.report.tables import replicate_unit, write_study_means, write_table
 
 
 def study_label(study: str, opts: dict) -> str:
@@ -81,14 +81,15 @@ def _save_study(plot: Plot, spec: ReportSpec, figures: Drawn, study: str) -> lis
     if not paths:
         return []
     stem = STUDY_TABLES[study]
-    inputs = inputs_text(load_runs(plot, spec, study=study), f"{stem}: one row per run")
+    runs = load_runs(plot, spec, study=study)
+    inputs = inputs_text(runs, f"{stem}: one row per run")
     df = study_table(plot, spec, study)
     paths += write_table(plot, df.drop(columns="dir"), stem, inputs=inputs) + write_study_means(plot, spec, study, stem)
     paired = study_paired(df, STUDY_REFERENCE[study]) if study in STUDY_REFERENCE else pd.DataFrame()
     if len(paired):
         paths += write_table(plot, paired, f"paired_{stem}", float_fmt="{:.4f}",
                              caption=STUDY_PAIRED.format(ref=STUDY_REFERENCE[study]),
-                             inputs=inputs_text(load_runs(plot, spec, study=study), f"paired_{stem}: runs per base"))
+                             inputs=inputs_text(runs, f"paired_{stem}: runs per base"))
     return paths
 
 
@@ -215,7 +216,7 @@ def draw_fig6(plot: Plot, spec: ReportSpec) -> Drawn:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, col, color, title in ((axes[0], "old_ppl_end", "tab:red", "(a) forgetting PPL at the end"),
                                   (axes[1], "new_ppl_end", "tab:blue", "(b) learning PPL at the end")):
-        ivs = {k: t_interval(_unit_values(g, col)) for k, g in df.groupby("l_fp", sort=True)}
+        ivs = {k: t_interval(u[col].mean() for u in replicate_unit(g)[0]) for k, g in df.groupby("l_fp", sort=True)}
         x, mean = list(ivs), [iv.mean for iv in ivs.values()]
         most = max(iv.n for iv in ivs.values())
         ax.plot(x, mean, marker="o", color=color)
@@ -273,12 +274,6 @@ FIG7_BAND = ("A line with replicates: per evaluated step, the mean norm against 
              "seeds on one base); shaded: the 95% Student-t interval of the forgetting PPL over those units at "
              "that step (mean +- t_0.975,n-1 s/sqrt(n)), drawn at the mean norm; the norm's own spread is not "
              "drawn.")
-
-
-def _unit_values(g: pd.DataFrame, col: str) -> list[float]:
-    """The values of one setting's runs over its units: one per base seed (its run seeds averaged) when it has
-    several bases, else one per run seed (the two seed axes are never pooled)."""
-    return g.groupby("base_seed")[col].mean().tolist() if g["base_seed"].nunique() > 1 else g[col].tolist()
 
 
 def _with_table(runs: pd.DataFrame, df: pd.DataFrame, *columns: str) -> pd.DataFrame:

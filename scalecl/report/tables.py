@@ -126,16 +126,23 @@ def paired_table(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.D
     """Per pair of replicate groups on the same bases (SCALE-Route and each other method) and metric: the
     differences a - b per unit (_paired_units) and their mean with a 95% t interval over the units shared. With
     `study`: among that study's runs, grouped as main runs are (method, options, config outside the seeds)."""
-    runs, rows = load_runs(plot, spec, study=study), []
+    runs = load_runs(plot, spec, study=study)
     if study is not None and len(runs):
         runs["group"] = [_config_id(r, spec) for r in runs["result"]]
         runs["setting"] = [_study_setting(spec, study, r) for r in runs["result"]]  # names each group's value
+    return pd.DataFrame(reference_pairs(runs, spec.paired))
+
+
+def reference_pairs(runs: pd.DataFrame, metrics: tuple[tuple[str, str], ...]) -> list[dict]:
+    """The _paired_rows of PAIR_REFERENCE's replicate groups minus every other method's, among runs that share a
+    base (`pair`), on each (column, result.json path) of `metrics`."""
+    rows = []
     for _, share in runs.groupby("pair", sort=False):
         reps = replicate_groups(share)
         for a in (g for g in reps if g.iloc[0]["method"] == PAIR_REFERENCE):
             for b in (g for g in reps if g.iloc[0]["method"] != PAIR_REFERENCE):
-                rows += [row for col, path in spec.paired for row in _paired_rows(a, b, col, path)]
-    return pd.DataFrame(rows)
+                rows += [row for col, path in metrics for row in _paired_rows(a, b, col, path)]
+    return rows
 
 
 def _paired_views(a: pd.DataFrame, b: pd.DataFrame, path: str, va: dict, vb: dict, bases: list
