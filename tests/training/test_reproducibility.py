@@ -160,9 +160,10 @@ def test_wall_s_total_is_the_processs_time_up_to_its_result(tmp_path, kind):
     assert sum(wall["phases"].values()) == pytest.approx(wall["total"], abs=0.1 * len(wall["phases"]))
     assert {"startup", "check", "prepare", "stages", "run", "final_eval", "write"} <= set(wall["phases"])
     # the phases the old wall_s left out are inside: the stage-2 check and the final full-range evaluation
+    # each figure is rounded to 0.1 s on its own: three roundings of up to 0.05 s (and float error) between the sides
     if kind == "bio":
-        assert wall["phases"]["stages"] >= wall["stage1"] + wall["stage2"] - 0.1
-        assert wall["phases"]["run"] >= wall["stage3"] + wall["stage3_eval"] - 0.1
+        assert wall["phases"]["stages"] >= wall["stage1"] + wall["stage2"] - 0.16
+        assert wall["phases"]["run"] >= wall["stage3"] + wall["stage3_eval"] - 0.16
 
 
 def test_memory_estimate_is_within_1_5x_of_the_measured_peak(tmp_path):
