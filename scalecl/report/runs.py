@@ -19,6 +19,7 @@ from scalecl.common.files import OwnedFiles, proves
 from scalecl.common.readers import read_json, read_jsonl
 from scalecl.common.schema import named_dict, without
 from scalecl.methods.base import METHOD_ORDER
+from scalecl.models.gguf import base_name
 from scalecl.report.context import Plot
 from scalecl.report.spec import ReportSpec
 from scalecl.training.record import NUMBER, REFERENCE_WRITER, Fields, base_identity, mistyped, read_record
@@ -256,6 +257,8 @@ def _config_rest(r: dict, spec: ReportSpec, pair: bool = False) -> dict:
     table."""
     cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
     rest = named_dict(without(cfg, SEED_KEYS), spec.not_named, spec.named_when_set)
+    if isinstance(rest.get("base"), str):  # a GGUF base by its content, wherever its cache was
+        rest["base"] = base_name(rest["base"])
     return {k: v for k, v in rest.items() if not (pair and k in METHOD_KEYS and isinstance(v, dict))}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import read_json
+from scalecl.models.gguf import base_name
 
 RESULT_FILE = "result.json"
 REFERENCE_WRITER = "scalecl study"  # a study's reference.json to a run it did not train: its folder's manifest
@@ -152,8 +153,8 @@ def base_identity(result: dict[str, Any]) -> tuple | None:
     pre-training), or cached stages 1-2 (the base seed and the stages' final losses, which differ between any
     two cache entries; the biography). None if the record says neither."""
     base = result.get("base")
-    if isinstance(base, dict) and base.get("source"):
-        return ("model", base["source"])
+    if isinstance(base, dict) and isinstance(base.get("source"), str) and base["source"]:
+        return ("model", base_name(base["source"]))  # a GGUF base by its content, wherever its cache was
     stages = [result.get(s) for s in ("stage1", "stage2")]
     if not all(isinstance(s, dict) and "final_loss" in s for s in stages):
         return None

@@ -110,10 +110,18 @@ def test_train_cpt_base_may_be_a_gguf(smol, tmp_path):
     from scalecl.experiments.base import Paths
     from scalecl.experiments.cpt import CptExperiment
 
+    import shutil
+
     cache, folder = smol[0], smol[1]
     rc = load_preset("cpt", "tiny", [f"base={GGUF}"])
     exp = CptExperiment(rc, "tiny", Paths(tmp_path / "out", cache, tmp_path / "ck"))
     assert Path(exp.rc.base) == folder
+    # the same file's copy in another checkout's cache names the same runs
+    other = tmp_path / "elsewhere" / "cache"
+    shutil.copytree(folder, other / "gguf" / folder.name)
+    there = CptExperiment(rc, "tiny", Paths(tmp_path / "out2", other, tmp_path / "ck2"))
+    assert Path(there.rc.base) == other / "gguf" / folder.name
+    assert there.named_config() == exp.named_config() and exp.named_config()["base"] == f"gguf:{folder.name}"
 
 
 @real

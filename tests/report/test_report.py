@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from scalecl.cli import app
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.methods.base import METHOD_ORDER
+from scalecl.training.record import base_identity
 from scalecl.report import (
     Plot,
     draw_fig4,
@@ -850,6 +851,26 @@ def test_a_key_added_later_at_its_default_keeps_runs_in_one_replicate_group():
     new = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "line"}, "seed": 1}}
     para = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "paragraph"}, "seed": 0}}
     assert _config_id(old, CPT_REPORT) == _config_id(new, CPT_REPORT) != _config_id(para, CPT_REPORT)
+
+
+def test_a_gguf_base_is_one_setting_wherever_its_cache_was():
+    """Runs from one GGUF file dequantized into two caches (relative `cache/gguf/<sha>`, absolute elsewhere) are
+    replicates and share a base for pairing; another file (another sha) or another model is neither."""
+    from scalecl.report.runs import _config_id
+
+    sha = "b179c9523d0e6a0f"
+
+    def run(base: str, seed: int) -> dict:
+        return {"experiment": "cpt", "preset": "real", "method": "fft", "lr": 1e-4, "method_options": {},
+                "config": {"base": base, "seed": 0, "run_seed": seed}, "base": {"source": base}}
+
+    a, b = run(f"cache/gguf/{sha}", 0), run(f"/home/me/scalecl/cache/gguf/{sha}", 1)
+    other, model = run("cache/gguf/0123456789abcdef", 0), run("HuggingFaceTB/SmolLM2-135M", 0)
+    assert _config_id(a, CPT_REPORT) == _config_id(b, CPT_REPORT)
+    assert _config_id(a, CPT_REPORT, pair=True) == _config_id(b, CPT_REPORT, pair=True)
+    assert len({_config_id(r, CPT_REPORT) for r in (a, other, model)}) == 3
+    assert base_identity(a) == base_identity(b) == ("model", f"gguf:{sha}") != base_identity(other)
+    assert base_identity(model) == ("model", "HuggingFaceTB/SmolLM2-135M")
 
 
 def test_heldout_table_means_intervals_and_route_pairs_by_run_seed(tmp_path):
