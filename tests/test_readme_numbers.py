@@ -7,6 +7,7 @@ stale fails here)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -67,3 +68,55 @@ def test_each_quoted_interval_is_a_row_of_a_plotted_table(kind, numbers):
     else:
         hits = [f for m, _, hi, f in rows if _rounds_to(m, numbers[0]) and _rounds_to(hi - m, numbers[1])]
     assert hits, f"no table in paper_figures/ has the interval {numbers} the README quotes"
+
+
+# -- the claims table's numbers that are not intervals, recomputed from the committed run files ---------------
+
+def claim_row(start: str) -> str:
+    """The claims table's row whose first cell starts with `start`."""
+    (row,) = [r for r in claims_table().splitlines() if r.startswith(f"| {start}")]
+    return row
+
+
+def runs(folder: str, method: str, **where) -> list[tuple[dict, list[dict]]]:
+    """(result, evaluations) of the committed runs in results/<folder> of `method` whose lr, tau and model rows
+    (vocab; 0 = the tokenizer's) are as given, in base and run seed order."""
+    out = []
+    for f in sorted((REPO / "results" / folder).glob("*/result.json")):
+        r = json.loads(f.read_text())
+        got = {"lr": r["lr"], "tau": r["method_options"].get("tau"), "vocab": r["config"]["model"].get("vocab", 0)}
+        if r["method"] == method and all(got[k] == pytest.approx(v) for k, v in where.items()):
+            evals = [json.loads(line) for line in (f.parent / "metrics.jsonl").read_text().splitlines()]
+            out.append((r, [e for e in evals if "task0/acc" in e]))
+    return sorted(out, key=lambda rm: (rm[0]["seeds"]["base"], rm[0]["seeds"]["run"]))
+
+
+def span(values, digits: int) -> str:
+    """'lo-hi' of the values at `digits` decimals (integers without)."""
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}-{hi:.{digits}f}" if digits else f"{lo:.0f}-{hi:.0f}"
+
+
+def test_fft_reaches_its_lowest_task0_within_the_steps_the_readme_says():
+    row = claim_row("Bio: FFT's Task 0 accuracy collapses")
+    fft = runs("bio", "fft", lr=1e-4)
+    assert [r["seeds"]["base"] for r, _ in fft] == [0, 1, 2]
+    lowest = [min(ev, key=lambda e: e["task0/acc"])["step"] for _, ev in fft]
+    steps = {ev[-1]["step"] for _, ev in fft}
+    bound, total = map(int, re.search(r"reached within (\d+) of (\d+) steps", row).groups())
+    assert steps == {total} and max(lowest) <= bound, lowest
+
+
+def test_routes_early_task0_is_what_the_readme_says():
+    """Route at the default tau on the tokenizer's head: the first step below 0.95 and Task 0 at step 200 on each
+    base; at 50,304 rows (tau = 0.9): the range of Task 0 from step 10 through step 200 over base 0's run seeds."""
+    row = claim_row("Bio: SCALE-Route holds Task 0 near 100%")
+    route = runs("bio", "scale-route", lr=1e-3, tau=0.5)
+    assert [r["seeds"]["base"] for r, _ in route] == [0, 1, 2]
+    first = [next(e["step"] for e in ev if e["task0/acc"] < 0.95) for _, ev in route]
+    at200 = [next(e["task0/acc"] for e in ev if e["step"] == 200) for _, ev in route]
+    assert f"below 0.95 at steps {span(first, 0)} of 600, {span(at200, 2)} at step 200 (3 base seeds)" in row
+    wide = [ev for r, ev in runs("studies/vocab", "scale-route", vocab=50304, tau=0.9) if r["seeds"]["base"] == 0]
+    assert len(wide) == 3
+    early = [e["task0/acc"] for ev in wide for e in ev if 10 <= e["step"] <= 200]
+    assert f"{span(early, 2)} through step 200 (3 run seeds, one base)" in row

@@ -445,6 +445,13 @@ def test_committed_results_still_plot(tmp_path):
     assert set(frontier["method"]) == set(bio["method"]) and (out / "frontier_bio.png").exists()
     assert (out / "frontier_cpt.csv").exists() and (out / "frontier_cpt.png").exists()
     assert (out / "paired_cpt.csv").exists() and (out / "fig8_bio_cpu.inputs.txt").exists()
+    # paper_figures/ is this command's output on these results: the same files, and every table and figure
+    # input list the same text (the images themselves depend on the fonts and matplotlib build of the machine)
+    committed = results.parent / "paper_figures"
+    assert sorted(p.name for p in committed.iterdir()) == sorted(p.name for p in out.iterdir())
+    for f in sorted(out.iterdir()):
+        if f.suffix in (".csv", ".md", ".tex", ".txt"):
+            assert f.read_text() == (committed / f.name).read_text(), f"paper_figures/{f.name} is stale: rerun plot"
 
 
 def test_replicate_groups_leave_out_what_run_names_leave_out():
