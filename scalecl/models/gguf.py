@@ -28,13 +28,18 @@ RECORD = "scalecl-gguf.json"  # in the cached folder: the source file's sha256 a
 FORMAT = 1
 
 
+# cache entries that hold a base, by the folder they are in: <cache>/gguf/<sha256[:16]> (a dequantized GGUF file)
+# and <cache>/cpt/base-<config hash> (train-cpt's pre-trained stand-in base)
+CACHED_BASES = {"gguf": r"[0-9a-f]{16}", "cpt": r"base-[0-9a-f]{10}"}
+
+
 def base_name(source: str) -> str:
-    """The name a base goes by in run names, replicate groups and pairings: a dequantized GGUF copy,
-    `<any cache>/gguf/<sha256 prefix>`, is `gguf:<sha256 prefix>` wherever the cache lives (the same file gives
-    the same weights); any other source as given."""
+    """The name a base goes by in run names, replicate groups and pairings: a base in a scalecl cache is
+    `<kind>:<entry>` (`gguf:b179c9523d0e6a0f`, `cpt:base-2ee50184a1`) wherever that cache lives, since the entry's
+    name is the content or config it was made from; any other source as given."""
     parts = Path(str(source)).parts
-    if len(parts) >= 2 and parts[-2] == "gguf" and re.fullmatch(r"[0-9a-f]{16}", parts[-1]):
-        return f"gguf:{parts[-1]}"
+    if len(parts) >= 2 and parts[-2] in CACHED_BASES and re.fullmatch(CACHED_BASES[parts[-2]], parts[-1]):
+        return f"{parts[-2]}:{parts[-1]}"
     return str(source)
 
 

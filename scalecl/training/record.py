@@ -154,7 +154,10 @@ def base_identity(result: dict[str, Any]) -> tuple | None:
     two cache entries; the biography). None if the record says neither."""
     base = result.get("base")
     if isinstance(base, dict) and isinstance(base.get("source"), str) and base["source"]:
-        return ("model", base_name(base["source"]))  # a GGUF base by its content, wherever its cache was
+        # a cached base by its entry, wherever the cache was; one that was trained also by its final loss, which
+        # differs between two builds of one entry (another CPU type rounds differently)
+        loss = base.get("final_loss")
+        return ("model", base_name(base["source"]), *([loss] if isinstance(loss, float) else []))
     stages = [result.get(s) for s in ("stage1", "stage2")]
     if not all(isinstance(s, dict) and "final_loss" in s for s in stages):
         return None

@@ -853,9 +853,10 @@ def test_a_key_added_later_at_its_default_keeps_runs_in_one_replicate_group():
     assert _config_id(old, CPT_REPORT) == _config_id(new, CPT_REPORT) != _config_id(para, CPT_REPORT)
 
 
-def test_a_gguf_base_is_one_setting_wherever_its_cache_was():
+def test_a_cached_base_is_one_setting_wherever_its_cache_was():
     """Runs from one GGUF file dequantized into two caches (relative `cache/gguf/<sha>`, absolute elsewhere) are
-    replicates and share a base for pairing; another file (another sha) or another model is neither."""
+    replicates and share a base for pairing; another file (another sha) or another model is neither. A pre-trained
+    stand-in base pairs by its cache entry and its final loss."""
     from scalecl.report.runs import _config_id
 
     sha = "b179c9523d0e6a0f"
@@ -871,6 +872,12 @@ def test_a_gguf_base_is_one_setting_wherever_its_cache_was():
     assert len({_config_id(r, CPT_REPORT) for r in (a, other, model)}) == 3
     assert base_identity(a) == base_identity(b) == ("model", f"gguf:{sha}") != base_identity(other)
     assert base_identity(model) == ("model", "HuggingFaceTB/SmolLM2-135M")
+    # a stand-in base train-cpt pre-trained: its cache entry and final loss, in whichever cache
+    built = {"source": "cache/cpt/base-2ee50184a1", "final_loss": 0.8019}
+    here, there = {"base": built}, {"base": built | {"source": "/tmp/other/cache/cpt/base-2ee50184a1"}}
+    rebuilt = {"base": built | {"final_loss": 0.8023}}  # the same entry built again on another CPU type
+    assert base_identity(here) == base_identity(there) == ("model", "cpt:base-2ee50184a1", 0.8019)
+    assert base_identity(rebuilt) != base_identity(here)
 
 
 def test_heldout_table_means_intervals_and_route_pairs_by_run_seed(tmp_path):
