@@ -407,14 +407,6 @@ class CptExperiment(ExperimentBase):
     def lr_of(self, method: Method) -> float:
         return self.rc.lr[method.name]
 
-    def named_config(self) -> dict[str, Any]:
-        """As every experiment's, with a GGUF base named by its content (`gguf:<sha256 prefix>`), not by the
-        cache folder it was dequantized into: the same command names the same run in any checkout."""
-        from scalecl.models.gguf import base_name
-
-        named = super().named_config()
-        return named | {"base": base_name(named["base"])}
-
     # -- shared data and the base --------------------------------------------------------------------------
 
     def _status(self, d: Dist, text: str):

@@ -34,7 +34,7 @@ CACHED_BASES = {"gguf": r"[0-9a-f]{16}", "cpt": r"base-[0-9a-f]{10}"}
 
 
 def base_name(source: str) -> str:
-    """The name a base goes by in run names, replicate groups and pairings: a base in a scalecl cache is
+    """The name a base goes by in the report's replicate groups and pairings: a base in a scalecl cache is
     `<kind>:<entry>` (`gguf:b179c9523d0e6a0f`, `cpt:base-2ee50184a1`) wherever that cache lives, since the entry's
     name is the content or config it was made from; any other source as given."""
     parts = Path(str(source)).parts

@@ -104,24 +104,25 @@ def test_eval_ppl_on_the_gguf_is_finite_and_reproducible(smol, tmp_path):
 @real
 @pytest.mark.slow
 def test_train_cpt_base_may_be_a_gguf(smol, tmp_path):
-    """train-cpt's `base` set to a .gguf file is its cached transformers folder (named by the file's sha256), so
-    the run's name and config record the content, not the path the file was read from."""
+    """train-cpt's `base` set to a .gguf file is its cached transformers folder (named by the file's sha256), which
+    the report reads as the file's content (`gguf:<sha256 prefix>`) wherever the cache was."""
+    import shutil
+
     from scalecl.experiments import load_preset
     from scalecl.experiments.base import Paths
     from scalecl.experiments.cpt import CptExperiment
-
-    import shutil
+    from scalecl.models.gguf import base_name
 
     cache, folder = smol[0], smol[1]
     rc = load_preset("cpt", "tiny", [f"base={GGUF}"])
     exp = CptExperiment(rc, "tiny", Paths(tmp_path / "out", cache, tmp_path / "ck"))
     assert Path(exp.rc.base) == folder
-    # the same file's copy in another checkout's cache names the same runs
+    # the same file's copy in another checkout's cache is the same base to the report
     other = tmp_path / "elsewhere" / "cache"
     shutil.copytree(folder, other / "gguf" / folder.name)
     there = CptExperiment(rc, "tiny", Paths(tmp_path / "out2", other, tmp_path / "ck2"))
     assert Path(there.rc.base) == other / "gguf" / folder.name
-    assert there.named_config() == exp.named_config() and exp.named_config()["base"] == f"gguf:{folder.name}"
+    assert base_name(there.rc.base) == base_name(exp.rc.base) == f"gguf:{folder.name}"
 
 
 @real

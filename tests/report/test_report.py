@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from scalecl.cli import app
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.methods.base import METHOD_ORDER
-from scalecl.training.record import base_identity
 from scalecl.report import (
     Plot,
     draw_fig4,
@@ -30,6 +29,7 @@ from scalecl.report import (
     load_runs,
     summary_table,
 )
+from scalecl.training.record import base_identity
 from tests.report.fake_runs import write_result
 
 runner = CliRunner()
