@@ -74,7 +74,7 @@ def _setting_of(spec: ReportSpec, study: str | None, r: dict) -> str:
     opts = r.get("method_options") or {}
     if study is None:
         return LABELS.get(r["method"], r["method"])
-    study = study.split("-", 1)[0]  # <study>-<suffix> (vocab-rebuild: a second build of its stages) reads as <study>
+    study = study.split("-", 1)[0]  # <study>-<suffix> (vocab-control: the Adapt control on its own builds) reads as <study>
     if study in ROUTE_STUDIES and r.get("method") != "scale-route":  # a reference run beside the Route runs
         name = LABELS.get(r["method"], r["method"])
         if study == "vocab":  # its setting is its rows
