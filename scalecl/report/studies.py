@@ -85,10 +85,11 @@ def _save_study(plot: Plot, spec: ReportSpec, figures: Drawn, study: str) -> lis
     inputs = inputs_text(runs, f"{stem}: one row per run")
     df = study_table(plot, spec, study)
     paths += write_table(plot, df.drop(columns="dir"), stem, inputs=inputs) + write_study_means(plot, spec, study, stem)
-    paired = study_paired(df, STUDY_REFERENCE[study]) if study in STUDY_REFERENCE else pd.DataFrame()
+    ref = study_reference(df, study)
+    paired = study_paired(df, ref) if ref is not None else pd.DataFrame()
     if len(paired):
         paths += write_table(plot, paired, f"paired_{stem}", float_fmt="{:.4f}",
-                             caption=STUDY_PAIRED.format(ref=STUDY_REFERENCE[study]),
+                             caption=STUDY_PAIRED.format(ref=ref),
                              inputs=inputs_text(runs, f"paired_{stem}: runs per base"))
     return paths
 
@@ -98,6 +99,16 @@ STUDY_PAIRED = ("End-of-run forgetting (old_ppl_end) and learning (new_ppl_end) 
                 "{ref}'s trained from the same base seed (within one embedding variant), a base's run seeds "
                 "averaged first: the mean difference over the base seeds both have, with its 95% Student-t "
                 "interval (mean ± t_0.975,n-1 · s/√n; none for one base); per_base: each base's difference.")
+
+
+def study_reference(df: pd.DataFrame, study: str) -> str | None:
+    """The setting a study's paired table subtracts: STUDY_REFERENCE's, or for `l_fp` the most function-preserving
+    setting the study ran (its largest l_fp); None where the study has no such runs (no paired table)."""
+    if study == "l_fp" and "l_fp" in df and df["l_fp"].notna().any():
+        ref = df.loc[df["l_fp"] == df["l_fp"].max(), "setting"].iloc[0]
+    else:
+        ref = STUDY_REFERENCE.get(study)
+    return ref if ref is not None and (df["setting"] == ref).any() else None
 
 
 def study_paired(df: pd.DataFrame, ref: str) -> pd.DataFrame:

@@ -966,3 +966,24 @@ def test_study_paired_tables_subtract_the_reference_on_each_base(tmp_path):
     iv = t_interval([sum(svd_new[b]) / len(svd_new[b]) - ref_new[b] for b in ref_new])
     assert row["b"] == "SVD,0" and row["n_bases"] == 3 and row["interval"] == "t over 3 base seeds"
     assert (row["diff_mean"], row["diff_ci_lo"], row["diff_ci_hi"]) == pytest.approx((iv.mean, iv.lo, iv.hi))
+
+
+def test_l_fp_paired_table_subtracts_the_most_preserving_setting(tmp_path):
+    """paired_table_fig6_l_fp: each l_fp minus the largest l_fp the study ran (the most function-preserving),
+    per base seed, mean and t interval over the bases."""
+    from scalecl.report.stats import t_interval
+
+    lfp = tmp_path / "results" / "studies" / "l_fp"
+    old_end = {0: {0: 7.0, 2: 4.0, 3: 3.5}, 1: {0: 5.0, 2: 4.4, 3: 3.1}, 2: {0: 6.0, 2: 3.9, 3: 3.3}}
+    for base, by_lfp in old_end.items():
+        for k, v in by_lfp.items():
+            _set_seeds(fake_cpt_run(lfp, "scale-adapt", {"l_fp": k}, old=(3.0, 3.0, v), tag=f"{k}-{base}"), base)
+    out = tmp_path / "figs"
+    r = runner.invoke(app, ["plot", "--results", str(tmp_path / "results"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    paired = pd.read_csv(out / "paired_table_fig6_l_fp.csv")
+    assert set(paired["b"]) == {"l_fp=3"} and sorted(set(paired["a"])) == ["l_fp=0", "l_fp=2"]
+    row = paired[(paired["a"] == "l_fp=0") & (paired["metric"] == "old_ppl_end")].iloc[0]
+    iv = t_interval([old_end[b][0] - old_end[b][3] for b in old_end])
+    assert (row["diff_mean"], row["diff_ci_lo"], row["diff_ci_hi"]) == pytest.approx((iv.mean, iv.lo, iv.hi))
+    assert row["per_base"] == "0: +3.5; 1: +1.9; 2: +2.7"
