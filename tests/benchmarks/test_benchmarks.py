@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -17,6 +19,7 @@ def run(script: str, *args: str, tmp_path: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_bench_scale_runs_and_checks_optimizer_state(tmp_path):
     for arch in ("llama", "gpt_neox"):
         r = run("bench_scale.py", "--arch", arch, "--hidden", "256", "--layers", "2", "--vocab", "128",

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
@@ -61,6 +62,7 @@ def test_redirected_output_keeps_lines_whole():
     assert res.stdout == f"wrote {path}\n" and res.stderr == f"error: {path}\n"
 
 
+@pytest.mark.slow
 def test_offline_and_unreachable_hub_fail_in_one_quick_line(tmp_path):
     """A hub id with --offline, or with a hub that cannot be reached, is one error line at once (without the
     check, huggingface_hub retries every file for 35-53 s first)."""
@@ -77,6 +79,7 @@ def test_offline_and_unreachable_hub_fail_in_one_quick_line(tmp_path):
         assert took < 30, took  # torch's import included; the retries alone took 35-53 s
 
 
+@pytest.mark.slow
 def test_hub_misses_of_datasets_and_tokenizers_are_one_quick_line(tmp_path, local):
     """The same check before an eval-ppl dataset and an eval-harness tokenizer named by hub id (on a local task:
     a task's data on the hub is checked first, tests/evaluation/test_eval_offline.py)."""

@@ -294,6 +294,7 @@ def test_empty_tokenizer_and_huge_ppl_batch_are_refused(tmp_path):
 # a damaged dataset file is one line (datasets' own error log kept off stderr)
 
 
+@pytest.mark.slow
 def test_a_damaged_parquet_or_json_dataset_is_one_line(local, tmp_path):
     import subprocess
     import sys

@@ -80,6 +80,7 @@ def test_gradient_accumulation_matches_one_big_batch(local):
         torch.testing.assert_close(params, out[0][1], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_process_torchrun_matches_one_process(tmp_path, local):
     """torchrun --nproc_per_node 2 (gloo on CPU): same global batch, same numbers within float tolerance."""
     sets = local_sets(local, "llama", "train.micro_batch=2")

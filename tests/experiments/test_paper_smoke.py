@@ -35,6 +35,7 @@ def test_padded_rows_must_hold_the_tokenizer():
         builtin_model_config(rc, 512)
 
 
+@pytest.mark.slow
 def test_one_step_at_the_1b_width(tmp_path, monkeypatch):
     """Llama-3.2-1B's width, heads and 128,256 rows, one layer: the random base, Route widened by the paper's
     sizes (l_fp 0: one layer), one step, both evaluations and the final save."""

@@ -94,6 +94,7 @@ BIO_FAST = ["--preset", "tiny", "--set", "stage1.steps=24", "--set", "stage2.ste
             "--set", "eval.dense_until=6", "--set", "eval.dense_every=3", "--set", "eval.every=6"]
 
 
+@pytest.mark.slow
 def test_study_references_the_main_run_instead_of_copying_it(tmp_path):
     """A study value whose run already finished among the main runs (results/bio/<name>: the default Route run
     is tau=0.5) is not trained again: the study folder gets a reference.json to it, `plot` reads the run through

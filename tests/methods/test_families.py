@@ -322,6 +322,7 @@ def cli_cases(root) -> dict[str, list[str]]:
     return cases
 
 
+@pytest.mark.slow
 def test_checkpoints_load_outside_scalecl(remote_jobs):
     """SCALE with trust_remote_code, LLaMA Pro with plain transformers, LoRA with peft: in a process that cannot
     import scalecl, equal logits and equal cached greedy generation (1e-5), the same trainable set for SCALE."""

@@ -277,6 +277,7 @@ NEW_FIGURES = ("train_loss_bio_cpu", "lr_schedule_bio_cpu", "train_loss_cpt_cpu"
                "router_score_study_vocab", "fig8_route_tau", "fig8_route_router", "fig8_route_vocab")
 
 
+@pytest.mark.slow
 def test_route_figures_and_tables(tmp_path):
     roots = build_route_results(tmp_path)
     out = tmp_path / "figs"
