@@ -63,6 +63,7 @@ from scalecl.experiments.base import (
 )
 from scalecl.experiments.config import BioRunConfig, StageConfig
 from scalecl.methods import Method
+from scalecl.methods.average import BaseAverage
 from scalecl.models.build import model_from_config, shape_config
 from scalecl.training.checkpoint import load_model
 from scalecl.training.fit import Runtime, TrainPlan, fit
@@ -352,6 +353,7 @@ class BioExperiment(ExperimentBase):
 
     name = "bio"
     not_named = (*ExperimentBase.not_named, "lr_scale")  # the run's own rate is named (lr_of)
+    named_when_set = {"ensemble": {"mode": "none", "base_weight": 0.5}}
     end_table = BIO_TABLE
 
     def __init__(self, rc: BioRunConfig, preset_name: str, paths: Paths) -> None:
@@ -391,6 +393,9 @@ class BioExperiment(ExperimentBase):
         probe = base_model_config(rc)  # sizes only: the vocabulary comes with the tokenizer
         for m in methods.values():
             m.check(probe)
+        if rc.ensemble.mode != "none" and (d.world > 1 or rc.compute.compile or rc.compute.activation_checkpointing):
+            raise ScaleclError(f"ensemble.mode={rc.ensemble.mode} runs in one process without compute.compile and "
+                               f"compute.activation_checkpointing (the averaged model is not a transformers model)")
 
     @property
     def stream_seed(self) -> int:
@@ -516,6 +521,15 @@ class BioExperiment(ExperimentBase):
         torch.manual_seed(self.stream_seed)  # methods with random initialisation (rnd blocks) draw from here
         return self.attach(method.apply(load_model(self.stage2_dir)))
 
+    def attach(self, model: torch.nn.Module) -> torch.nn.Module:
+        """ExperimentBase.attach, then, with ensemble.mode set, the model averaged with the stage-2 model it
+        started from (scalecl.methods.average; a checkpoint holds the trained model alone)."""
+        model = super().attach(model)
+        e = self.rc.ensemble
+        if e.mode == "none":
+            return model
+        return BaseAverage(model, load_model(self.stage2_dir), e.mode, e.base_weight)
+
     def save_kw(self) -> dict[str, Any]:
         return {"tokenizer": self.data.tokenizer, "base_model": str(self.stage2_dir)}
 
@@ -551,6 +565,8 @@ class BioExperiment(ExperimentBase):
         stages = {k: {kk: vv for kk, vv in st[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
         return self.envelope(method, res, rt) | {
             "never_target_rows": int(self.never_rows.sum()),
+            **({"ensemble": asdict(rc.ensemble) | {"base": str(self.stage2_dir)}}
+               if rc.ensemble.mode != "none" else {}),
             "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
             "vocab": {"tokenizer": len(data.tokenizer), "model": model.config.vocab_size},
             "wall_s": {"data": st["data_s"], "stage1": st["stage1"]["wall_s"], "stage2": st["stage2"]["wall_s"],

@@ -156,6 +156,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class EnsembleConfig:
+    """A control for SCALE-Route's averaged branch (scalecl.methods.average): any method's model averaged in logit
+    space with the frozen model it started from (the stage-2 model), `(1 - base_weight) Z + base_weight Z_base`.
+    mode: "none" (off), "train" (trained through the average and scored with it), "eval" (trained as usual,
+    scored with the average)."""
+
+    mode: str = opt("none", choices=("none", "train", "eval"))
+    base_weight: float = opt(0.5, ge=0.0, le=1.0)  # Route's average: 0.5
+
+
+@dataclass
 class BioRunConfig:
     """Everything a biography run depends on; stage caches and run names are hashes of parts of it."""
 
@@ -174,6 +185,7 @@ class BioRunConfig:
     compute: BioComputeConfig = opt(factory=BioComputeConfig)  # speed and parallelism; not in any run name
     seed: int = opt(0, ge=0, le=MAX_SEED)  # base seed: people, tokenizer, stages 1-2 (their caches are keyed by it)
     run_seed: int = opt(0, ge=0, le=MAX_SEED)  # run seed: stage 3's data order and the method's random draws
+    ensemble: EnsembleConfig = opt(factory=EnsembleConfig)  # stage 3's model averaged with the stage-2 model
 
     def method_options(self, name: str) -> dict[str, Any]:
         """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""

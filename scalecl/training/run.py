@@ -58,6 +58,7 @@ from scalecl.common.files import (
     write_json,
 )
 from scalecl.compute.machine import check_numerics
+from scalecl.methods.average import saved_module
 from scalecl.training.crash import crash_point
 from scalecl.training.record import RESULT_FILE, read_record, record_text
 from scalecl.training.state import JSON_NAME, load_state, save_state
@@ -325,7 +326,7 @@ class Run:
         dest = self.ckpt_root / f"step-{step:07d}"
         self.check_free([step])
         with atomic_dir(dest) as tmp:
-            save_model(model, tmp / "model", self.method, delta=self.delta, **self.save_kw)
+            save_model(saved_module(model), tmp / "model", self.method, delta=self.delta, **self.save_kw)
             crash_point("checkpoint-model-written")
             save_state(tmp, state | {"run": self.identity})
             crash_point("checkpoint-state-written")
@@ -410,7 +411,7 @@ class Run:
         if model is not None:
             from scalecl.training.checkpoint import save_model
 
-            save_model(model, self.final_dir, self.method, overwrite=True, delta=self.delta,
+            save_model(saved_module(model), self.final_dir, self.method, overwrite=True, delta=self.delta,
                        **(self.save_kw | save_extra))
             crash_point("final-model-written")
         if self.out_dir is None:
