@@ -7,6 +7,7 @@ from __future__ import annotations
 from scalecl.experiments.bio import BioExperiment
 from scalecl.experiments.cpt import CptExperiment
 from scalecl.report.bio import TASKS, bio_caption, slice_questions
+from scalecl.report.continual import MATCHED_TASK1, bio_metrics, cpt_metrics
 from scalecl.report.cpt import CPT_SETS, cpt_caption, embedding_variant
 from scalecl.report.settings import option_label
 from scalecl.report.spec import FrontierSpec, ReportSpec
@@ -23,14 +24,20 @@ BIO_METRICS = (("task0_start", "summary.task0_start", slice_questions),
                ("task0_end", "summary.task0_end", slice_questions),
                ("task1_end", "summary.task1_end", slice_questions),
                ("task0_full_end", "final.task0_heldout.acc", None), ("task1_full_end", "final.task1.acc", None),
-               ("task0_prior", "priors.task0_heldout.pooled", None))
-CPT_METRICS = tuple((c, f"summary.{c}", None) for c in ("old_ppl_start", "old_ppl_end", "old_ppl_max",
-                                                       "new_ppl_start", "new_ppl_end", "rep_cos_end"))
+               ("task0_prior", "priors.task0_heldout.pooled", None),
+               *((c, f"cl.{c}", None) for c in ("bwt", "task0_auc", "task0_from_max", "task0_at_task1")))
+CPT_METRICS = (*((c, f"summary.{c}", None) for c in ("old_ppl_start", "old_ppl_end", "old_ppl_max",
+                                                     "new_ppl_start", "new_ppl_end", "rep_cos_end")),
+               *((c, f"cl.{c}", None) for c in ("old_ppl_rise", "old_ppl_auc", "old_ppl_from_best")))
 
 BIO_TABLE_NOTE = ("task0_full_end, task1_full_end: full-range final accuracy (result.json final.*.acc); task0_start/"
                   "min/end, task1_end: accuracy on the evaluation slices, with SE = sqrt(p(1-p)/q), the binomial "
                   "standard error of one slice evaluation of q questions (slice_people x attributes) at the shown "
-                  "value (blank when q is not recorded).")
+                  "value (blank when q is not recorded). Continual-learning metrics: bwt, backward transfer (full-"
+                  "range Task 0 at the end minus after stage 2; negative is forgetting); task0_auc, the area under "
+                  "the Task 0 slice curve over the steps it spans (its mean over training); task0_from_max, the "
+                  "run's highest Task 0 slice value minus its last; task0_at_task1, Task 0 at the first evaluation "
+                  f"where Task 1 reaches {MATCHED_TASK1:g} (matched learning; runs that never do are left out).")
 
 BIO_FRONTIER = FrontierSpec(
     x=("task1_full", "final.task1.acc", "Task 1 learned: full-range final accuracy (%)"),
@@ -56,7 +63,7 @@ CPT_FRONTIER = FrontierSpec(
 
 BIO_REPORT = ReportSpec(
     name="bio",
-    outputs=("fig8", "summary", "route_studies", "train_loss", "lr_schedule", "routing", "router_score",
+    outputs=("fig8", "summary", "route_studies", "ensemble", "train_loss", "lr_schedule", "routing", "router_score",
              "frontier", "route_mechanism"),
     required=("summary.task0_start", "summary.task0_min", "summary.task0_end", "summary.task1_end",
               "final.task0_heldout.acc", "final.task1.acc", "priors.task0_heldout.pooled", "config.stage3.steps",
@@ -64,8 +71,10 @@ BIO_REPORT = ReportSpec(
               "config.eval.slice_people", "data.n_bio", "data.n_task1", "trainable_params", "lr"),
     metrics=BIO_METRICS,
     table_note=BIO_TABLE_NOTE,
-    paired=(("task0_full_end", "final.task0_heldout.acc"), ("task1_full_end", "final.task1.acc")),
-    paired_note="Metrics: full-range final accuracy (final.task0_heldout.acc, final.task1.acc).",
+    paired=(("task0_full_end", "final.task0_heldout.acc"), ("task1_full_end", "final.task1.acc"),
+            ("task0_auc", "cl.task0_auc")),
+    paired_note=("Metrics: full-range final accuracy (final.task0_heldout.acc, final.task1.acc) and the area "
+                 "under the Task 0 slice curve per step (task0_auc, the mean Task 0 over training)."),
     frontier=BIO_FRONTIER,
     caption=bio_caption,
     step_label="Task 1 step",
@@ -80,6 +89,7 @@ BIO_REPORT = ReportSpec(
     fields={"priors.task0_heldout": dict},
     not_named=BioExperiment.not_named,
     named_when_set=ADDED_LATER,
+    cl=bio_metrics,
 )
 
 CPT_REPORT = ReportSpec(
@@ -90,9 +100,13 @@ CPT_REPORT = ReportSpec(
               "summary.new_ppl_end", "summary.rep_cos_end", "final", "config.train", "config.train.steps",
               "config.train.batch", "config.train.seq_len", "trainable_params", "lr"),
     metrics=CPT_METRICS,
-    table_note="",
-    paired=(("old_ppl_end", "summary.old_ppl_end"), ("new_ppl_end", "summary.new_ppl_end")),
-    paired_note="Metrics: final forgetting (old) and learning (new) perplexity.",
+    table_note=("Continual-learning metrics in old-domain perplexity: old_ppl_rise, the end minus step 0 (backward "
+                "transfer; positive is forgetting); old_ppl_auc, its mean over training (area under the curve per "
+                "step); old_ppl_from_best, the last value minus the run's lowest."),
+    paired=(("old_ppl_end", "summary.old_ppl_end"), ("new_ppl_end", "summary.new_ppl_end"),
+            ("old_ppl_auc", "cl.old_ppl_auc")),
+    paired_note=("Metrics: final forgetting (old) and learning (new) perplexity, and the old-domain perplexity "
+                 "averaged over training (old_ppl_auc)."),
     frontier=CPT_FRONTIER,
     caption=cpt_caption,
     step_label="training step",
@@ -108,4 +122,5 @@ CPT_REPORT = ReportSpec(
             "method_options.init": list, "method_options.collab": list},
     not_named=CptExperiment.not_named,
     named_when_set=ADDED_LATER,
+    cl=cpt_metrics,
 )

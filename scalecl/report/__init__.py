@@ -21,6 +21,7 @@ from scalecl.report.bio import draw_fig8, fig8  # noqa: E402
 from scalecl.report.context import WRITER, Plot, PlotResult  # noqa: E402
 from scalecl.report.cpt import draw_fig4, draw_fig9, fig4, fig9  # noqa: E402
 from scalecl.report.draw import mean_curve, pool_replicates  # noqa: E402
+from scalecl.report.ensemble import draw_ensemble, fig_ensemble  # noqa: E402
 from scalecl.report.frontier import draw_frontier, fig_frontier, frontier_runs, frontier_table  # noqa: E402
 from scalecl.report.harness import table2  # noqa: E402
 from scalecl.report.heldout import heldout_table, heldout_tables  # noqa: E402
@@ -74,8 +75,8 @@ from scalecl.report.training_logs import (  # noqa: E402
 __all__ = [
     "LABELS", "NO_INTERVAL", "RUN_ORDER", "FrontierSpec", "Plot", "PlotResult", "ReportSpec", "aggregate_table",
     "draw_fig4", "draw_fig5", "draw_fig6", "draw_fig7", "draw_fig8", "draw_fig9", "draw_frontier",
-    "draw_lr_schedule", "draw_route_mechanism", "draw_route_study", "draw_router_score", "draw_routing",
-    "draw_train_loss", "fig4", "fig5", "fig6", "fig7", "fig8", "fig9", "fig_frontier", "fig_lr_schedule",
+    "draw_ensemble", "draw_lr_schedule", "draw_route_mechanism", "draw_route_study", "draw_router_score", "draw_routing",
+    "draw_train_loss", "fig4", "fig5", "fig6", "fig7", "fig8", "fig9", "fig_ensemble", "fig_frontier", "fig_lr_schedule",
     "fig_route_mechanism", "fig_route_studies", "fig_route_study", "fig_router_score", "fig_routing",
     "fig_train_loss", "find_files", "frontier_runs", "heldout_table", "heldout_tables", "frontier_table", "group_label", "inputs_text", "l_fp_text",
     "load_metrics", "load_runs", "load_train_log", "mean_curve", "paired_table", "plot_all", "pool_replicates",
@@ -86,8 +87,8 @@ __all__ = [
 
 # the order plot_all makes the registered outputs in (each for every experiment listing it, in the order the
 # experiments are given); an output registered but not named here comes after these
-RUN_ORDER = ("fig8", "summary", "heldout", "table2", "fig9", "fig4", "fig5", "fig6", "fig7", "route_studies", "train_loss",
-             "lr_schedule", "routing", "router_score", "frontier", "route_mechanism", "route_mechanism_table")
+RUN_ORDER = ("fig8", "summary", "heldout", "table2", "fig9", "fig4", "fig5", "fig6", "fig7", "route_studies", "ensemble",
+             "train_loss", "lr_schedule", "routing", "router_score", "frontier", "route_mechanism", "route_mechanism_table")
 
 
 def plot_all(results: Path | Sequence[Path], out: Path, specs: Sequence[ReportSpec],

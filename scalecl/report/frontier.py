@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.path import Path as MplPath
 from matplotlib.transforms import Bbox
 
+from scalecl.common.schema import named_dict
 from scalecl.report.context import Plot
 from scalecl.report.draw import COLORS, LINESTYLES, Drawn, _figure_legend, _save_all, _with_inputs
 from scalecl.report.registry import figure
@@ -54,6 +55,9 @@ def _frontier_config(r: dict, spec: ReportSpec) -> dict:
     """What a frontier line's runs share: the config without seeds, what run names leave out (spec.not_named),
     method tables and the stage-3 rate."""
     rest = {k: v for k, v in _config_rest(r, spec, pair=True).items() if k not in METHOD_KEYS}
+    ensemble = (r.get("config") or {}).get("ensemble")
+    if ensemble is not None and named_dict({"ensemble": ensemble}, (), spec.named_when_set):
+        rest["ensemble"] = ensemble  # averaged with the base: another line, not a point of the method's own
     if isinstance(rest.get("stage3"), dict):
         rest["stage3"] = {k: v for k, v in rest["stage3"].items() if k != "lr"}
     return rest

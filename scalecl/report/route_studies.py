@@ -37,6 +37,7 @@ from scalecl.report.runs import (
     study_names,
 )
 from scalecl.report.settings import (
+    ENSEMBLE_STUDY,
     ROUTE_STUDIES,
     _fmt_option,
     _setting,
@@ -281,4 +282,5 @@ def _route_study_caption(spec: ReportSpec, study: str, study_runs: pd.DataFrame,
 @figure("route_studies")
 def fig_route_studies(plot: Plot, spec: ReportSpec) -> list[Path]:
     """Fig. 8 per Route study present (tau, router, vocab, any other study of the experiment), with its table."""
-    return [p for study in study_names(plot, spec) for p in fig_route_study(plot, spec, study)]
+    return [p for study in study_names(plot, spec) if study != ENSEMBLE_STUDY  # drawn by scalecl.report.ensemble
+            for p in fig_route_study(plot, spec, study)]

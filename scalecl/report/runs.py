@@ -21,6 +21,7 @@ from scalecl.common.schema import named_dict, without
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.models.gguf import base_name
 from scalecl.report.context import Plot
+from scalecl.report.continual import with_cl
 from scalecl.report.spec import ReportSpec
 from scalecl.training.record import NUMBER, REFERENCE_WRITER, Fields, base_identity, mistyped, read_record
 from scalecl.training.run import RUN_WRITER
@@ -138,7 +139,9 @@ def _result_or_none(plot: Plot, f: Path) -> dict | None:
 
 RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build"]
 SEED_KEYS = ("seed", "run_seed")  # what replicates of one setting differ in
-METHOD_KEYS = ("methods", "lr_scale", "lr")  # per-method tables of a config: runs of other methods differ there
+# per-method tables of a config: runs of other methods differ there; and the biography's ensemble control, a
+# treatment of a method's run on the same base (runs that differ only there pair)
+METHOD_KEYS = ("methods", "lr_scale", "lr", "ensemble")
 
 
 def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.DataFrame:
@@ -172,6 +175,8 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             if seeds is None:
                 plot.skip(f, f"result {f}: its seeds (seeds.base/run, config.seed/run_seed) are not integers")
                 continue
+            if spec.cl is not None:
+                r = with_cl(r, f.parent, spec.cl)
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
                          "run_seed": seeds[1], "group": _config_id(r, spec) if study is None else str(f.parent),
@@ -341,6 +346,8 @@ def replicate_groups(runs: pd.DataFrame) -> list[pd.DataFrame]:
 def group_label(row: pd.Series | dict) -> str:
     """A replicate group's name in figures and tables: the method's label, and its setting when it has one."""
     name, setting = LABELS.get(row["method"], row["method"]), row.get("setting") or ""
+    if setting.startswith(f"{name} "):  # a setting that is a whole name ("FFT + base avg. in training")
+        return setting
     setting = setting.removeprefix(f"{name}, ") if setting != name else ""  # a reference run's setting names it
     return f"{name} [{setting}]" if setting else name
 

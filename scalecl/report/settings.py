@@ -12,6 +12,8 @@ from scalecl.report.runs import LABELS, _n_label, group_label, load_runs, marked
 from scalecl.report.spec import ReportSpec
 
 ROUTER_ORDER = ("logit", "centered", "prob")  # the router's forms in the order its study lists them
+ENSEMBLE_STUDY = "ensemble"  # the biography's ensemble controls of SCALE-Route (scalecl.report.ensemble)
+AVERAGE_TEXT = {"train": "+ base avg. in training", "eval": "+ base avg. when scored"}
 # the biography's Route studies and their figures' stems (another study of Route runs: fig8_route_<name>)
 ROUTE_STUDIES = {"tau": "fig8_route_tau", "router": "fig8_route_router", "vocab": "fig8_route_vocab"}
 
@@ -75,6 +77,8 @@ def _setting_of(spec: ReportSpec, study: str | None, r: dict) -> str:
     if study is None:
         return LABELS.get(r["method"], r["method"])
     study = study.split("-", 1)[0]  # <study>-<suffix> (vocab-control: the Adapt control on its own builds) reads as <study>
+    if study == ENSEMBLE_STUDY:
+        return control_label(r)
     if study in ROUTE_STUDIES and r.get("method") != "scale-route":  # a reference run beside the Route runs
         name = LABELS.get(r["method"], r["method"])
         if study == "vocab":  # its setting is its rows
@@ -90,6 +94,22 @@ def _setting_of(spec: ReportSpec, study: str | None, r: dict) -> str:
         model, tok = _vocab_rows(r)
         return "vocab=tokenizer's size" if model is None or model == tok else f"vocab={model:,} (padded)"
     return spec.study_label(study, opts)
+
+
+def ensemble_mode(r: dict) -> str:
+    """A biography run's ensemble.mode ("none" for runs made before the option)."""
+    return ((r.get("config") or {}).get("ensemble") or {}).get("mode", "none")
+
+
+def control_label(r: dict) -> str:
+    """A run of the ensemble study as its figure and tables name it: the method, the option that tells its
+    variant (Route's tau, LoRA's rank, LLaMA Pro's new blocks) and how it is averaged with its base."""
+    opts, method = r.get("method_options") or {}, r.get("method")
+    option = {"scale-route": f"tau={_tau(r):g}" if _tau(r) is not None else "", "lora": f"r={opts.get('rank')}",
+              "llama-pro": f"n={opts.get('n')}"}.get(method, "")
+    name = LABELS.get(method, method) + (f" ({option})" if option else "")
+    mode = ensemble_mode(r)
+    return f"{name} {AVERAGE_TEXT[mode]}" if mode in AVERAGE_TEXT else name
 
 
 def option_label(study: str, opts: dict) -> str:

@@ -51,7 +51,8 @@ class ReportSpec:
     not_named: the config keys its run names leave out (its ExperimentBase.not_named), left out of replicate
     groups too: runs that differ only there (and in their seeds) are replicates of one setting;
     named_when_set: config keys added after runs were made, with the default that behaves as before them (its
-    ExperimentBase.named_when_set): a run holding the default is a replicate of one made before the key.
+    ExperimentBase.named_when_set): a run holding the default is a replicate of one made before the key;
+    cl(result, metrics frame): the continual-learning metrics the report adds to each result as `cl`.
     """
 
     name: str
@@ -74,3 +75,6 @@ class ReportSpec:
     fields: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
     not_named: tuple[str, ...] = ()
     named_when_set: Mapping[str, Any] = field(default_factory=dict)
+    # the experiment's continual-learning metrics of a run from its result and metrics.jsonl frame (or None):
+    # added to every result the report reads as `cl` (scalecl.report.continual)
+    cl: Callable[[dict, Any], dict] | None = None
