@@ -61,3 +61,21 @@ def binomial_se(p: float, n: int | None) -> float:
     if n is None or n <= 0 or p is None or not math.isfinite(p) or not 0 <= p <= 1:
         return math.nan
     return math.sqrt(p * (1 - p) / n)
+
+
+MAX_UNITS = 100  # units_needed reports "more than this" beyond it
+
+
+def units_needed(mean: float, sd: float, level: float = LEVEL) -> int | None:
+    """The fewest units (n >= 2) whose t interval, mean +- t_{(1+level)/2, n-1} sd / sqrt(n), would exclude 0 if
+    another n units gave the same mean and sd: a planning number for a paired difference the runs cannot tell
+    apart yet (at or below the units it has when its interval already excludes 0). None when no n up to MAX_UNITS
+    does (a mean of 0, or too small against its sd); NaN inputs give None."""
+    if not (math.isfinite(mean) and math.isfinite(sd)) or mean == 0:
+        return None
+    if sd == 0:
+        return 2
+    for n in range(2, MAX_UNITS + 1):
+        if t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n) < abs(mean):
+            return n
+    return None

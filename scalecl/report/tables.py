@@ -23,7 +23,7 @@ from scalecl.report.runs import (
 )
 from scalecl.report.settings import _study_setting, _study_sort_key
 from scalecl.report.spec import Metric, ReportSpec
-from scalecl.report.stats import binomial_se, interval_note, t_interval
+from scalecl.report.stats import MAX_UNITS, binomial_se, interval_note, t_interval, units_needed
 
 
 def replicate_unit(g: pd.DataFrame) -> tuple[list[pd.DataFrame], str]:
@@ -176,8 +176,10 @@ def _paired_rows(a: pd.DataFrame, b: pd.DataFrame, col: str, path: str) -> list[
     rows = []
     for units, diffs, unit in _paired_views(a, b, path, va, vb, bases):
         iv = t_interval(diffs)
+        needed = units_needed(iv.mean, iv.sd) if len(units) >= 2 else None
         rows.append(shared | {
-            "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi,
+            "diff_mean": iv.mean, "diff_ci_lo": iv.lo, "diff_ci_hi": iv.hi, "diff_sd": iv.sd,
+            "units_needed": f">{MAX_UNITS}" if needed is None and len(units) >= 2 else needed,
             "interval": f"t over {len(units)} {unit}" if len(units) >= 2 else (
                 NO_INTERVAL if bases else "no base seed shared"),
             "per_base": "; ".join(f"{x}: {d:+.6g}" for x, d in zip(units, diffs, strict=True))})
@@ -190,8 +192,11 @@ PAIRED_CAPTION = ("Paired differences a - b of runs on the same base: same prese
                   "each the mean over its run seeds there) and, for each shared base where both have several run "
                   "seeds, one row over those run seeds: the two seed axes are never pooled. Each row: the mean "
                   "difference with its 95% Student-t interval (diff_ci_lo, diff_ci_hi: mean ± t_0.975,n-1 · s/√n; "
-                  "'interval' names the unit and n); per_base: each unit's difference (base, or base/run); a_mean, "
-                  "b_mean: each method's mean over the shared bases. {what}")
+                  "'interval' names the unit and n); diff_sd: the standard deviation of the differences; "
+                  "units_needed: the fewest units of that kind whose interval would exclude 0 if more of them gave the "
+                  "same mean and sd (a planning number: at or below n when the interval already excludes 0); "
+                  "per_base: each unit's difference (base, or base/run); a_mean, b_mean: each method's mean over the "
+                  "shared bases. {what}")
 
 
 def summary_table(plot: Plot, spec: ReportSpec) -> pd.DataFrame:

@@ -91,3 +91,18 @@ def test_curve_mean_and_cpt_metrics():
     assert cpt_metrics({"summary": {}}, None) == {"old_ppl_rise": None, "old_ppl_auc": None,
                                                   "old_ppl_from_best": None}
     assert CPT_REPORT.cl is cpt_metrics and BIO_REPORT.cl is bio_metrics
+
+
+def test_units_needed_is_the_first_n_whose_interval_excludes_zero():
+    from scipy.stats import t
+
+    from scalecl.report.stats import MAX_UNITS, units_needed
+
+    # mean 0.70, sd 0.31: n = 3 gives 4.303 x 0.31 / sqrt(3) = 0.770 (reaches 0), n = 4 gives 3.182 x 0.31 / 2 = 0.493
+    assert units_needed(0.70, 0.31) == 4
+    assert units_needed(-0.70, 0.31) == 4  # the sign does not matter
+    for mean, sd in ((0.19, 0.05), (1.0, 2.0), (0.02, 0.1)):
+        n = units_needed(mean, sd)
+        assert t.ppf(0.975, n - 1) * sd / n ** 0.5 < abs(mean) <= t.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5 or n == 2
+    assert units_needed(0.0, 0.1) is None and units_needed(0.001, 1.0) is None  # beyond MAX_UNITS
+    assert units_needed(float("nan"), 0.1) is None and units_needed(0.3, 0.0) == 2 and MAX_UNITS == 100
