@@ -101,13 +101,21 @@ def ensemble_mode(r: dict) -> str:
     return ((r.get("config") or {}).get("ensemble") or {}).get("mode", "none")
 
 
+def rate_text(lr: float) -> str:
+    """A learning rate as a label shows it: '1e-4', '3e-4', '1.5e-3'."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
 def control_label(r: dict) -> str:
-    """A run of the ensemble study as its figure and tables name it: the method, the option that tells its
-    variant (Route's tau, LoRA's rank, LLaMA Pro's new blocks) and how it is averaged with its base."""
-    opts, method = r.get("method_options") or {}, r.get("method")
+    """A run of the ensemble study as its figure and tables name it: the method with the option that tells its
+    variant (Route's tau, LoRA's rank, LLaMA Pro's new blocks) and its rate, and how it is averaged with its
+    base: 'FFT (1e-4)', 'LoRA (r=34, 1e-3)', 'FFT (3e-4) + base avg. in training'."""
+    opts, method, lr = r.get("method_options") or {}, r.get("method"), r.get("lr")
     option = {"scale-route": f"tau={_tau(r):g}" if _tau(r) is not None else "", "lora": f"r={opts.get('rank')}",
               "llama-pro": f"n={opts.get('n')}"}.get(method, "")
-    name = LABELS.get(method, method) + (f" ({option})" if option else "")
+    parts = [x for x in (option, rate_text(lr) if isinstance(lr, int | float) and not isinstance(lr, bool) else "") if x]
+    name = LABELS.get(method, method) + (f" ({', '.join(parts)})" if parts else "")
     mode = ensemble_mode(r)
     return f"{name} {AVERAGE_TEXT[mode]}" if mode in AVERAGE_TEXT else name
 

@@ -14,7 +14,7 @@ from scalecl.cli import app
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.report import plot_all
 from scalecl.report.continual import MATCHED_TASK1, bio_metrics, cpt_metrics, curve_mean
-from scalecl.report.settings import control_label
+from scalecl.report.settings import control_label, rate_text
 
 runner = CliRunner()
 FAST = ["--set", "stage1.steps=30", "--set", "stage2.steps=5", "--set", "stage3.steps=12",
@@ -41,18 +41,19 @@ def study(tmp_path_factory):
 
 def test_ensemble_figure_and_tables(study):
     _, figs, names = study
-    assert {"fig8_ensemble.png", "fig8_ensemble.pdf", "table_fig8_ensemble_means.md",
+    assert {"fig8_ensemble.png", "fig8_ensemble.pdf", "frontier_ensemble.png", "table_fig8_ensemble_means.md",
             "paired_bio_ensemble.csv"} <= names
     assert not any(n.startswith("fig8_route_ensemble") for n in names)  # not also drawn as a Route study
     means = pd.read_csv(figs / "table_fig8_ensemble_means.csv")
-    assert set(means["setting"]) == {"SCALE-Route (tau=0.5)", "SCALE-Route (tau=-1)", "FFT",
-                                     "FFT + base avg. in training", "FFT + base avg. when scored", "LoRA (r=8)"}
+    assert set(means["setting"]) == {"SCALE-Route (tau=0.5, 1e-3)", "SCALE-Route (tau=-1, 1e-3)", "FFT (1e-4)",
+                                     "FFT (1e-4) + base avg. in training", "FFT (1e-4) + base avg. when scored",
+                                     "LoRA (r=8, 1e-3)"}
     assert (means["n"] == 2).all() and means["task0_auc_ci_lo"].notna().all()
     paired = pd.read_csv(figs / "paired_bio_ensemble.csv")
     ab = set(zip(paired["a"], paired["b"], strict=True))
     # each Route setting minus each control, on the 2 shared bases: the average with the base pairs like a method
-    assert ("SCALE-Route (tau=0.5)", "FFT + base avg. in training") in ab
-    assert ("SCALE-Route (tau=-1)", "FFT + base avg. when scored") in ab
+    assert ("SCALE-Route (tau=0.5, 1e-3)", "FFT (1e-4) + base avg. in training") in ab
+    assert ("SCALE-Route (tau=-1, 1e-3)", "FFT (1e-4) + base avg. when scored") in ab
     assert (paired["n_bases"] == 2).all()
     assert set(paired["metric"]) == {"task0_full_end", "task1_full_end", "task0_auc"}
 
@@ -79,6 +80,10 @@ def test_cl_metrics_recomputed_from_the_run_files(study):
     for setting, wants in by_setting.items():
         assert means.loc[setting, "task0_auc"] == pytest.approx(np.mean([w["task0_auc"] for w in wants]), abs=1e-9)
         assert means.loc[setting, "bwt"] == pytest.approx(np.mean([w["bwt"] for w in wants]), abs=1e-9)
+
+
+def test_rate_text():
+    assert [rate_text(x) for x in (1e-4, 3e-4, 0.001, 1.5e-3, 2.0)] == ["1e-4", "3e-4", "1e-3", "1.5e-3", "2e0"]
 
 
 def test_curve_mean_and_cpt_metrics():
