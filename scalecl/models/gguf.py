@@ -138,11 +138,15 @@ def _read(path: Path):
         import gguf  # noqa: F401  (transformers reads GGUF files with it)
     except ImportError:
         raise ScaleclError(f"reading {path.name} needs the gguf package: pip install gguf") from None
+    from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
+
     kw = {"gguf_file": path.name}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kw)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kw)
+    try:  # code in files beside it never runs either
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kw, **NO_REMOTE_CODE)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kw, **NO_REMOTE_CODE)
     except Exception as e:  # transformers raises many kinds for a file it cannot read
+        if is_refusal(e):
+            raise ScaleclError(refusal_line(path.parent, "the GGUF file's folder")) from None
         raise ScaleclError(f"transformers cannot read the GGUF file {path}: {cause(e)}") from None
     return _plain(model), tokenizer
 

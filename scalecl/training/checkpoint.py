@@ -70,6 +70,7 @@ from scalecl.common.files import (
 )
 from scalecl.common.locks import locked
 from scalecl.common.readers import check_weights_folder, field, model_weights_header, read_json
+from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
 from scalecl.methods import REGISTRY, Method, get_method
 from scalecl.training.delta import (
     DELTA_FILE,
@@ -631,8 +632,10 @@ def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel
             from scalecl.common.hub import before_hub_load
 
             before_hub_load(source)  # no network: one line at once instead of a minute of retries
-            base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **NO_REMOTE_CODE)
         except (OSError, ValueError) as e:
+            if is_refusal(e):
+                raise ScaleclError(refusal_line(source, "base model")) from None
             raise ScaleclError(f"cannot load the base {source} of LoRA checkpoint {p} ({type(e).__name__})") from None
     want = {k: meta["base_config"].get(k) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")}
     got = {k: getattr(base.config, k, None) for k in want}

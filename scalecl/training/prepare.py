@@ -131,4 +131,11 @@ def _checkpoint_tokenizer(p: Path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(p))
+    from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
+
+    try:
+        return AutoTokenizer.from_pretrained(str(p), **NO_REMOTE_CODE)
+    except ValueError as e:
+        if is_refusal(e):
+            raise ScaleclError(refusal_line(p, "tokenizer")) from None
+        raise
