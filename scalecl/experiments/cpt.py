@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from rich.markup import escape
-from transformers import AutoConfig
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
@@ -82,10 +81,17 @@ from scalecl.experiments.corpora import (
 )
 from scalecl.methods import Method
 from scalecl.models.build import _HUB_ID as HUB_ID
-from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
-from scalecl.training.checkpoint import check_model_files, load_model, read_meta
+from scalecl.models.build import model_from_config, tiny_config
+from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
+from scalecl.training.model_source import (
+    model_record,
+    open_base,
+    recorded_base_config,
+    saved_scale_record,
+    trains_as_own,
+)
 from scalecl.training.optim import OptimConfig
 from scalecl.training.run import Run
 
@@ -150,12 +156,13 @@ def recorded_tokenizer(base: str) -> str:
 
 def method_checkpoint(base: str) -> dict[str, Any] | None:
     """The record of a checkpoint whose method changed the model's structure (SCALE's widening, LoRA's adapters:
-    `scalecl upscale`, `prepare` or a finished run's final model) at `base`, else None. Such a base trains on as its
-    own method with its own options and widths; it is never widened or adapted again."""
+    `scalecl upscale`, `prepare` or a finished run's final model, full or delta, or a SCALE model saved with
+    save_pretrained or Trainer.save_model) at `base`, else None. Such a base trains on as its own method with its
+    own options and widths; it is never widened or adapted again."""
     if base == BUILTIN or not Path(base).is_dir():
         return None
-    meta = read_meta(base)
-    return meta if meta is not None and meta.get("layout") in ("scale", "lora") else None
+    meta = read_meta(base) or saved_scale_record(base)
+    return meta if trains_as_own(meta) else None
 
 
 def _own_options_note(rc: CptRunConfig, own: dict[str, Any]) -> str:
@@ -174,10 +181,10 @@ def base_model_config(rc: CptRunConfig, verify: bool = False):
     the base config a method's checkpoint records (`verify`: its files checked against their fingerprints first)."""
     if rc.base == BUILTIN:
         return builtin_model_config(rc, rc.builtin.vocab)
-    if method_checkpoint(rc.base) is None:
-        return load_base_config(rc.base)
-    meta = check_model_files(rc.base, verify=verify)  # the record's fields and sizes, the weights' headers
-    return AutoConfig.for_model(**meta["base_config"])
+    if method_checkpoint(rc.base) is None:  # a plain model, or a plain checkpoint of the suite (delta included)
+        return open_base(rc.base, verify=verify).config
+    meta = model_record(rc.base, verify=verify)  # the record's fields and sizes, the weights' headers
+    return recorded_base_config(meta, rc.base)
 
 
 def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, rt: Runtime,
@@ -498,7 +505,7 @@ class CptExperiment(ExperimentBase):
         """A fresh copy of the base model (CPU): a method's checkpoint as it was saved, ready to train on."""
         if self.rc.base == BUILTIN or self.own is not None:
             return load_model(self.base_source)
-        return load_base_model(self.rc.base)
+        return open_base(self.rc.base).load()
 
     # -- one method ----------------------------------------------------------------------------------------
 

@@ -169,6 +169,7 @@ WORKS = {  # the planted code is named, but transformers' own class (or scalecl'
         "prepare", "--method", "fft", "--model", str(fx["known"]), "--out", str(t / "p")],
     "merge: a tokenizer of a class transformers ships": lambda fx, t: [
         "merge", "--model", str(fx["knowntok"]), "--out", str(t / "m")],
+    "eval-ppl: SCALE saved with save_pretrained, its model code replaced": lambda fx, t: _ppl(fx, t, str(fx["scale"])),
 }
 
 
