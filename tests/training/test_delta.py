@@ -172,6 +172,7 @@ def test_a_record_that_places_the_base_otherwise_is_refused(saved, tmp_path):
     copy = Path(shutil.copytree(s["delta"], tmp_path / "delta"))
     meta = json.loads((copy / "scalecl.json").read_text())
     meta["delta"]["layer_order"] = [0, 1, None, None, 2, None]
+    del meta["record_digest"]  # a record that keeps no digest of itself (an earlier scalecl's): the check behind it
     (copy / "scalecl.json").write_text(json.dumps(meta))
     with pytest.raises(ScaleclError, match=r"places the base's tensors otherwise .*recorded \[0, 1, None, None, 2"):
         load_model(copy)
