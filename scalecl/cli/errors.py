@@ -129,6 +129,9 @@ def user_errors(fn):
         except ScaleclError as e:
             print_error(e.cli_message())  # the flags' names, where the library's message names its arguments
             raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:  # Ctrl-C outside training (which says where its run continues from)
+            print_error("interrupted; nothing was recorded as finished by the step that was running")
+            raise typer.Exit(130) from None
         except Exception as e:
             line = os_error_line(e)
             if line is None:

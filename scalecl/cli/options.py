@@ -68,8 +68,8 @@ def checkpoints_option(kind: str) -> OptionInfo:
 
 def resume_option(more: str = "") -> OptionInfo:
     """--resume; `more`: what else resumes (a sentence)."""
-    return typer.Option("--resume", help="Continue each unfinished run from its latest checkpoint (see "
-                        f"checkpoint.every; step 0 if none).{more}")
+    return typer.Option("--resume", help="Continue each unfinished run from its latest checkpoint (checkpoint.seconds: "
+                        f"about a minute old at most; step 0 if none).{more}")
 
 
 def stop_after_option(what: str = "") -> OptionInfo:
@@ -78,8 +78,9 @@ def stop_after_option(what: str = "") -> OptionInfo:
                         "limit); --resume continues.")
 
 
-Force = Annotated[bool, typer.Option("--force", help="Rerun even if a finished run with the same config exists (its "
-                                     "own checkpoints are discarded).")]
+Force = Annotated[bool, typer.Option("--force", help="Rerun even if a finished run with the same config exists: at "
+                                     "the start its own checkpoints, result and logs are removed and its final model "
+                                     "set aside (final.previous, removed when the new run finishes).")]
 RunDevice = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available; "
                                                "under torchrun cuda:LOCAL_RANK).")]
 ReportTo = Annotated[str, typer.Option(

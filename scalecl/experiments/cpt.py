@@ -212,7 +212,7 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
     config = builtin_model_config(rc, len(tokenizer), tokenizer)
     plan = TrainPlan(rc.pretrain.steps, OptimConfig.of(rc.pretrain, rc.pretrain.lr, rc.pretrain.warmup),
                      autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16), save_every=rc.checkpoint.every,
-                     resume="auto", compute=rc.compute,
+                     save_seconds=rc.checkpoint.seconds, resume="auto", compute=rc.compute,
                      desc="pre-train base")
     t = time.perf_counter()
     if rc.pretrain.steps == 0:  # the base is its random initialisation (paper-smoke: the paper's shapes)
@@ -536,7 +536,8 @@ class CptExperiment(ExperimentBase):
         return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)), accum=self._micro(rt.d)[1],
                          autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16),
                          eval_steps=set(range(0, t.steps + 1, every)) | {t.steps},
-                         save_every=rc.checkpoint.every, compute=rc.compute, desc=f"cpt: {method.name}",
+                         save_every=rc.checkpoint.every, save_seconds=rc.checkpoint.seconds, compute=rc.compute,
+                         desc=f"cpt: {method.name}",
                          tracker_config={"method": method.name, "options": method.options(), "lr": lr, **asdict(rc)})
 
     def heldout_scores(self, model: torch.nn.Module, method: Method | None, who: str) -> None:
