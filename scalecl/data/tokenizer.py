@@ -304,10 +304,24 @@ def cached_encoding(
             return load()
         remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
         with atomic_dir(folder) as tmp, naming(folder):
-            np.save(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
-            np.save(tmp / "offsets.npy", offsets)
+            save_array(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
+            save_array(tmp / "offsets.npy", offsets)
             seal(tmp)
     return np.split(ids, offsets[1:-1])
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """np.save, with a short write (a full disk or a file-size limit, which numpy reports without an errno) raised
+    as the OS error it is, naming the file: one error line (scalecl.cli.errors), not a traceback."""
+    import errno
+
+    try:
+        np.save(path, array)
+    except OSError as e:
+        if e.errno is not None:
+            raise
+        raise OSError(errno.EFBIG, f"short write ({e}): the disk is full or a file-size limit was reached",
+                      str(path)) from None
 
 
 def first_answer_tokens(

@@ -145,7 +145,7 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
             raise ScaleclError(f"output folder {out_dir} holds files scalecl did not write ({', '.join(foreign[:3])}); "
                                f"move them away to replace the checkpoint")
     # last (a refused folder of the user's is not even touched by the trial): read-only, no permission, /sys
-    check_writable_dir(out, "output folder")
+    check_writable_dir(out, "output folder", replaces=True)
     return where
 
 

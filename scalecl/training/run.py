@@ -230,6 +230,7 @@ class Run:
         f = self.out_dir / RESULT_FILE
         if not f.exists() and not f.is_symlink():
             return None
+        self._files = None  # the manifest as it is now: another process may have finished the run meanwhile
         self._owned().check(RESULT_FILE)  # only a result this layer wrote, unchanged, marks a finished run
         try:
             result = read_record(f, "finished run's result")
