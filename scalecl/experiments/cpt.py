@@ -290,9 +290,11 @@ def final_lengths(rc: Any, n_pos: int | None) -> list[int]:
     return [seq] if ctx == seq else [seq, ctx]
 
 
-def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
+def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0, final_tokens: int = 0) -> list:
     """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
-    and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
+    and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared), and the final held-out
+    evaluation of the base (once) and of each method's final model (`final_tokens`: the final sets' tokens at
+    every length, once prepared), at its longest forward."""
     from scalecl.experiments.budget import phase
 
     builtin = rc.base == "builtin"
@@ -304,6 +306,11 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
         ctx = rc.model.context
         phases.append(phase("base pre-training", cfg, None, {}, (rc.pretrain.batch, ctx),
                             rc.pretrain.steps * rc.pretrain.batch * ctx, ("pretrain.batch", "model.context")))
+    lengths = final_lengths(rc, max_positions(cfg))
+    final = (max(1, rc.eval.batch * seq // lengths[-1]), lengths[-1]) if lengths else None
+    keys = ("eval.final_take", "eval.final_context")
+    if final and methods:
+        phases.append(phase("final held-out evaluation (base)", cfg, None, {}, final, final_tokens, keys, train=False))
     for name in methods:
         opts = rc.method_options(name)
         phases += [
@@ -312,9 +319,9 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
             phase(f"evaluation ({name})", cfg, name, opts, (rc.eval.batch, seq),
                   (t.steps // (rc.eval.every or t.steps) + 2) * eval_tokens, ("eval.batch",), train=False),
         ]
-        for n in final_lengths(rc, max_positions(cfg))[1:]:  # the longest forward of the final held-out evaluation
-            phases.append(phase(f"final held-out evaluation ({name})", cfg, name, opts,
-                                (max(1, rc.eval.batch * seq // n), n), 0, ("eval.final_context",), train=False))
+        if final:
+            phases.append(phase(f"final held-out evaluation ({name})", cfg, name, opts, final, final_tokens, keys,
+                                train=False))
     return phases
 
 
@@ -339,6 +346,28 @@ CPT_TABLE = EndTable("continual pre-training: forgetting (old-domain PPL) vs lea
                      _summary_cells, _chance_rows)
 
 
+def heldout_table(results: list[dict[str, Any]], labels: list[str] | None = None):
+    """The final held-out evaluation's whole-set perplexities (result.json `heldout`), start (the base) -> end, per
+    set and length, as a table; None when no result has one."""
+    from rich.table import Table
+
+    shown = [(lab, r) for lab, r in zip(labels or [r["method"] for r in results], results, strict=True)
+             if isinstance(r.get("heldout"), dict)]
+    if not shown:
+        return None
+    held = shown[0][1]["heldout"]
+    cols = [(split, n) for split in ("old", "new") if split in held for n in held[split]["at"]]
+    table = Table(title="final held-out evaluation: whole-set perplexity, base -> final model (result.json heldout)")
+    table.add_column("run" if labels else "method", no_wrap=True)
+    for split, n in cols:
+        docs = held[split]["documents"]
+        table.add_column(f"{split} PPL at {int(n):,} ({docs:,} docs)", justify="right")
+    for label, r in shown:
+        at = [r["heldout"].get(split, {}).get("at", {}).get(n) for split, n in cols]
+        table.add_row(label, *(f"{a['start']['ppl']:.3f} -> {a['end']['ppl']:.3f}" if a else "" for a in at))
+    return table
+
+
 class CptExperiment(ExperimentBase):
     """Continual pre-training as an experiment of the sweep: every method from the same base."""
 
@@ -348,6 +377,13 @@ class CptExperiment(ExperimentBase):
     named_when_set = {"model.vocab": 0, "data.text_unit": "line", "old_eval.text_unit": "line",
                       "new_eval.text_unit": "line", "eval.final_take": -1, "eval.final_context": 0}
     end_table = CPT_TABLE
+
+    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
+        """The end-of-run table, then the whole-set results of the final held-out evaluation when there is one."""
+        super().summary(results, labels)
+        table = heldout_table(results, labels)
+        if table is not None:
+            console.print(table)
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
         from scalecl.models.gguf import is_gguf, resolve_model
@@ -375,7 +411,8 @@ class CptExperiment(ExperimentBase):
     def budget_phases(self, methods: list[str], world: int) -> list:
         """What the sweep will run, for scalecl.experiments.budget's estimate (held-out tokens once the data are ready)."""
         evals = self.evals
-        return cpt_phases(self.rc, methods, world, evals.tokens("old") + evals.tokens("new") if evals else 0)
+        final = sum(c.packed for fs in self.final_sets.values() for c in fs.chunks.values())
+        return cpt_phases(self.rc, methods, world, evals.tokens("old") + evals.tokens("new") if evals else 0, final)
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         rc = self.rc
