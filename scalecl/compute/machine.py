@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scalecl.common.environment import env
+from scalecl.common.environment import APPLIED, env
 from scalecl.common.errors import ScaleclError
 
 if TYPE_CHECKING:  # torch loads on first use: the `scalecl` command's --help and tune_cpu_allocator need none
@@ -150,7 +150,7 @@ def cpu_thread_settings() -> dict[str, Any]:
     They take effect when torch loads, so a value changed later in the process is not the one in force."""
     return {"omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "thread_defaults_by_scalecl": dict(_CPU_DEFAULTS)}
+            "thread_defaults_by_scalecl": APPLIED | _CPU_DEFAULTS}
 
 
 def pick_device(name: str | None = None) -> torch.device:
