@@ -55,9 +55,9 @@ class Study:
 def _layers(rc) -> int:
     if getattr(rc, "base", "builtin") == "builtin":
         return rc.model.layers
-    from scalecl.models.build import load_base_config
+    from scalecl.experiments.cpt import base_model_config  # any model folder train-cpt takes
 
-    return load_base_config(rc.base).num_hidden_layers
+    return base_model_config(rc).num_hidden_layers
 
 
 STUDIES: dict[str, Study] = {
