@@ -1,16 +1,26 @@
 """scalecl: width-upscaled continual learning of LLMs (SCALE, arXiv 2511.03270), baselines and benchmarks.
 
 The public names below load on first use (module __getattr__), so `import scalecl` and the `scalecl` command's
---help do not import torch and transformers: `from scalecl import upscale` works as before.
+--help do not import torch and transformers: `from scalecl import upscale` works as before. Importing the
+package sets the same CPU thread defaults as the `scalecl` command (OMP_WAIT_POLICY=PASSIVE, before torch loads).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from scalecl.common.environment import apply_cpu_defaults
 from scalecl.common.errors import ScaleclError
 from scalecl.version import __version__
+
+# the CPU thread defaults of the `scalecl` command, for scripts too: set before torch loads (OpenMP reads them
+# once), else one warning with the one-line fix (scalecl.common.environment.apply_cpu_defaults)
+_note = apply_cpu_defaults(torch_loaded="torch" in sys.modules)
+if _note is not None:
+    warnings.warn(_note, stacklevel=2)
 
 # public name -> the module that defines it
 _LAZY = {

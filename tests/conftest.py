@@ -224,6 +224,10 @@ def reseal(folder: Path) -> None:
         write_json(folder / CKPT_MANIFEST, doc | {"written": fingerprints(folder, skip=skip),
                                                  "digests": large_digests(folder, skip=skip)})
     else:
+        from scalecl.training.checkpoint import record_digest
+
         meta, skip = json.loads((folder / "scalecl.json").read_text()), ("scalecl.json",)
-        (folder / "scalecl.json").write_text(json.dumps(meta | {"written": fingerprints(folder, skip=skip),
-                                                               "digests": large_digests(folder, skip=skip)}))
+        meta |= {"written": fingerprints(folder, skip=skip), "digests": large_digests(folder, skip=skip)}
+        if "record_digest" in meta:  # the record's digest of itself, made again too
+            meta["record_digest"] = record_digest(meta)
+        (folder / "scalecl.json").write_text(json.dumps(meta))

@@ -182,3 +182,19 @@ def test_every_docs_page_is_linked_from_the_readme():
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in LINK.findall((ROOT / "README.md").read_text())}
     missing = [p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md") if p.resolve() not in linked]
     assert not missing, f"docs pages the README does not link: {missing}"
+
+
+def test_the_readme_install_reads_the_gguf_model_of_its_own_data_example():
+    """The README installs `-e .` without extras, and its own-data section names `.gguf` models: reading one needs
+    the gguf package, so it is a dependency of the default install, pinned in constraints.txt."""
+    import tomllib
+
+    text = (ROOT / "README.md").read_text()
+    install = next(line for lang, body in split_page(text)[1] if lang in SHELL_LANGS
+                   for line in body.splitlines() if "pip install" in line and "-e ." in line)
+    assert "-e ." in install.split("&&")[-1] and "[" not in install.split("&&")[-1], install  # no extras
+    assert ".gguf" in text.partition("## Your own model and data")[2]
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(re.match(r"gguf\b", d) for d in deps), deps
+    pins = (ROOT / "constraints.txt").read_text().splitlines()
+    assert any(re.fullmatch(r"gguf==[\d.]+", p.strip()) for p in pins)

@@ -13,7 +13,9 @@ import os
 import typer
 
 from scalecl.cli import evaluate, models, plot, train
-from scalecl.cli.errors import OneLineErrors
+from scalecl.cli.errors import OneLineErrors, fold_help_cells
+
+fold_help_cells()  # --help never cuts a word with "…"
 
 app = typer.Typer(
     cls=OneLineErrors,

@@ -28,6 +28,35 @@ def print_error(message: str) -> None:
     err_console.print(f"[red]error:[/red] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True)
 
 
+def fold_help_cells() -> None:
+    """Make `--help` wrap a word wider than its column onto the next line instead of cutting it with "…" (rich's
+    default overflow for table cells, which typer's options panel keeps): e.g. a list of file types in 80
+    columns. typer builds each option's help (its text, default and "required") in
+    typer.rich_utils._get_parameter_help and its panels as typer.rich_utils.Table: both get rich's `fold`."""
+    import typer.rich_utils as rich_utils
+    from rich.table import Table
+
+    parameter_help = rich_utils._get_parameter_help
+    if getattr(parameter_help, "folds", False):
+        return
+
+    class FoldingTable(Table):  # the panel's own columns (option names, types) in a narrow terminal
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            super().add_row(*renderables, **kwargs)
+            for column in self.columns:
+                column.overflow = "fold"
+
+    def folding(*args: Any, **kwargs: Any) -> Any:
+        cells = parameter_help(*args, **kwargs)  # rich Columns of Text (or Markdown)
+        for item in getattr(cells, "renderables", ()):
+            if hasattr(item, "overflow"):
+                item.overflow = "fold"
+        return cells
+
+    folding.folds = True
+    rich_utils._get_parameter_help, rich_utils.Table = folding, FoldingTable
+
+
 class OneLineErrors(TyperGroup):
     """Click's own usage errors (a bad option value, a missing option, an unknown command) as one `error:` line
     and exit code 2, like the suite's own errors, instead of a boxed usage message."""
@@ -129,6 +158,9 @@ def user_errors(fn):
         except ScaleclError as e:
             print_error(e.cli_message())  # the flags' names, where the library's message names its arguments
             raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:  # Ctrl-C outside training (which says where its run continues from)
+            print_error("interrupted; nothing was recorded as finished by the step that was running")
+            raise typer.Exit(130) from None
         except Exception as e:
             line = os_error_line(e)
             if line is None:

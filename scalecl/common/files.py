@@ -143,16 +143,37 @@ def write_json(path: Path, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def check_writable_dir(path: Path, what: str = "--out") -> None:
+# the records of what the suite verifies on read: a cache entry, a checkpoint, a training checkpoint
+VERIFIED_RECORDS = ("scalecl-cache.json", "scalecl.json", "scalecl-checkpoint.json")
+
+
+def verified_folder(path: Path, *, itself: bool = True) -> Path | None:
+    """The nearest folder above `path` (or `path` itself, with `itself`) holding a record the suite verifies its
+    files against (VERIFIED_RECORDS), or None: anything written inside one would make it read as damaged, or be
+    read as part of it."""
+    where = Path(os.path.realpath(Path(path).expanduser()))
+    for folder in ([where] if itself else []) + list(where.parents):
+        if any((folder / r).is_file() for r in VERIFIED_RECORDS):
+            return folder
+    return None
+
+
+def check_writable_dir(path: Path, what: str = "--out", *, replaces: bool = False) -> None:
     """Fail early (one line, nothing written) when `path` cannot be a folder we write into: a file or a path
-    under one, a dangling link, a name longer than the file system allows, or a folder (the nearest existing
-    one) in which creating an entry fails: read-only, no permission, a pseudo file system such as /sys. The
-    last is tried for real (an empty marked folder made and removed), since permission bits and os.access do
-    not tell what a root user without CAP_DAC_OVERRIDE, or a read-only mount, allows."""
+    under one, a dangling link, a name longer than the file system allows, a folder inside a cache entry or a
+    checkpoint (verified_folder; `replaces`: `path` may itself be one, which the caller replaces whole), or a
+    folder (the nearest existing one) in which creating an entry fails: read-only, no permission, a pseudo file
+    system such as /sys. The last is tried for real (an empty marked folder made and removed), since permission
+    bits and os.access do not tell what a root user without CAP_DAC_OVERRIDE, or a read-only mount, allows."""
     p = Path(path).expanduser()
     if str(path) == "":
         raise ScaleclError(f"{what} is empty: give a folder")
     check_path_length(p, what)  # first: stat() itself fails on too long a name
+    inside = verified_folder(p, itself=not replaces)
+    if inside is not None:
+        kind = next(r for r in VERIFIED_RECORDS if (inside / r).is_file())
+        raise ScaleclError(f"{what} {path} lies inside {inside}, which the suite verifies on read ({kind}): writing "
+                           f"there would damage it; give a folder outside it")
     where = Path(os.path.abspath(p))
     if p.is_symlink() and not p.exists():
         raise ScaleclError(f"{what} {path} is a symbolic link to nothing ({os.readlink(p)}); give a folder")

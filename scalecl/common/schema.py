@@ -162,11 +162,12 @@ def numerics_key(numerics: dict[str, Any]) -> list[dict[str, Any]]:
 
 def numerics_tag(numerics: dict[str, Any]) -> str:
     """The numerics as a short phrase for messages: 'CPU, 2 threads', 'cuda'."""
+    products = f", SCALE products {numerics['scale_products']}" if numerics.get("scale_products") else ""
     if numerics.get("device") == "cpu":
         n = numerics.get("cpu_threads")
         bf16 = ", bf16 autocast" if numerics.get("autocast") == "bfloat16" else ""
-        return f"CPU, {n} thread{'s' if n != 1 else ''}{bf16}"
-    return str(numerics.get("device"))
+        return f"CPU, {n} thread{'s' if n != 1 else ''}{bf16}{products}"
+    return f"{numerics.get('device')}{products}"
 
 
 _LINE_BREAKING = ("Cc", "Zl", "Zp")  # control characters and line/paragraph separators (str.splitlines splits)

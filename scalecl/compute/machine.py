@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scalecl.common.environment import env
+from scalecl.common.environment import APPLIED, env
 from scalecl.common.errors import ScaleclError
 
 if TYPE_CHECKING:  # torch loads on first use: the `scalecl` command's --help and tune_cpu_allocator need none
@@ -24,14 +24,53 @@ if TYPE_CHECKING:  # torch loads on first use: the `scalecl` command's --help an
 MEMORY_MARGIN = 1.15
 
 
+# a container's memory limit and use: cgroup v2 (memory.max, memory.current, memory.stat's inactive_file), then v1
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat",
+                 "inactive_file"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                 "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"))
+_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cgroup_room() -> int | None:
+    """Bytes this process's cgroup (a container, a job's slice) still lets it use: its memory limit less what its
+    processes use (page cache it can drop, inactive_file, not counted), or None when no limit is set. The kernel
+    kills a process past the limit however much memory the machine has free."""
+    for limit_file, usage_file, stat_file, inactive_key in CGROUP_FILES:
+        limit = _read_int(limit_file)
+        if limit is None:
+            continue
+        if limit >= _NO_LIMIT:
+            return None
+        used = _read_int(usage_file) or 0
+        try:
+            stat = dict(line.split()[:2] for line in Path(stat_file).read_text().splitlines() if line.strip())
+            used -= min(int(stat.get(inactive_key, 0)), used)
+        except (OSError, ValueError):
+            pass
+        return max(limit - used, 0)
+    return None
+
+
 def available_memory() -> int | None:
-    """Bytes the OS can give this process without swapping (MemAvailable), or None when unknown."""
+    """Bytes this process can use without swapping or being killed: the OS's MemAvailable, or less where a
+    cgroup limit (cgroup_room) allows less; None when neither is known."""
     try:
         import psutil
 
-        return int(psutil.virtual_memory().available)
+        free = int(psutil.virtual_memory().available)
     except (ImportError, OSError):
-        return None
+        free = None
+    room = cgroup_room()
+    known = [x for x in (free, room) if x is not None]
+    return min(known) if known else None
 
 
 def provenance() -> dict[str, Any]:
@@ -111,7 +150,7 @@ def cpu_thread_settings() -> dict[str, Any]:
     They take effect when torch loads, so a value changed later in the process is not the one in force."""
     return {"omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "thread_defaults_by_scalecl": dict(_CPU_DEFAULTS)}
+            "thread_defaults_by_scalecl": APPLIED | _CPU_DEFAULTS}
 
 
 def pick_device(name: str | None = None) -> torch.device:
@@ -197,7 +236,9 @@ def check_numerics(record: dict[str, Any] | None, ours: dict[str, Any], what: st
     theirs = recorded_numerics(record)
     if theirs is None or theirs == ours:
         return
-    if theirs.get("device") == "cpu" == ours["device"] and theirs.get("autocast") != ours.get("autocast"):
+    if theirs.get("scale_products") != ours.get("scale_products"):
+        fix = f"SCALECL_SCALE_PRODUCTS={theirs.get('scale_products') or 'blocks'} uses it"
+    elif theirs.get("device") == "cpu" == ours["device"] and theirs.get("autocast") != ours.get("autocast"):
         fix = f"--set compute.cpu_bf16={'true' if theirs.get('autocast') else 'false'} uses it"
     elif theirs.get("device") == "cpu" == ours["device"]:
         fix = f"--set compute.threads={theirs['cpu_threads']} uses it"

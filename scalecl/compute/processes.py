@@ -41,11 +41,37 @@ class Dist:
         return box[0]
 
 
+_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets beside WORLD_SIZE
+
+
+def world_size() -> int:
+    """The processes of this job: WORLD_SIZE as torchrun / accelerate launch set it (1 when unset). A value that is
+    not a positive integer, or several processes without the rest of a launcher's variables (a WORLD_SIZE set by
+    hand), is one ScaleclError instead of a traceback or a wait for processes that never come."""
+    from scalecl.common.errors import ScaleclError
+
+    text = os.environ.get("WORLD_SIZE", "").strip() or "1"
+    try:
+        world = int(text)
+    except ValueError:
+        world = 0
+    if world < 1:
+        raise ScaleclError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number of processes: unset it, or start "
+                           f"the command with torchrun --nproc_per_node N")
+    values = {v: os.environ.get(v, "").strip() for v in _LAUNCH_VARS}
+    missing = [v for v, x in values.items() if not x or (v.endswith("RANK") and not x.isdigit())]
+    if world > 1 and not dist.is_initialized() and missing:
+        raise ScaleclError(f"WORLD_SIZE={world} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                           f"set (or not numbers): several processes start with torchrun --nproc_per_node {world} "
+                           f"(or accelerate launch); unset WORLD_SIZE to run one")
+    return world
+
+
 @contextlib.contextmanager
 def distributed() -> Iterator[Dist]:
     """Join the process group torchrun / accelerate launch set up (WORLD_SIZE > 1) for the duration of a
     command, and leave it afterwards; one process without either."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     if world <= 1:
         yield Dist()
         return

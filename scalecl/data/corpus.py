@@ -127,6 +127,7 @@ def _load(spec: CorpusSpec):
                     raise ScaleclError(f"dataset file {spec.path} has only the split 'train' (got {spec.split!r})")
                 return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
                                              streaming=True, **_text_kw(spec, builder))
+            _check_folder(p, spec.path)
             return datasets.load_dataset(str(p), name=name, split=spec.split, streaming=True, **_text_kw(spec, None))
         from scalecl.common.hub import before_hub_load
 
@@ -134,6 +135,11 @@ def _load(spec: CorpusSpec):
         return datasets.load_dataset(path, name=name, split=spec.split, streaming=True, **_text_kw(spec, None))
     except ScaleclError:
         raise
+    except RuntimeError as e:  # datasets >= 4 refuses a loading script (a hub dataset's too)
+        if "scripts are no longer supported" not in str(e):
+            raise
+        raise ScaleclError(f"dataset {spec.path} is a loading script, which datasets no longer runs (and scalecl "
+                           f"never would): give its data files (.jsonl, .txt, .parquet, .csv, .arrow)") from None
     except ValueError as e:
         if "sample_by" in str(e):  # a folder or hub dataset read by another builder than text
             raise ScaleclError(f"dataset {spec.path}: text_unit={spec.text_unit} applies to .txt text; its rows are "
@@ -150,6 +156,23 @@ def _load(spec: CorpusSpec):
 
         first = miss_reason(spec.path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise ScaleclError(f"cannot open dataset {spec.path}: {first}") from None
+
+
+def _check_folder(folder: Path, path: str) -> None:
+    """A local folder `datasets` would read: no loading script (`<folder>.py`: datasets no longer runs them, and
+    scalecl never runs code from a folder), and data files of one format (datasets reads only the most common
+    one and would leave the others out without a word). Hidden files and folders are not data."""
+    script = folder / f"{folder.resolve().name}.py"
+    if script.is_file():
+        raise ScaleclError(f"dataset folder {path} holds a loading script ({script.name}), which datasets no longer "
+                           f"runs (and scalecl never would): give its data files (.jsonl, .txt, .parquet, .csv, "
+                           f".arrow)")
+    files = [f for f in folder.rglob("*") if f.suffix.lower() in LOCAL_BUILDERS and f.is_file()
+             and not any(part.startswith(".") for part in f.relative_to(folder).parts)]
+    kinds = sorted({f"{LOCAL_BUILDERS[f.suffix.lower()]} ({f.suffix.lower()})" for f in files})
+    if len({LOCAL_BUILDERS[f.suffix.lower()] for f in files}) > 1:
+        raise ScaleclError(f"dataset folder {path} holds files of several formats ({', '.join(kinds)}); datasets would "
+                           f"read only one kind: keep one format in the folder, or name the files (a quoted glob)")
 
 
 def _read_rows(spec: CorpusSpec) -> Iterator[dict]:
@@ -178,10 +201,25 @@ def iter_texts(spec: CorpusSpec) -> Iterator[str]:
     col = spec.text_column
     stop = spec.skip + spec.take if spec.take else None
     paragraphs = spec.text_unit == "paragraph"
-    for row in itertools.islice(itertools.chain([first], rows), spec.skip, stop):
+    for i, row in enumerate(itertools.islice(itertools.chain([first], rows), spec.skip, stop)):
         text = row[col]
-        text = text if isinstance(text, str) else ("" if text is None else str(text))
+        if text is not None and not isinstance(text, str):  # a number, list or object: no document to train on
+            raise ScaleclError(f"dataset {spec.describe()}: document {spec.skip + i:,} of column {col!r} is "
+                               f"{_kind(text)} ({' '.join(repr(text).split())[:60]}), not text; give a column of "
+                               f"strings (--set <corpus>.text_column=...)")
+        text = "" if text is None else text
         yield text.strip("\n") if paragraphs else text  # a paragraph keeps its inner line breaks only
+
+
+def _kind(value: Any) -> str:
+    """A non-text value as the JSON it was read from names it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float | np.number):
+        return "a number"
+    if isinstance(value, list | tuple | np.ndarray):
+        return "a list"
+    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
 
 
 def check_corpus(spec: CorpusSpec) -> None:

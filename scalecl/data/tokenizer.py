@@ -226,10 +226,15 @@ def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: object) -> Pr
     if Path(name).is_dir() and not any((Path(name) / f).exists() for f in TOKENIZER_FILES):
         # transformers would build an empty tokenizer from config.json alone (2 tokens; text encodes to nothing)
         raise FileNotFoundError(f"{name!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    from scalecl.common.errors import ScaleclError
+    from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
+
+    try:  # never the folder's own code (scalecl.common.remote_code), whatever the caller passes
+        tokenizer = AutoTokenizer.from_pretrained(name, **{**kwargs, **NO_REMOTE_CODE})
         encoded = tokenizer("a b", add_special_tokens=False)["input_ids"]
     except Exception as err:  # damaged files fail anywhere in transformers/tokenizers (KeyError, TypeError, ...)
+        if is_refusal(err):
+            raise ScaleclError(refusal_line(name, "tokenizer")) from None
         cause = (str(err).splitlines() or [""])[0][:200] or type(err).__name__
         if Path(name).is_dir():
             raise ValueError(f"the tokenizer files in {name!r} are damaged or not a tokenizer "
@@ -299,10 +304,24 @@ def cached_encoding(
             return load()
         remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
         with atomic_dir(folder) as tmp, naming(folder):
-            np.save(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
-            np.save(tmp / "offsets.npy", offsets)
+            save_array(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
+            save_array(tmp / "offsets.npy", offsets)
             seal(tmp)
     return np.split(ids, offsets[1:-1])
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """np.save, with a short write (a full disk or a file-size limit, which numpy reports without an errno) raised
+    as the OS error it is, naming the file: one error line (scalecl.cli.errors), not a traceback."""
+    import errno
+
+    try:
+        np.save(path, array)
+    except OSError as e:
+        if e.errno is not None:
+            raise
+        raise OSError(errno.EFBIG, f"short write ({e}): the disk is full or a file-size limit was reached",
+                      str(path)) from None
 
 
 def first_answer_tokens(

@@ -84,6 +84,17 @@ def print_end_table(table: EndTable, results: list[dict[str, Any]], labels: list
     console.print(shown)
 
 
+def products_numerics(method: Method) -> dict[str, Any]:
+    """What SCALECL_SCALE_PRODUCTS adds to a SCALE run's numerics: its forward products formed otherwise than by
+    blocks (the default, left out so that every earlier run keeps its name) give other last bits, and through
+    training other numbers; other methods have no such products."""
+    from scalecl.common.environment import env
+    from scalecl.methods.scale import ScaleMethod
+
+    products = env("SCALECL_SCALE_PRODUCTS")
+    return {"scale_products": products} if isinstance(method, ScaleMethod) and products != "blocks" else {}
+
+
 class ExperimentBase:
     """The shared half of an experiment. A subclass sets `name` (its result.json `experiment`, its checkpoint
     subfolder), `not_named` (config keys, dotted for nested ones, left out of a run's name: they cannot change
@@ -132,11 +143,12 @@ class ExperimentBase:
     def run_of(self, method: Method, d: Any) -> Run:
         """The run of one method, named by everything its numbers depend on."""
         rc = self.rc
+        numerics = self.numerics | products_numerics(method)
         h = config_hash(self.named_config(), method.name, method.options(), self.lr_of(method), *self.name_parts(d),
-                        *seed_key(rc.run_seed), *numerics_key(self.numerics))
+                        *seed_key(rc.run_seed), *numerics_key(numerics))
         name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
         identity = {"experiment": self.name, "name": name, "method": method.name, "options": method.options(),
-                    "config_hash": h, "numerics": self.numerics}
+                    "config_hash": h, "numerics": numerics}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / self.name / name,
                    keep=rc.checkpoint.keep, main=d.main, method=method,
                    delta=rc.checkpoint.delta and method.delta)

@@ -451,7 +451,8 @@ class BioExperiment(ExperimentBase):
         return TrainPlan(sc.steps, OptimConfig.of(sc, kw.pop("lr", sc.lr), sc.warmup),
                          accum=micro_batch(self.rc, sc, d.world)[1],
                          autocast=autocast_dtype(self.rc.dtype, self.device, self.rc.compute.cpu_bf16),
-                         save_every=self.rc.checkpoint.every, compute=self.rc.compute, desc=desc, **kw)
+                         save_every=self.rc.checkpoint.every, save_seconds=self.rc.checkpoint.seconds,
+                         compute=self.rc.compute, desc=desc, **kw)
 
     def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:
         return RowShards(batches, micro_batch(self.rc, sc, d.world)[0], d.world, d.rank)

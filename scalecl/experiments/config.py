@@ -149,6 +149,9 @@ class CheckpointConfig:
     they are not part of any run name or cache key."""
 
     every: int = opt(0, ge=0, le=MAX_STEPS)  # steps between checkpoints (0 = none; a run killed then restarts from step 0)
+    # also a checkpoint once this many seconds (training and evaluation) passed since the last one, or ten times a
+    # checkpoint's own writing time when that is longer (0 = none): an interrupt loses about this much work
+    seconds: float = opt(0.0, ge=0.0, le=1e7)
     keep: int = opt(2, ge=1)  # newest checkpoints kept per run (older ones are deleted)
     # a method's checkpoints (step-N and final) hold only what it trains, with its base's identity (Freeze, LLaMA
     # Pro, SCALE; FFT and LoRA write their usual ones): loaded from the base, bit-identical to the full ones

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from rich.markup import escape
-from transformers import AutoConfig
 
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
@@ -82,10 +81,17 @@ from scalecl.experiments.corpora import (
 )
 from scalecl.methods import Method
 from scalecl.models.build import _HUB_ID as HUB_ID
-from scalecl.models.build import load_base_config, load_base_model, model_from_config, tiny_config
-from scalecl.training.checkpoint import check_model_files, load_model, read_meta
+from scalecl.models.build import model_from_config, tiny_config
+from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
+from scalecl.training.model_source import (
+    model_record,
+    open_base,
+    recorded_base_config,
+    saved_scale_record,
+    trains_as_own,
+)
 from scalecl.training.optim import OptimConfig
 from scalecl.training.run import Run
 
@@ -150,12 +156,13 @@ def recorded_tokenizer(base: str) -> str:
 
 def method_checkpoint(base: str) -> dict[str, Any] | None:
     """The record of a checkpoint whose method changed the model's structure (SCALE's widening, LoRA's adapters:
-    `scalecl upscale`, `prepare` or a finished run's final model) at `base`, else None. Such a base trains on as its
-    own method with its own options and widths; it is never widened or adapted again."""
+    `scalecl upscale`, `prepare` or a finished run's final model, full or delta, or a SCALE model saved with
+    save_pretrained or Trainer.save_model) at `base`, else None. Such a base trains on as its own method with its
+    own options and widths; it is never widened or adapted again."""
     if base == BUILTIN or not Path(base).is_dir():
         return None
-    meta = read_meta(base)
-    return meta if meta is not None and meta.get("layout") in ("scale", "lora") else None
+    meta = read_meta(base) or saved_scale_record(base)
+    return meta if trains_as_own(meta) else None
 
 
 def _own_options_note(rc: CptRunConfig, own: dict[str, Any]) -> str:
@@ -174,10 +181,10 @@ def base_model_config(rc: CptRunConfig, verify: bool = False):
     the base config a method's checkpoint records (`verify`: its files checked against their fingerprints first)."""
     if rc.base == BUILTIN:
         return builtin_model_config(rc, rc.builtin.vocab)
-    if method_checkpoint(rc.base) is None:
-        return load_base_config(rc.base)
-    meta = check_model_files(rc.base, verify=verify)  # the record's fields and sizes, the weights' headers
-    return AutoConfig.for_model(**meta["base_config"])
+    if method_checkpoint(rc.base) is None:  # a plain model, or a plain checkpoint of the suite (delta included)
+        return open_base(rc.base, verify=verify).config
+    meta = model_record(rc.base, verify=verify)  # the record's fields and sizes, the weights' headers
+    return recorded_base_config(meta, rc.base)
 
 
 def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, rt: Runtime,
@@ -205,7 +212,7 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
     config = builtin_model_config(rc, len(tokenizer), tokenizer)
     plan = TrainPlan(rc.pretrain.steps, OptimConfig.of(rc.pretrain, rc.pretrain.lr, rc.pretrain.warmup),
                      autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16), save_every=rc.checkpoint.every,
-                     resume="auto", compute=rc.compute,
+                     save_seconds=rc.checkpoint.seconds, resume="auto", compute=rc.compute,
                      desc="pre-train base")
     t = time.perf_counter()
     if rc.pretrain.steps == 0:  # the base is its random initialisation (paper-smoke: the paper's shapes)
@@ -283,9 +290,11 @@ def final_lengths(rc: Any, n_pos: int | None) -> list[int]:
     return [seq] if ctx == seq else [seq, ctx]
 
 
-def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) -> list:
+def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0, final_tokens: int = 0) -> list:
     """The phases of a continual pre-training sweep: the builtin base's pre-training, each method's training
-    and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared)."""
+    and evaluations (`eval_tokens`: both held-out sets' tokens, once the data are prepared), and the final held-out
+    evaluation of the base (once) and of each method's final model (`final_tokens`: the final sets' tokens at
+    every length, once prepared), at its longest forward."""
     from scalecl.experiments.budget import phase
 
     builtin = rc.base == "builtin"
@@ -297,6 +306,11 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
         ctx = rc.model.context
         phases.append(phase("base pre-training", cfg, None, {}, (rc.pretrain.batch, ctx),
                             rc.pretrain.steps * rc.pretrain.batch * ctx, ("pretrain.batch", "model.context")))
+    lengths = final_lengths(rc, max_positions(cfg))
+    final = (max(1, rc.eval.batch * seq // lengths[-1]), lengths[-1]) if lengths else None
+    keys = ("eval.final_take", "eval.final_context")
+    if final and methods:
+        phases.append(phase("final held-out evaluation (base)", cfg, None, {}, final, final_tokens, keys, train=False))
     for name in methods:
         opts = rc.method_options(name)
         phases += [
@@ -305,9 +319,9 @@ def cpt_phases(rc: Any, methods: list[str], world: int, eval_tokens: int = 0) ->
             phase(f"evaluation ({name})", cfg, name, opts, (rc.eval.batch, seq),
                   (t.steps // (rc.eval.every or t.steps) + 2) * eval_tokens, ("eval.batch",), train=False),
         ]
-        for n in final_lengths(rc, max_positions(cfg))[1:]:  # the longest forward of the final held-out evaluation
-            phases.append(phase(f"final held-out evaluation ({name})", cfg, name, opts,
-                                (max(1, rc.eval.batch * seq // n), n), 0, ("eval.final_context",), train=False))
+        if final:
+            phases.append(phase(f"final held-out evaluation ({name})", cfg, name, opts, final, final_tokens, keys,
+                                train=False))
     return phases
 
 
@@ -332,6 +346,28 @@ CPT_TABLE = EndTable("continual pre-training: forgetting (old-domain PPL) vs lea
                      _summary_cells, _chance_rows)
 
 
+def heldout_table(results: list[dict[str, Any]], labels: list[str] | None = None):
+    """The final held-out evaluation's whole-set perplexities (result.json `heldout`), start (the base) -> end, per
+    set and length, as a table; None when no result has one."""
+    from rich.table import Table
+
+    shown = [(lab, r) for lab, r in zip(labels or [r["method"] for r in results], results, strict=True)
+             if isinstance(r.get("heldout"), dict)]
+    if not shown:
+        return None
+    held = shown[0][1]["heldout"]
+    cols = [(split, n) for split in ("old", "new") if split in held for n in held[split]["at"]]
+    table = Table(title="final held-out evaluation: whole-set perplexity, base -> final model (result.json heldout)")
+    table.add_column("run" if labels else "method", no_wrap=True)
+    for split, n in cols:
+        docs = held[split]["documents"]
+        table.add_column(f"{split} PPL at {int(n):,} ({docs:,} docs)", justify="right")
+    for label, r in shown:
+        at = [r["heldout"].get(split, {}).get("at", {}).get(n) for split, n in cols]
+        table.add_row(label, *(f"{a['start']['ppl']:.3f} -> {a['end']['ppl']:.3f}" if a else "" for a in at))
+    return table
+
+
 class CptExperiment(ExperimentBase):
     """Continual pre-training as an experiment of the sweep: every method from the same base."""
 
@@ -341,6 +377,13 @@ class CptExperiment(ExperimentBase):
     named_when_set = {"model.vocab": 0, "data.text_unit": "line", "old_eval.text_unit": "line",
                       "new_eval.text_unit": "line", "eval.final_take": -1, "eval.final_context": 0}
     end_table = CPT_TABLE
+
+    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
+        """The end-of-run table, then the whole-set results of the final held-out evaluation when there is one."""
+        super().summary(results, labels)
+        table = heldout_table(results, labels)
+        if table is not None:
+            console.print(table)
 
     def __init__(self, rc: CptRunConfig, preset_name: str, paths: Paths) -> None:
         from scalecl.models.gguf import is_gguf, resolve_model
@@ -368,7 +411,8 @@ class CptExperiment(ExperimentBase):
     def budget_phases(self, methods: list[str], world: int) -> list:
         """What the sweep will run, for scalecl.experiments.budget's estimate (held-out tokens once the data are ready)."""
         evals = self.evals
-        return cpt_phases(self.rc, methods, world, evals.tokens("old") + evals.tokens("new") if evals else 0)
+        final = sum(c.packed for fs in self.final_sets.values() for c in fs.chunks.values())
+        return cpt_phases(self.rc, methods, world, evals.tokens("old") + evals.tokens("new") if evals else 0, final)
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         rc = self.rc
@@ -498,7 +542,7 @@ class CptExperiment(ExperimentBase):
         """A fresh copy of the base model (CPU): a method's checkpoint as it was saved, ready to train on."""
         if self.rc.base == BUILTIN or self.own is not None:
             return load_model(self.base_source)
-        return load_base_model(self.rc.base)
+        return open_base(self.rc.base).load()
 
     # -- one method ----------------------------------------------------------------------------------------
 
@@ -529,7 +573,8 @@ class CptExperiment(ExperimentBase):
         return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)), accum=self._micro(rt.d)[1],
                          autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16),
                          eval_steps=set(range(0, t.steps + 1, every)) | {t.steps},
-                         save_every=rc.checkpoint.every, compute=rc.compute, desc=f"cpt: {method.name}",
+                         save_every=rc.checkpoint.every, save_seconds=rc.checkpoint.seconds, compute=rc.compute,
+                         desc=f"cpt: {method.name}",
                          tracker_config={"method": method.name, "options": method.options(), "lr": lr, **asdict(rc)})
 
     def heldout_scores(self, model: torch.nn.Module, method: Method | None, who: str) -> None:

@@ -29,8 +29,9 @@ from scalecl.experiments.corpora import (
     max_positions,
 )
 from scalecl.methods import get_method
-from scalecl.models.build import load_base_config, read_config
-from scalecl.training.checkpoint import check_model_files, load_model
+from scalecl.models.build import load_base_config
+from scalecl.training.checkpoint import load_model
+from scalecl.training.model_source import model_record, recorded_base_config
 
 err_console = make_console(stderr=True)  # warnings: stdout keeps the record (--json) or the summary line
 WRITTEN_BY = "scalecl eval-ppl"  # who wrote a record (a name only; what proves it is the folder's manifest)
@@ -86,9 +87,9 @@ def eval_ppl(
     """
     if not Path(model_path).is_dir():
         raise ScaleclError(f"model path {model_path} does not exist or is not a directory")
-    try:
-        meta = check_model_files(model_path)  # its record, config and weight files, before anything is generated
-        config = read_config(model_path) if meta is not None else load_base_config(model_path)
+    try:  # its record, config and weight files, before anything is generated: whatever load_model loads
+        meta = model_record(model_path)
+        config = recorded_base_config(meta, model_path) if meta is not None else load_base_config(model_path)
     except (OSError, ValueError) as e:
         raise ScaleclError(f"{model_path} is not a readable checkpoint ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -162,10 +163,8 @@ def ppl_phase(config: Any, meta: dict[str, Any] | None, rows: int, seq_len: int,
     base widened by its method), a forward of `rows` x `seq_len` tokens without gradients, and one block of logits
     (LOGIT_BLOCK; all of them for a family outside scalecl.evaluation.perplexity's table)."""
     method = (meta or {}).get("method")
-    if method:
-        from transformers import AutoConfig
-
-        base, opts = AutoConfig.for_model(**meta["base_config"]), meta.get("options") or {}
+    if method:  # `config` is the recorded base's (eval_ppl), which the method widens or deepens
+        base, opts = config, meta.get("options") or {}
     else:
         base, method, opts = config, None, {}
     p = phase("eval-ppl", base, method, opts, (rows, seq_len), tokens, ("--batch", "--seq-len"), train=False)

@@ -55,9 +55,9 @@ class Study:
 def _layers(rc) -> int:
     if getattr(rc, "base", "builtin") == "builtin":
         return rc.model.layers
-    from scalecl.models.build import load_base_config
+    from scalecl.experiments.cpt import base_model_config  # any model folder train-cpt takes
 
-    return load_base_config(rc.base).num_hidden_layers
+    return base_model_config(rc).num_hidden_layers
 
 
 STUDIES: dict[str, Study] = {
@@ -102,13 +102,16 @@ def study_configs(study: str, preset: str, values: str | None, sets: list[str]) 
     s = STUDIES[study]
     rc = load_preset(s.experiment, preset, sets)
     vals = study_values(study, rc, values)
-    configs = []
+    configs, kept = [], []
     for v in vals:
         try:
-            configs.append(load_preset(s.experiment, preset, sets + s.extra(rc) + [f"{s.key}={v}"]))
+            config = load_preset(s.experiment, preset, sets + s.extra(rc) + [f"{s.key}={v}"])
         except ScaleclError as e:
             raise ScaleclError(f"{study} value {v!r}: {e}") from None
-    return s, vals, configs
+        if config not in configs:  # a value given twice ('0.9;0.9', '0.9;0.90') is one run, run and reported once
+            configs.append(config)
+            kept.append(v)
+    return s, kept, configs
 
 
 def experiments(study: str, preset: str, values: str | None, sets: list[str], paths: Paths

@@ -335,7 +335,8 @@ def train_one(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: Swee
                 held.enter_context(hold(folder, rt, wait=False, what=f"run {run.name} ({folder})"))
         finished = run.result() if rt.d.main and not opts.force else None
         if rt.d.share(finished is not None):  # finished by another process since the sweep looked
-            rt.say(f"{method.name}: finished run found at {run.out_dir} (use --force to rerun)")
+            rt.say(f"{method.name}: another process finished this run while this one prepared it: {run.out_dir} "
+                   f"(use --force to rerun)")
             return finished
         return _train_locked(exp, method, run, rt, opts)
 

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from scalecl.common.errors import ScaleclError
 from scalecl.common.hub import before_hub_load, miss_reason
 from scalecl.common.readers import check_weights_folder, read_json
+from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
 from scalecl.common.schema import MAX_LAYERS
 from scalecl.modeling.scale_arch import ARCHS, REFUSED, Arch, head_dim, kv_heads, set_submodule
 
@@ -170,8 +171,10 @@ def read_config(folder: str | os.PathLike) -> PretrainedConfig:
     path = os.path.join(folder, "config.json")
     check_config_sizes(read_json(path, "model config"), f"config {path}")
     try:
-        config = AutoConfig.from_pretrained(str(folder))
+        config = AutoConfig.from_pretrained(str(folder), **NO_REMOTE_CODE)
     except Exception as e:  # OSError, ValueError, TypeError, huggingface_hub's StrictDataclassError ...
+        if is_refusal(e):
+            raise ScaleclError(refusal_line(folder)) from None
         raise ScaleclError(f"config {path} is not a config transformers can build ({type(e).__name__}: "
                            f"{(str(e).splitlines() or [''])[0][:160]})") from None
     check_config_sizes(config, f"config {path}")
@@ -198,8 +201,10 @@ def load_base_config(name_or_path: str) -> PretrainedConfig:
     else:
         before_hub_load(name_or_path)  # no network: one line at once instead of a minute of retries
         try:
-            config = AutoConfig.from_pretrained(name_or_path)
+            config = AutoConfig.from_pretrained(name_or_path, **NO_REMOTE_CODE)
         except Exception as e:  # OSError, ValueError, transformers' field validation: a config it cannot build
+            if is_refusal(e):
+                raise ScaleclError(refusal_line(name_or_path)) from None
             why = miss_reason(name_or_path) or (f"not a local checkpoint and not in the Hugging Face cache "
                                                 f"({type(e).__name__})")
             raise ScaleclError(f"cannot load a config from {name_or_path}: {why}") from None
@@ -242,8 +247,10 @@ def load_plain_strict(name_or_path: str, dtype: torch.dtype = torch.float32) -> 
     hf_logging.set_verbosity_error()
     try:
         model, info = _model_class(name_or_path).from_pretrained(name_or_path, dtype=dtype, use_safetensors=True,
-                                                                 output_loading_info=True)
+                                                                 output_loading_info=True, **NO_REMOTE_CODE)
     except (OSError, ValueError, RuntimeError) as e:  # incl. safetensors' errors on a damaged file
+        if is_refusal(e):
+            raise ScaleclError(refusal_line(name_or_path)) from None
         text = str(e)
         if "ignore_mismatched_sizes" in text:
             raise ScaleclError(f"{where}: some tensors have other shapes than its config.json gives (wrong "

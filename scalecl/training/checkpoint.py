@@ -26,7 +26,8 @@ lora: peft's own format.
   base/              the base model (plain layout) when it is not on disk elsewhere (e.g. a random-init base)
 every layout:
   scalecl.json       how it was built: method and options, the base config, the base's source, the files written
-                     (`files`: the top-level names; `written`: every file's path and fingerprint, size and hash)
+                     (`files`: the top-level names; `written`: every file's path and fingerprint, size and hash;
+                     `record_digest`: the sha256 of the rest of scalecl.json, so an edited value is found too)
   tokenizer files    when a tokenizer was given (LoRA: also in base/)
 
 Writing never deletes anything the suite did not write. A folder that is not empty and holds no scalecl.json
@@ -42,6 +43,7 @@ the next save to the same place removes (or, if the crash fell between the two r
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import re
@@ -70,6 +72,7 @@ from scalecl.common.files import (
 )
 from scalecl.common.locks import locked
 from scalecl.common.readers import check_weights_folder, field, model_weights_header, read_json
+from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
 from scalecl.methods import REGISTRY, Method, get_method
 from scalecl.training.delta import (
     DELTA_FILE,
@@ -142,7 +145,7 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
             raise ScaleclError(f"output folder {out_dir} holds files scalecl did not write ({', '.join(foreign[:3])}); "
                                f"move them away to replace the checkpoint")
     # last (a refused folder of the user's is not even touched by the trial): read-only, no permission, /sys
-    check_writable_dir(out, "output folder")
+    check_writable_dir(out, "output folder", replaces=True)
     return where
 
 
@@ -289,6 +292,7 @@ def _save_model(model: PreTrainedModel, out_dir: str | os.PathLike, method: Meth
         meta["files"] = sorted({p.name for p in tmp.iterdir()} | {META_FILE})
         meta["written"] = fingerprints(tmp)  # what a later overwrite may replace: these files, unchanged
         meta["digests"] = large_digests(tmp)  # with the fingerprints: what reading verifies, every byte
+        meta["record_digest"] = record_digest(meta)  # the record itself: an edited option or size is found too
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
         _move_into_place(tmp, out)
     except BaseException:
@@ -434,6 +438,7 @@ _META_TYPES: dict[str, type | tuple] = {
     "lora_base": str, "delta": dict,
     "stage": dict, "merged_from": str, "merged_method": (str, type(None)), "merged_options": dict,
     "train_seq_len": int,  # the tokens per sequence it was trained at (train-cpt): eval-ppl's default length
+    "record_digest": str,  # sha256 of the rest of the record (record_digest): damage() finds an edited value
 }
 
 
@@ -491,13 +496,26 @@ def _base_config(meta: dict[str, Any], p: Path):
     return config
 
 
+def record_digest(meta: dict[str, Any]) -> str:
+    """The sha256 of a scalecl.json's content without its own `record_digest`: its JSON as read back, keys sorted."""
+    body = json.loads(json.dumps({k: v for k, v in meta.items() if k != "record_digest"}, default=str))
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def damage(path: str | os.PathLike, meta: dict[str, Any] | None = None) -> str | None:
-    """How a checkpoint the suite wrote differs from what it wrote (a file changed, truncated or gone, checked
-    against the fingerprints and digests its scalecl.json records), or None when intact. A folder without a
-    record, or a checkpoint of an older scalecl that records no fingerprints, has nothing to verify: None."""
+    """How a checkpoint the suite wrote differs from what it wrote (its scalecl.json edited, checked against the
+    digest of its content it records; a file changed, truncated or gone, checked against the fingerprints and
+    digests it records), or None when intact. A folder without a record, or a checkpoint of an older scalecl that
+    records no fingerprints (or no digest of its record), has nothing (more) to verify."""
     p = Path(path)
     meta = read_meta(p) if meta is None else meta
-    written = (meta or {}).get("written")
+    if meta is None:
+        return None
+    recorded = meta.get("record_digest")
+    if recorded is not None and recorded != record_digest(meta):
+        return (f"{p / META_FILE} differs from what was written (a value in it was changed: the digest of its "
+                f"content it records does not match)")
+    written = meta.get("written")
     return changed_file(p, written, meta.get("digests"), skip=(META_FILE,)) if isinstance(written, dict) else None
 
 
@@ -631,8 +649,10 @@ def _load_lora(p: Path, meta: dict[str, Any], method: Method) -> PreTrainedModel
             from scalecl.common.hub import before_hub_load
 
             before_hub_load(source)  # no network: one line at once instead of a minute of retries
-            base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **NO_REMOTE_CODE)
         except (OSError, ValueError) as e:
+            if is_refusal(e):
+                raise ScaleclError(refusal_line(source, "base model")) from None
             raise ScaleclError(f"cannot load the base {source} of LoRA checkpoint {p} ({type(e).__name__})") from None
     want = {k: meta["base_config"].get(k) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")}
     got = {k: getattr(base.config, k, None) for k in want}

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalecl.common.errors import TrainingDiverged
+from scalecl.common.errors import Interrupted, TrainingDiverged
 from scalecl.compute.processes import Dist, say
 from scalecl.training.loop import Hooks, TrainPlan, train
-from scalecl.training.run import Run, check_stop
+from scalecl.training.run import STEP_DIR, Run, check_stop
 from scalecl.training.state import load_state
 from scalecl.training.trackers import open_trackers
 
@@ -67,7 +67,7 @@ def _start(run: Run, plan: TrainPlan, rt: Runtime) -> tuple[Path, dict] | None:
     if start is not None:  # resuming at or past the step to stop at would train past it (Run.check_stop)
         check_stop(run.name, int(start[1]["step"]), plan.stop_at)
     if rt.d.main:  # a folder named like a checkpoint the run will write, and not the run's own: refused now
-        run.check_free(_save_steps(plan, int(start[1]["step"]) if start else 0))
+        run.check_free(_save_steps(plan, int(start[1]["step"]) if start else 0, run))
     if rt.d.world > 1:
         box = [None if start is None else str(start[0])]
         dist.broadcast_object_list(box, src=0)
@@ -75,11 +75,28 @@ def _start(run: Run, plan: TrainPlan, rt: Runtime) -> tuple[Path, dict] | None:
     return start
 
 
-def _save_steps(plan: TrainPlan, start: int) -> list[int]:
-    """The steps after `start` at which training will save a checkpoint (scalecl.training.loop.train)."""
+def interrupted_line(run: Run, plan: TrainPlan) -> str:
+    """What Ctrl-C during training says: the checkpoint the run continues from, and how (a cached stage resumes by
+    itself; a run with --resume), or that it starts over."""
+    ckpts = run.checkpoints()
+    if not ckpts:
+        return (f"{run.name}: interrupted before its first checkpoint (checkpoint.every / checkpoint.seconds); the "
+                f"same command starts it again from step 0")
+    step = int(STEP_DIR.match(ckpts[-1].name).group(1))
+    how = "the same command continues it from there" if plan.resume == "auto" else \
+        "the same command with --resume continues from there"
+    return f"{run.name}: interrupted; its latest checkpoint is step {step:,} ({ckpts[-1]}): {how}"
+
+
+def _save_steps(plan: TrainPlan, start: int, run: Run | None = None) -> list[int]:
+    """The steps after `start` at which training will save a checkpoint (scalecl.training.loop.train); with a
+    timed cadence (plan.save_seconds) any step may be one, so every step folder already in `run`'s place too."""
     last = plan.steps if plan.stop_at is None else min(plan.steps, max(plan.stop_at, start + 1))
     every = [s for s in range(start + 1, last + 1) if plan.save_every and s % plan.save_every == 0]
-    return sorted(set(every) | ({last} if plan.stop_at is not None and last >= plan.stop_at else set()))
+    timed = set()
+    if plan.save_seconds and run is not None and run.ckpt_root.is_dir():
+        timed = {n for p in run.ckpt_root.iterdir() if (m := STEP_DIR.match(p.name)) and (n := int(m.group(1))) > start}
+    return sorted(set(every) | timed | ({last} if plan.stop_at is not None and last >= plan.stop_at else set()))
 
 
 class _Clock:
@@ -207,6 +224,9 @@ def fit(
         ckpts = run.checkpoints()
         where = f"last good checkpoint {ckpts[-1]}" if ckpts else "no checkpoint had been written"
         raise TrainingDiverged(f"{run.name}: {e}; {where}") from None
+    except KeyboardInterrupt:
+        run.close_trackers()
+        raise Interrupted(interrupted_line(run, plan)) from None
     except BaseException:
         run.close_trackers()
         raise

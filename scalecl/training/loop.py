@@ -63,7 +63,9 @@ class TrainPlan:
     steps: optimizer steps; optim: AdamW and its schedule; accum: micro-batches per optimizer step;
     autocast: a dtype to autocast forwards to (None: full precision); eval_steps: steps after which the
     run is evaluated (step 0 always; None: every step); save_every: steps between checkpoints (0: none);
-    stop_at: stop after this step with a checkpoint; sync_every: steps between host reads of the loss
+    save_seconds: also a checkpoint once this much wall time (training and evaluation) has passed since the
+    last one or the start, or ten times the last checkpoint's own time when that is longer, decided at the
+    host's sync points, the same on every process (0: none); stop_at: stop after this step with a checkpoint; sync_every: steps between host reads of the loss
     (None: compute.sync_every resolved for the device, else 1). The rest is the run layer's (scalecl.training.fit):
     resume ("auto": when a checkpoint exists) and force, compute (a ComputeConfig: activation
     checkpointing, compile, DDP or FSDP2), trackers and their config, and the progress bar's label.
@@ -75,6 +77,7 @@ class TrainPlan:
     autocast: torch.dtype | None = None
     eval_steps: Collection[int] | None = ()
     save_every: int = 0
+    save_seconds: float = 0.0
     stop_at: int | None = None
     sync_every: int | None = None
     resume: bool | str = False
@@ -404,6 +407,37 @@ def _check_update(model: nn.Module, host: dict[str, torch.Tensor], autocast_dtyp
         raise TrainingDiverged(f"training diverged at step {step}: {what}; nothing was recorded as finished")
 
 
+class _Cadence:
+    """The wall-clock part of the checkpoint cadence (TrainPlan.save_seconds): due once `seconds` have passed since
+    the last checkpoint (or the start), or ten times the last checkpoint's own time when that is longer, so that
+    writing checkpoints takes at most about a tenth of the run."""
+
+    COST = 10  # a checkpoint at most every COST x its own writing time
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.since, self.cost = seconds, self.clock(), 0.0
+
+    def due(self, parallel: bool, model: nn.Module) -> bool:
+        """Whether a timed checkpoint is due; under several processes, when it is due on any (they all save)."""
+        if not self.seconds:
+            return False
+        due = self.clock() - self.since >= max(self.seconds, self.COST * self.cost)
+        if parallel:
+            flag = torch.tensor([float(due)], device=next(model.parameters()).device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            due = bool(flag.item())
+        return due
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """Around a checkpoint's writing: its time, and the clock restarted after it."""
+        t = self.clock()
+        yield
+        self.since = self.clock()
+        self.cost = self.since - t
+
+
 def _update(opt, sched, trainable: list[torch.Tensor], clip: float, step: int) -> torch.Tensor:
     """Clip (clip > 0), step the optimizer and the schedule, clear the gradients; the gradient norm."""
     if clip:
@@ -479,7 +513,7 @@ def train(
     if hooks.on_step is not None and state is None:
         hooks.on_step(0, float("nan"))
     log.restart_clock()
-    sync_every = plan.sync_every or 1
+    sync_every, cadence = plan.sync_every or 1, _Cadence(plan.save_seconds)
     model.train()
     for step in range(start + 1, plan.steps + 1):
         lr = sched.get_last_lr()[0]  # the rate this step uses
@@ -488,8 +522,10 @@ def train(
         log.add(step, _process_mean(loss, parallel), local(gnorm).detach(), lr, tokens, step_flops)
         evaluating = hooks.on_step is not None and (plan.eval_steps is None or step in plan.eval_steps)
         stopping = plan.stop_at is not None and step >= plan.stop_at
-        saving = hooks.on_save is not None and ((plan.save_every and step % plan.save_every == 0) or stopping)
-        if evaluating or saving or stopping or step == plan.steps or len(log.pending) >= sync_every:
+        syncing = evaluating or stopping or step == plan.steps or len(log.pending) >= sync_every
+        saving = hooks.on_save is not None and ((plan.save_every and step % plan.save_every == 0) or stopping
+                                                or (syncing and step < plan.steps and cadence.due(parallel, model)))
+        if syncing or saving:
             rows = log.sync()
             if task is not None and rows:
                 progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")
@@ -501,9 +537,10 @@ def train(
             model.train()
             log.restart_clock()
         if saving:
-            hooks.on_save(step, {"step": step, "losses": list(losses), "optimizer": optimizer_state(model, opt),
-                                 "scheduler": sched.state_dict(), "rng": rng_state(),
-                                 "data": batches.state_dict() if hasattr(batches, "state_dict") else None})
+            with cadence.saving():
+                hooks.on_save(step, {"step": step, "losses": list(losses), "optimizer": optimizer_state(model, opt),
+                                     "scheduler": sched.state_dict(), "rng": rng_state(),
+                                     "data": batches.state_dict() if hasattr(batches, "state_dict") else None})
             log.restart_clock()
         if stopping:
             break

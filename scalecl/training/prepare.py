@@ -35,17 +35,18 @@ def prepare_checkpoint(
     """Apply `method` to a base and write the checkpoint ready to train (`scalecl prepare`; `scalecl upscale`
     is this with a SCALE method).
 
-    The base is exactly one of `model` (hub id or folder) and `random_config` (models.resolve_base). The
+    The base is exactly one of `model` (hub id or folder, any plain model load_model loads: model_source.open_base)
+    and `random_config` (models.resolve_base). The
     destination is checked first, then every size on the base's config, all before the weights load; `seed`
     seeds random bases and random initialisation.
     """
-    from scalecl.models.build import resolve_base
     from scalecl.models.summary import param_counts
+    from scalecl.training.model_source import open_base
 
     check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
     with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # from the check to the write
         check_checkpoint_dest(out_dir, overwrite)
-        base = resolve_base(model, random_config, seed)
+        base = open_base(model, random_config, seed)  # a checkpoint of the suite: verified, loaded by load_model
         method.check(base.config)
         _check_memory(base.config, method)  # before any weight is allocated
         weights = base.load()
@@ -92,7 +93,9 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, base: st
     p = Path(path)
     if not p.is_dir():
         raise ScaleclError(f"model path {path} does not exist or is not a directory")
-    meta = read_meta(p) or {}
+    from scalecl.training.model_source import saved_scale_record
+
+    meta = read_meta(p) or saved_scale_record(p) or {}  # a SCALE model saved by transformers is refused as SCALE
     name, delta = meta.get("method"), meta.get("layout") == "delta"
     if name and name.startswith("scale-") and not delta:
         raise ScaleclError(f"{name} cannot be merged into a plain model of the base's shape (split norms, new heads); "
@@ -131,4 +134,11 @@ def _checkpoint_tokenizer(p: Path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(p))
+    from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
+
+    try:
+        return AutoTokenizer.from_pretrained(str(p), **NO_REMOTE_CODE)
+    except ValueError as e:
+        if is_refusal(e):
+            raise ScaleclError(refusal_line(p, "tokenizer")) from None
+        raise

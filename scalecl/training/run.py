@@ -23,7 +23,8 @@ guarantees, once for all of them:
   prove it wrote (a user's `result.json`, `metrics.jsonl`, ...) is refused with one line before training;
   other files there (notes) are left alone; a folder named like a checkpoint or a temporary that is not the
   suite's is never removed, and never replaced (refused before training). `--force` removes only the run's
-  own checkpoints and result before starting over.
+  own checkpoints, result and logs before starting over, and sets its final model aside (`final.previous`,
+  removed when the new run finishes), so that nothing of the previous run lies beside the new one's files.
 
 Processes: under torchrun every process runs the same code; only the main process (rank 0) writes.
 """
@@ -230,6 +231,7 @@ class Run:
         f = self.out_dir / RESULT_FILE
         if not f.exists() and not f.is_symlink():
             return None
+        self._files = None  # the manifest as it is now: another process may have finished the run meanwhile
         self._owned().check(RESULT_FILE)  # only a result this layer wrote, unchanged, marks a finished run
         try:
             result = read_record(f, "finished run's result")
@@ -285,10 +287,12 @@ class Run:
             self.clean_temporaries()
             self.check_out_files()  # a user's file where the run writes: refused before anything is removed
         found = self.checkpoints()
-        if force and self.main:
+        if force and self.main:  # the previous run goes, so that nothing of it lies beside the new one's files
             self.remove_checkpoints()
             if self.out_dir is not None:
-                self._owned().remove(RESULT_FILE)
+                for name in reversed(FINALS):  # result.json first: the run is unfinished from here on
+                    self._owned().remove(name)
+            self._set_final_aside()
             found = []
         if not found:
             if resume and resume != "auto":
@@ -318,6 +322,40 @@ class Run:
                            "--force starts the run over with this run's")
         say(f"{self.name}: resuming from {path} (step {state['step']})")
         return path, state
+
+    @property
+    def previous_dir(self) -> Path:
+        """Where --force sets the previous run's final model aside until the new run finishes."""
+        return self.final_dir.with_name(f"{self.final_dir.name}.previous")
+
+    def _set_final_aside(self) -> None:
+        """--force: the previous run's final model (a checkpoint the suite provably wrote) moves to previous_dir,
+        replacing an older one there, so that no model of another run stays where this run's will be; removed
+        when this run finishes. A folder the suite cannot prove its own stays (the final save refuses it)."""
+        from scalecl.training.checkpoint import check_checkpoint_dest
+
+        final, aside = self.final_dir, self.previous_dir
+        if not final.is_dir() or final.is_symlink():
+            return
+        try:
+            check_checkpoint_dest(final, overwrite=True)
+        except ScaleclError:
+            return
+        self._remove_previous()
+        if not aside.exists():
+            final.rename(aside)
+
+    def _remove_previous(self) -> None:
+        """Remove previous_dir when it is a checkpoint the suite provably wrote."""
+        from scalecl.training.checkpoint import check_checkpoint_dest
+
+        aside = self.previous_dir
+        if aside.is_dir() and not aside.is_symlink():
+            try:
+                check_checkpoint_dest(aside, overwrite=True)
+            except ScaleclError:
+                return
+            shutil.rmtree(aside, ignore_errors=True)
 
     def save_checkpoint(self, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
         """step-N/model + step-N/trainer_state.*, written into a temporary folder renamed when complete."""
@@ -426,6 +464,7 @@ class Run:
             self.wall.lap("write")
             result["wall_s"] = dict(result.get("wall_s") or {}) | self.wall.record()
         owned.write(RESULT_FILE, record_text(self.identity, result, self.out_dir, self.final_dir))
+        self._remove_previous()  # --force set the previous run's model aside: this run replaced it
         self.tidy()
         self.close_trackers()
 

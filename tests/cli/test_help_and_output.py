@@ -210,3 +210,26 @@ def test_overwrite_error_names_the_flag_on_the_cli_and_the_argument_in_the_libra
     with pytest.raises(ScaleclError) as e:
         check_checkpoint_dest(out)
     assert "pass overwrite=True to replace it" in str(e.value) and "--overwrite" not in str(e.value)
+
+
+def _commands() -> list[str]:
+    import typer
+
+    return sorted(typer.main.get_command(app).commands)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_help_never_cuts_a_word(command):
+    """`--help` at 80 and at 40 columns cuts nothing: rich marks a cut with "…", and a word wider than its column
+    (a list of file types, a long default) wraps onto the next line instead."""
+    for width in (80, 40):
+        res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": str(width)})
+        assert res.exit_code == 0 and "…" not in res.output, (width, res.output)
+
+
+def test_a_long_word_of_a_help_text_wraps_whole():
+    import re
+
+    res = CliRunner().invoke(app, ["eval-ppl", "--help"], env={"COLUMNS": "80"})
+    flat = re.sub(r"[\s│]", "", res.output)
+    assert "(.txt/.jsonl/.json/.parquet/.csv/.arrow)" in flat and "(HuggingFaceFW/fineweb-edu)" in flat

@@ -80,3 +80,28 @@ def test_launcher_sets_passive_before_torch_loads_and_user_settings_win():
     assert user["threads"]["thread_defaults_by_scalecl"] == {}
     # in force in OpenMP, not only in the environment: the idle worker sleeps between ops instead of spinning
     assert applied["idle_cpu_s"] < 0.5 * user["idle_cpu_s"], (applied["idle_cpu_s"], user["idle_cpu_s"])
+
+
+def _library(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SCALECL_CPU_DEFAULTS")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=base | {"PYTHONPATH": str(REPO)} | (env or {}))
+
+
+_REPORT = ("import os, json; from scalecl.compute.machine import cpu_thread_settings; "
+           "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), cpu_thread_settings()['thread_defaults_by_scalecl']]))")
+
+
+def test_import_scalecl_applies_the_commands_cpu_defaults_before_torch():
+    """A script gets the command's defaults from `import scalecl` (before torch loads), and a warning with the fix
+    when it imported torch first; a user's own setting wins, and SCALECL_CPU_DEFAULTS=0 turns both off."""
+    res = _library("import scalecl, torch; " + _REPORT)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert json.loads(res.stdout) == ["PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"}]
+    late = _library("import torch, scalecl; " + _REPORT)
+    assert json.loads(late.stdout) == [None, {}]
+    assert "torch was imported before scalecl" in late.stderr and "OMP_WAIT_POLICY=PASSIVE" in late.stderr
+    assert len([ln for ln in late.stderr.splitlines() if "scalecl:" in ln]) == 1
+    for env in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"SCALECL_CPU_DEFAULTS": "0"}):
+        res = _library("import torch, scalecl; " + _REPORT, env)
+        assert res.stderr == "" and json.loads(res.stdout)[1] == {}, (env, res.stderr)

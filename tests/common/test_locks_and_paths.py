@@ -115,8 +115,10 @@ def test_a_symlinked_out_is_the_folder_it_names_for_every_command(tmp_path, monk
     assert Path("ck").is_symlink() and (Path("real-ck") / "scalecl.json").is_file()
     assert runner.invoke(app, [*UPSCALE, "--out", "ck", "--overwrite"]).exit_code == 0
     assert Path("ck").is_symlink() and (Path("real-ck") / "scalecl.json").is_file()
-    assert runner.invoke(app, [*TINY, "--out", "runs", "--cache", "cache"]).exit_code == 0
+    # (checkpoints elsewhere: inside the checkpoint `ck` now is, nothing is written)
+    assert runner.invoke(app, [*TINY, "--out", "runs", "--cache", "cache", "--checkpoints", "k2"]).exit_code == 0
     assert Path("runs").is_symlink() and list(Path("real-runs").glob("*/result.json"))
+    assert "lies inside" in one_error(runner.invoke(app, [*TINY, "--out", "runs2", "--cache", "cache"]))
     os.symlink(tmp_path / "nothing", "gone")
     for args in ([*UPSCALE, "--out", "gone"], [*TINY, "--out", "gone", "--cache", "cache"]):
         assert "symbolic link to nothing" in one_error(runner.invoke(app, args))

@@ -172,6 +172,7 @@ def test_a_record_that_places_the_base_otherwise_is_refused(saved, tmp_path):
     copy = Path(shutil.copytree(s["delta"], tmp_path / "delta"))
     meta = json.loads((copy / "scalecl.json").read_text())
     meta["delta"]["layer_order"] = [0, 1, None, None, 2, None]
+    del meta["record_digest"]  # a record that keeps no digest of itself (an earlier scalecl's): the check behind it
     (copy / "scalecl.json").write_text(json.dumps(meta))
     with pytest.raises(ScaleclError, match=r"places the base's tensors otherwise .*recorded \[0, 1, None, None, 2"):
         load_model(copy)
@@ -234,9 +235,15 @@ def test_a_training_run_writes_deltas_and_resumes_from_one(tmp_path, local):
     _same_tensors(load_model(b), load_model(a))
 
 
-def test_a_delta_is_not_a_base(saved, tmp_path):
-    res = runner.invoke(app, ["prepare", "--method", "fft", "--model", str(saved["llama-gqa-tied", "freeze"]["delta"]),
-                              "--out", str(tmp_path / "x")])
+def test_a_plain_delta_is_a_base_and_a_scale_delta_is_not(saved, tmp_path):
+    """A delta of Freeze loads as the plain model it is (as its full checkpoint would); a delta of SCALE is a
+    widened model, refused as a base in one line naming its base (tests/cli/test_every_model_folder.py has more)."""
+    s = saved["llama-gqa-tied", "freeze"]
+    res = runner.invoke(app, ["prepare", "--method", "fft", "--model", str(s["delta"]), "--out", str(tmp_path / "x")])
+    assert res.exit_code == 0, res.output
+    _same_tensors(load_model(tmp_path / "x"), load_model(s["full"]))
+    res = runner.invoke(app, ["prepare", "--method", "fft", "--model",
+                              str(saved["llama-gqa-tied", "scale-route"]["delta"]), "--out", str(tmp_path / "y")])
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert res.exit_code == 2 and len(lines) == 1 and "is a delta freeze checkpoint, not a plain model: `scalecl merge` " \
-        "it first" in lines[0], res.output
+    assert res.exit_code == 2 and len(lines) == 1 and "is a delta scale-route model, not a plain model" in lines[0] \
+        and f"recorded base: {s['base']}" in lines[0], res.output
