@@ -120,8 +120,9 @@ def fig9(plot: Plot, spec: ReportSpec) -> list[Path]:
     return _save_all(plot, draw_fig9(plot, spec))
 
 
-FIG9_NOTE = ("A line per method at the rate and options its preset gives it (the config most runs share); the "
-             "other rates are points of frontier_{name}, other settings (Adapt's l_fp) lines of fig4.")
+FIG9_NOTE = ("A line per method at the rate and options its preset gives it (the per-method rate and option tables "
+             "most runs share); the other rates are points of frontier_{name}, other settings (Adapt's l_fp) lines "
+             "of fig4.")
 
 
 def draw_fig9(plot: Plot, spec: ReportSpec) -> Drawn:

@@ -272,6 +272,28 @@ def test_route_study_reference_is_over_base_seeds_never_pooled_with_run_seeds(tm
         plt.close(fig)
 
 
+def test_route_study_fft_reference_is_one_build_of_each_base_seed_never_pooled(tmp_path):
+    """The main FFT runs as a Route study's reference: base 0's two run seeds averaged into its value first, and
+    base 1's second build (stages trained again elsewhere: another base) left out of the mean."""
+    for base, run, end in ((0, 0, 0.1), (0, 1, 0.3), (1, 0, 0.6)):
+        _rewrite(bio_run(tmp_path, "fft", base, t0=(0.9, 0.5, 0.5, end), date=f"2026-12-0{1 + run}T00:00:00"),
+                 run=run)
+    d = bio_run(tmp_path / "elsewhere", "fft", 1, t0=(0.9, 0.5, 0.5, 1.0), date="2026-12-09T00:00:00")
+    _rewrite(d, run=1)  # base 1's run seed 1, on a second build of its stages
+    r = json.loads((d / "result.json").read_text())
+    r |= {"stage1": {"final_loss": 0.41}, "stage2": {"final_loss": 0.01}}
+    write_result(d, r)
+    for base in (0, 1):
+        route_run(tmp_path / "studies" / "tau", base, 1045, never=600)
+    fig = dict(draw_route_study(Plot.of(tmp_path), BIO_REPORT, "tau"))["fig8_route_tau"]
+    try:
+        (ref,) = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("FFT")]
+        assert ref.get_label() == "FFT, main runs (2 base seeds)"
+        assert float(ref.get_ydata()[-1]) == pytest.approx(40.0)  # (0.2 + 0.6) / 2: base 1's 1.0 is another build
+    finally:
+        plt.close(fig)
+
+
 def test_route_study_titles_name_every_tokenizer_size(tmp_path):
     """Each base seed trains its own tokenizer: a row of panels says the sizes of all its runs, not one run's."""
     tau = tmp_path / "studies" / "tau"
