@@ -8,7 +8,8 @@ from scalecl.experiments.bio import BioExperiment
 from scalecl.experiments.cpt import CptExperiment
 from scalecl.report.bio import TASKS, bio_caption, slice_questions
 from scalecl.report.continual import MATCHED_TASK1, bio_metrics, cpt_metrics
-from scalecl.report.cpt import CPT_SETS, cpt_caption, embedding_variant
+from scalecl.report.cpt import CPT_SETS, cpt_caption, cpt_evaluation, embedding_variant
+from scalecl.report.heldout import heldout_point
 from scalecl.report.settings import option_label
 from scalecl.report.spec import FrontierSpec, ReportSpec
 from scalecl.report.studies import study_label
@@ -59,6 +60,9 @@ CPT_FRONTIER = FrontierSpec(
     note="new_ppl_end, old_ppl_end: learning (new-domain) and forgetting (old-domain) perplexity at the end.",
     better=("Lower left is better: new domain learned (low learning PPL) while the old one is kept (low "
             "forgetting PPL); an interval reaching below 1 is cut at 1, the lowest perplexity."),
+    whole=heldout_point,
+    whole_text="whole held-out sets at the training length (result.json heldout)",
+    part_text="evaluation slices (summary.*_ppl_end)",
 )
 
 BIO_REPORT = ReportSpec(
@@ -123,4 +127,5 @@ CPT_REPORT = ReportSpec(
     not_named=CptExperiment.not_named,
     named_when_set=ADDED_LATER,
     cl=cpt_metrics,
+    evaluation=cpt_evaluation,
 )

@@ -11,16 +11,18 @@ import pandas as pd
 
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
-    BAND_NOTE,
+    FIG_WIDTH_IN,
+    UNIT_NOTE,
     Drawn,
     _draw_mean,
-    _group_metrics,
     _save_all,
     _with_inputs,
+    group_units,
     mean_curve,
+    unit_label,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import _get, _n_label, _replicates_note, group_label, load_runs, replicate_groups
+from scalecl.report.runs import _get, group_label, load_runs, replicate_groups
 from scalecl.report.spec import ReportSpec
 from scalecl.report.stats import t_interval
 
@@ -63,12 +65,12 @@ def draw_fig8(plot: Plot, spec: ReportSpec) -> Drawn:
         n = len(reps)
         ncols = min(4, n)
         nrows = math.ceil(n / ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.9 * nrows + 0.8), squeeze=False,
+        fig, axes = plt.subplots(nrows, ncols, figsize=(FIG_WIDTH_IN, 2.6 * nrows + 0.8), squeeze=False,
                                  sharey=True)
         for ax, g in zip(axes.flat, reps, strict=False):
-            ms = _group_metrics(plot, g, "task0/acc", "task1/acc")
-            if ms:  # else each run is recorded as skipped
-                _fig8_panel(ax, g, ms, spec)
+            g, units = group_units(plot, g, "task0/acc", "task1/acc")
+            if units:  # else each run is recorded as skipped
+                _fig8_panel(ax, g, units, spec)
         for ax in axes[:, 0]:
             ax.set_ylabel("first-token acc. (%)")
         for ax in list(axes.flat)[n:]:
@@ -76,21 +78,24 @@ def draw_fig8(plot: Plot, spec: ReportSpec) -> Drawn:
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="upper center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 1.0))
         first = group.iloc[0]["result"]
-        band = "\n" + BAND_NOTE if any(len(g) >= 2 for g in reps) else ""
-        fig.text(0.5, -0.02, spec.caption(first) + "\n" + PAPER_FIG8 + band + "\n" + _replicates_note(group),
-                 ha="center", va="top", fontsize=8, wrap=True)
-        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        band = "\n" + UNIT_NOTE if any(len(g) >= 2 for g in reps) else ""
+        fig.text(0.5, -0.02, spec.caption(first) + "\n" + PAPER_FIG8 + band, ha="center", va="top", fontsize=8,
+                 wrap=True)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
         stem = f"fig8_{spec.name}_{preset}"
         yield stem, _with_inputs(fig, group, f"{stem}: Task 0 / Task 1 accuracy per step")
 
 
-def _fig8_panel(ax, g: pd.DataFrame, ms: list[pd.DataFrame], spec: ReportSpec) -> None:
-    """One Fig. 8 panel: Task 0 and Task 1 accuracy (mean and band over the group's runs), the chance floor."""
+def _fig8_panel(ax, g: pd.DataFrame, units: list[pd.DataFrame], spec: ReportSpec) -> None:
+    """One Fig. 8 panel: Task 0 and Task 1 accuracy (mean and band over the group's units, named in its title:
+    base seeds, else run seeds), the chance floor."""
     prior = t_interval(r["priors"]["task0_heldout"]["pooled"] for r in g["result"]).mean
     for task, label, color in spec.eval_sets:
-        _draw_mean(ax, mean_curve(ms, f"{task}/acc"), 100, marker=".", ms=3, color=color, label=label)
+        _draw_mean(ax, mean_curve(units, f"{task}/acc"), 100, marker=".", ms=2, color=color, label=label)
     ax.axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
-    ax.set_title(_n_label(group_label(g.iloc[0]), len(ms)), fontsize=10)
+    name, unit = group_label(g.iloc[0]), unit_label("", g).strip()
+    ax.set_title(f"{name}\n{unit}" if unit else name, fontsize=8.5)
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
-    ax.set_xlabel(spec.step_label)
+    ax.set_xlabel(spec.step_label, fontsize=9)
+    ax.tick_params(labelsize=8)

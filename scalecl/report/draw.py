@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import matplotlib.colors
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
@@ -23,18 +24,26 @@ from scalecl.report.tables import replicate_unit
 
 Drawn = Iterator[tuple[str, Figure]]
 
+# a colour per method, far apart in hue and lightness (SCALE-Adapt and SCALE-Route, drawn side by side, most of all)
 COLORS = {m: c for m, c in zip(METHOD_ORDER, ("tab:red", "tab:purple", "tab:brown", "tab:orange", "tab:green",
-                                               "tab:cyan", "tab:blue"), strict=True)}
+                                               "tab:olive", "tab:blue"), strict=True)}
 LINESTYLES = ("-", "--", "-.", ":")
 INPUTS_ATTR = "scalecl_inputs"  # a drawn figure's inputs (inputs_text), saved beside it by _save
 BAND_ALPHA = 0.2
-RATE_NOTE = ("Colour: the method; line style: its learning rate (result.json lr) among the method's rates drawn, "
-             "lowest first: solid, dashed, dash-dot, dotted; the legend names both.")
+RATE_NOTE = ("Colour: the method; line style: its learning rate (result.json lr) among the rates drawn of the "
+             "method with that setting, lowest first: solid, dashed, dash-dot, dotted; the legend names both.")
 UNIT_NOTE = ("Shaded: the 95% Student-t interval per step over a line's units, named with it: its base seeds when "
              "it has several (each base's run seeds averaged first; the two seed axes are never pooled), else its "
              "run seeds on one base; one run: its line alone.")
-BAND_NOTE = ("Lines: mean over a group's replicates; shaded: the 95% Student-t interval per step over the runs "
-             "evaluated at that step (mean +- t_0.975,n-1 s/sqrt(n)); a group of one run: its line alone.")
+
+# Figures are read where the READMEs show them, about 900 px wide on GitHub. A figure the documentation shows is
+# at most READ_WIDTH_IN wide (1,800 px at the 150 dpi plot saves at) and at most READ_ASPECT times as tall as wide,
+# and none of its text is under READ_FONT_PT: scaled to that width its smallest text is still about 7 px high and
+# the whole figure fits in 1.6 screen widths. tests/report/test_figure_rules.py checks every such figure.
+READ_WIDTH_IN = 12.0
+READ_ASPECT = 1.6
+READ_FONT_PT = 7.0
+FIG_WIDTH_IN = 11.5  # a figure drawn as wide as that allows: the saved image adds its margin (0.1 in a side)
 
 
 def _with_inputs(fig: Figure, runs: pd.DataFrame, what: str) -> Figure:
@@ -86,27 +95,96 @@ def mean_curve(frames: Sequence[pd.DataFrame], column: str) -> pd.DataFrame | No
     return out
 
 
-def _draw_mean(ax, curve: pd.DataFrame, scale: float = 1.0, **style):
-    """The mean line of a mean_curve, and its interval shaded where >= 2 runs were evaluated."""
+def _draw_mean(ax, curve: pd.DataFrame, scale: float = 1.0, alpha: float = BAND_ALPHA, **style):
+    """The mean line of a mean_curve, and its interval shaded (`alpha`) where >= 2 units were evaluated."""
     (ln,) = ax.plot(curve["step"], scale * curve["mean"], **style)
     if (curve["n"] >= 2).any():
         ax.fill_between(curve["step"], scale * curve["lo"], scale * curve["hi"], color=ln.get_color(),
-                        alpha=BAND_ALPHA, lw=0)
+                        alpha=alpha, lw=0)
     return ln
 
 
 def rate_styles(groups: Sequence[pd.DataFrame]) -> dict[str, str]:
-    """Per replicate group (its `group`), the line style of its learning rate (result.json `lr`) among its
-    method's rates in `groups`: LINESTYLES in rate order, lowest first (RATE_NOTE)."""
+    """Per replicate group (its `group`), the line style of its learning rate (result.json `lr`) among the rates
+    of its method's groups in `groups` with its setting (a setting other than the rate is a shade, method_colors):
+    LINESTYLES in rate order, lowest first (RATE_NOTE)."""
     def rate(g: pd.DataFrame) -> float:
         lr = g.iloc[0]["result"].get("lr")
         return float(f"{lr:.6g}") if isinstance(lr, int | float) and not isinstance(lr, bool) else math.inf
 
-    rates: dict[str, set[float]] = {}
+    def kind(g: pd.DataFrame) -> tuple[str, str]:
+        return g.iloc[0]["method"], _without_rate(g.iloc[0].get("setting") or "")
+
+    rates: dict[tuple[str, str], set[float]] = {}
     for g in groups:
-        rates.setdefault(g.iloc[0]["method"], set()).add(rate(g))
-    return {g.iloc[0]["group"]: LINESTYLES[sorted(rates[g.iloc[0]["method"]]).index(rate(g)) % len(LINESTYLES)]
-            for g in groups}
+        rates.setdefault(kind(g), set()).add(rate(g))
+    return {g.iloc[0]["group"]: LINESTYLES[sorted(rates[kind(g)]).index(rate(g)) % len(LINESTYLES)] for g in groups}
+
+
+def unit_name(g: pd.DataFrame) -> str:
+    """What a replicate group's line is the mean of, for its label (tables.replicate_unit): '3 base seeds' (each
+    base's run seeds averaged first), '3 run seeds of base 0', or '1 run'."""
+    units, _ = replicate_unit(g)
+    if len(units) < 2:
+        return f"{len(g)} run" if len(g) == 1 else f"{len(g)} runs"
+    if g["base_seed"].nunique() > 1:
+        return f"{len(units)} base seeds"
+    return f"{len(units)} run seeds of base {g['base_seed'].iloc[0]}"
+
+
+def unit_label(label: str, g: pd.DataFrame) -> str:
+    """A line's label naming the units of its mean and band ('FFT (3 base seeds)'); one run: the label alone."""
+    return f"{label} ({unit_name(g)})" if len(replicate_unit(g)[0]) >= 2 else label
+
+
+def group_units(plot: Plot, g: pd.DataFrame, *columns: str) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """A replicate group's runs whose metrics have `columns` (the others recorded as skipped), and those metrics
+    as the units its band is over (unit_frames: its base seeds, each base's run seeds averaged, else its run
+    seeds); ([], []) when no run has them."""
+    ms = [_metrics_with(plot, d, *columns) for d in g["dir"]]
+    kept = g[[m is not None for m in ms]]
+    if kept.empty:
+        return kept, []
+    return kept, unit_frames(kept, [m for m in ms if m is not None])[0]
+
+
+def shades(color, n: int) -> list:
+    """n shades of one colour for the settings of one method (a method keeps its hue whatever it is drawn
+    with): the colour itself, then alternately darker and lighter, each step further from it."""
+    rgb = matplotlib.colors.to_rgb(color)
+    out = [rgb]
+    for i in range(1, n):
+        f = 0.45 * ((i + 1) // 2) / max(1, (n) // 2)  # darker (mixed with black) or lighter (with white)
+        target = 0.0 if i % 2 else 1.0
+        out.append(tuple(c + (target - c) * min(f, 0.7) for c in rgb))
+    return out
+
+
+SHADE_NOTE = ("Settings of one method other than its rate (its options, such as SCALE-Adapt's l_fp) are shades of "
+              "its colour: the preset's own setting the method's colour, the others darker or lighter.")
+
+
+def _without_rate(setting: str) -> str:
+    return ", ".join(p for p in (setting or "").split(", ") if p and not p.startswith("lr="))
+
+
+def method_colors(groups: Sequence[pd.DataFrame], first: Sequence[pd.DataFrame] = ()) -> dict[str, tuple]:
+    """Per replicate group (its `group`), its colour: its method's (COLORS), one shade (draw.shades) per setting
+    of that method apart from its rate (the rate is a line style, rate_styles); the setting of a group in
+    `first` (the preset's own) keeps the method's colour itself, the others follow in the groups' order."""
+    order: dict[str, list[str]] = {}
+    for g in [*first, *groups]:
+        row = g.iloc[0]
+        keys = order.setdefault(row["method"], [])
+        if _without_rate(row["setting"]) not in keys:
+            keys.append(_without_rate(row["setting"]))
+    out = {}
+    for g in groups:
+        row = g.iloc[0]
+        keys = order[row["method"]]
+        out[row["group"]] = shades(COLORS.get(row["method"], "black"), len(keys))[
+            keys.index(_without_rate(row["setting"]))]
+    return out
 
 
 def unit_frames(g: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> tuple[list[pd.DataFrame], str]:
@@ -116,11 +194,6 @@ def unit_frames(g: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> tuple[list[p
     of = dict(zip(g.index, frames, strict=True))
     units, note = replicate_unit(g)
     return [_mean_frame([of[i] for i in u.index]) for u in units], note
-
-
-def _group_metrics(plot: Plot, g: pd.DataFrame, *columns: str) -> list[pd.DataFrame]:
-    """The metrics of a replicate group's runs that have them (the others recorded as skipped)."""
-    return [m for m in (_metrics_with(plot, d, *columns) for d in g["dir"]) if m is not None]
 
 
 def _band(ax, m: pd.DataFrame, x: str, col: str, color, scale: float = 1.0) -> None:
@@ -137,6 +210,21 @@ def _figure_legend(fig, axes) -> None:
             entries.setdefault(lab, h)
     fig.legend(list(entries.values()), list(entries), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
                frameon=False)
+
+
+def _legend_below(fig, axes, ncol: int = 3, fontsize: float = 8, **kw) -> None:
+    """One legend under the panels with every label of `axes` once (in order of first appearance), inside the
+    figure's width (a legend beside the panels would widen it past READ_WIDTH_IN); lays the figure out."""
+    entries: dict = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(lab, h)
+    rows = math.ceil(len(entries) / ncol) if entries else 0
+    below = (0.2 * rows + 0.15) / fig.get_figheight() if rows else 0.0  # the legend's height, as a fraction
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
+                   fontsize=fontsize, frameon=False, **kw)
+    fig.tight_layout(rect=(0, below, 1, 1))
 
 
 def _colors(n: int) -> list:

@@ -18,7 +18,17 @@ from matplotlib.transforms import Bbox
 
 from scalecl.common.schema import named_dict
 from scalecl.report.context import Plot
-from scalecl.report.draw import COLORS, LINESTYLES, Drawn, _figure_legend, _save_all, _with_inputs
+from scalecl.report.draw import (
+    COLORS,
+    FIG_WIDTH_IN,
+    LINESTYLES,
+    Drawn,
+    _legend_below,
+    _save_all,
+    _with_inputs,
+    shades,
+    unit_name,
+)
 from scalecl.report.registry import figure
 from scalecl.report.runs import (
     METHOD_KEYS,
@@ -33,18 +43,21 @@ from scalecl.report.runs import (
     inputs_text,
     load_runs,
     marked,
+    one_build,
     used_options,
 )
 from scalecl.report.spec import FrontierSpec, ReportSpec
-from scalecl.report.stats import interval_note, t_interval
-from scalecl.report.tables import _cell, write_table
+from scalecl.report.stats import t_interval
+from scalecl.report.tables import _cell, replicate_unit, write_table
 
 FRONTIER_CAPTION = (
     "Each point: one method at one learning rate (result.json `lr`, the rate its Task 1 / new-domain training "
-    "used), the mean over its replicates (runs with other seeds) with the 95% Student-t interval in both "
-    "directions (mean ± t_0.975,n-1 · s/√n; none for n = 1). Points of a method (with its options and the rest of "
-    "the config equal) are joined in learning-rate order where it has >= 2 rates; a method with one rate is a "
-    "point alone. Each point is labelled with its rate (and n when >= 2).")
+    "used), the mean over its units with the 95% Student-t interval in both directions (mean ± t_0.975,n-1 · "
+    "s/√n; none for one run): its base seeds (each base's run seeds averaged first), else the run seeds of its "
+    "one base, never the two pooled; a panel's title names the unit its points share, else each point's label "
+    "does. Points of a method (with its options and the rest of the config equal) are joined in learning-rate "
+    "order where it has >= 2 rates; a method with one rate is a point alone. Each point is labelled with its "
+    "rate. A method's lines (another option, such as tau) are shades of its colour and other line styles.")
 
 
 def _threshold_column(threshold: float) -> str:
@@ -74,8 +87,10 @@ def _short_hash(obj) -> str:
 
 def frontier_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
     """The main runs with their frontier `line` (preset, config outside seeds, rates and method tables, method,
-    method options) and `point` (line and lr to 6 significant digits); one run per point and seed pair (the
-    newest); `setting` what tells a line from the preset's other lines of its method, `line_label` its name."""
+    method options), `point` (line and lr to 6 significant digits) and `measure` (what x and y were measured on:
+    '' for the evaluation slices alone, else FrontierSpec.whole_text or part_text); one run per point and seed
+    pair (the newest); `setting` what tells a line from the other lines of its method measured alike in its
+    preset, `line_label` its name."""
     runs = load_runs(plot, spec)
     ok = [isinstance(r["lr"], int | float) and not isinstance(r["lr"], bool) and math.isfinite(r["lr"])
           for r in runs["result"]]
@@ -88,19 +103,25 @@ def frontier_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
     runs["line"] = [_short_hash([f, r["method"], used_options(r)] + _unverified_part(r))
                     for f, r in zip(runs["front"], runs["result"], strict=True)]
     runs["lr"] = [float(r["lr"]) for r in runs["result"]]
+    whole = spec.frontier.whole
+    runs["measure"] = [spec.frontier.whole_text if whole is not None and whole(r) is not None else ""
+                       for r in runs["result"]]
+    if runs["measure"].astype(bool).any():  # a preset with both: the slice values' panel says so
+        runs["measure"] = runs["measure"].where(runs["measure"].astype(bool), spec.frontier.part_text)
     runs["point"] = runs["line"] + runs["lr"].map(lambda v: f"@{v:.6g}")
     newest = runs.sort_values("date", kind="stable").drop_duplicates(["point", "base_seed", "run_seed"], keep="last")
     runs = runs.loc[[i for i in runs.index if i in newest.index]]
     runs["setting"] = _frontier_settings(runs, spec)
     runs["line_label"] = [group_label(row) for _, row in runs.iterrows()]
-    return runs.sort_values(["preset", "order", "setting", "lr"], kind="stable").reset_index(drop=True)
+    return runs.sort_values(["preset", "measure", "order", "setting", "lr"], kind="stable").reset_index(drop=True)
 
 
 def _frontier_settings(runs: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
-    """Per run, what tells its frontier line from the preset's others: config keys that differ across the
-    preset's lines and method options that differ across the method's lines ('' if none)."""
+    """Per run, what tells its frontier line from the others of its preset measured alike (one panel): config
+    keys that differ across those lines and method options that differ across the method's lines ('' if
+    none)."""
     labels = {}
-    for _, g in runs.drop_duplicates("line").groupby("preset", sort=False):
+    for _, g in runs.drop_duplicates("line").groupby(["preset", "measure"], sort=False):
         fronts = {row["front"]: _flat(_frontier_config(row["result"], spec)) for _, row in g.iterrows()}
         keys = _varying(list(fronts.values()))
         for _, row in g.iterrows():
@@ -146,11 +167,14 @@ def frontier_table(plot: Plot, spec: ReportSpec, runs: pd.DataFrame | None = Non
     rows = []
     for _, g in runs.groupby("point", sort=False) if len(runs) else []:
         first = g.iloc[0]
-        rec = {"preset": first["preset"], "method": first["method"], "setting": first["setting"],
-               "line": first["line_label"], "lr": first["lr"], "n": len(g), "interval": interval_note(len(g)),
-               "seeds": _seeds_text(g)}
+        g = one_build(g)
+        units, note = replicate_unit(g)
+        rec = {"preset": first["preset"], "measure": first["measure"], "method": first["method"],
+               "setting": first["setting"], "line": first["line_label"], "lr": first["lr"], "n": len(units),
+               "interval": note, "unit": unit_name(g), "seeds": _seeds_text(g)}
         for col, path, _ in (spec.frontier.x, spec.frontier.y):
-            iv = t_interval(_get(r, path) for r in g["result"])
+            iv = t_interval(t_interval(_point_value(spec.frontier, r, col, path) for r in u["result"]).mean
+                            for u in units)
             rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi}
         if spec.frontier.thresholds:
             rec |= _threshold_columns(plot, g, spec.frontier.thresholds)
@@ -158,14 +182,21 @@ def frontier_table(plot: Plot, spec: ReportSpec, runs: pd.DataFrame | None = Non
     return pd.DataFrame(rows)
 
 
+def _point_value(frontier: FrontierSpec, r: dict, col: str, path: str) -> float | None:
+    """A run's x or y: on the whole held-out sets where it has them (FrontierSpec.whole), else at `path`."""
+    whole = frontier.whole(r) if frontier.whole is not None else None
+    return whole[col] if whole is not None else _get(r, path)
+
+
 def _shown_frontier(df: pd.DataFrame, frontier: FrontierSpec) -> pd.DataFrame:
     """The Markdown/LaTeX view of a frontier table: 'mean ± half-width' cells, threshold cells with how many runs
     reached the threshold and at which step on average."""
     fmt = frontier.fmt
-    cols = ["preset", "method"] + (["setting"] if df["setting"].astype(bool).any() else [])
+    cols = ["preset"] + (["measure"] if df["measure"].astype(bool).any() else []) + ["method"]
+    cols += ["setting"] if df["setting"].astype(bool).any() else []
     shown = df[cols].copy()
     shown["lr"] = df["lr"].map(lambda v: f"{v:g}")
-    shown[["n", "seeds"]] = df[["n", "seeds"]]
+    shown[["n", "interval", "seeds"]] = df[["n", "interval", "seeds"]]
     for col, _, _ in (frontier.x, frontier.y):
         shown[col] = [_cell(row, col, fmt) for _, row in df.iterrows()]
     for threshold in frontier.thresholds:
@@ -197,45 +228,68 @@ def _as_groups(runs: pd.DataFrame) -> pd.DataFrame:
 
 def draw_frontier(plot: Plot, spec: ReportSpec, table: pd.DataFrame | None = None,
                   runs: pd.DataFrame | None = None) -> Drawn:
-    """The frontier figure of an experiment: a panel per preset, a line of points per method (and setting)."""
+    """The frontier figure of an experiment: a panel per preset and measurement (its evaluation slices, or the
+    whole held-out sets where runs have them), a line of points per method (and setting), two panels a row
+    and one legend (in the free panel, else under them)."""
     runs = frontier_runs(plot, spec) if runs is None else runs
     table = frontier_table(plot, spec, runs) if table is None else table
     if table.empty:
         return
-    presets = list(dict.fromkeys(table["preset"]))
-    fig, axes = plt.subplots(1, len(presets), figsize=(6.2 * len(presets), 5.0), squeeze=False)
+    panels = list(dict.fromkeys(zip(table["preset"], table["measure"], strict=True)))
+    ncols = min(2, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    spare = nrows * ncols > len(panels)
+    width = FIG_WIDTH_IN if ncols == 2 else 8.0
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 4.4 * nrows + (0.0 if spare else 0.8)), squeeze=False)
     notes = []
-    for ax, preset in zip(axes[0], presets, strict=True):
-        notes.append(_frontier_panel(ax, table[table["preset"] == preset], spec.frontier))
-        ax.set_title(f"preset '{preset}'", fontsize=10)
-    _figure_legend(fig, axes[0])
+    for ax, (preset, measure) in zip(axes.flat, panels, strict=False):
+        part = table[(table["preset"] == preset) & (table["measure"] == measure)]
+        notes.append(_frontier_panel(ax, part, spec.frontier))
+        unit = part["unit"].iloc[0] if part["unit"].nunique() == 1 and part["n"].min() >= 2 else ""
+        ax.set_title(f"preset '{preset}'" + (f": {measure}" if measure else "") + (f"\n(intervals over {unit})"
+                     if unit else ""), fontsize=9)
+    used = list(axes.flat)[:len(panels)]
     r0 = runs.iloc[0]["result"]
-    fig.text(0.5, -0.02, f"{FRONTIER_CAPTION} {spec.frontier.better}\n{spec.caption(r0)}", ha="center", va="top",
+    fig.text(0.5, -0.01, f"{FRONTIER_CAPTION} {spec.frontier.better}\n{spec.caption(r0)}", ha="center", va="top",
              fontsize=8, wrap=True)
-    fig.tight_layout()
-    for ax, panel_notes in zip(axes[0], notes, strict=True):  # where the points lie once the layout is final
+    if spare:  # the legend in the free panel
+        legend_ax = list(axes.flat)[len(panels)]
+        legend_ax.axis("off")
+        entries = {lab: h for ax in used for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
+        legend_ax.legend(list(entries.values()), list(entries), loc="center", fontsize=8, frameon=False)
+        fig.tight_layout()
+    else:
+        _legend_below(fig, used, ncol=2 if ncols == 1 else 3)
+    for ax, panel_notes in zip(used, notes, strict=True):  # where the points lie once the layout is final
         _place_labels(ax, panel_notes)
     stem = f"frontier_{spec.name}"
     yield stem, _with_inputs(fig, _as_groups(runs), f"{stem}: a point per rate")
 
 
 def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> list[tuple[float, float, str, str]]:
-    """One preset's frontier: per line its points in lr order (joined when >= 2) with t-interval error bars;
-    returns each point's label (x, y, text, colour), placed once the figure's layout is final (_place_labels)."""
+    """One panel's frontier: per line its points in lr order (joined when >= 2) with t-interval error bars, a
+    method's lines in shades of its colour and other line styles; returns each point's label (x, y, text,
+    colour), placed once the figure's layout is final (_place_labels). A label names its point's unit where the
+    panel's points do not share one."""
     (x, _, xlabel), (y, _, ylabel) = frontier.x, frontier.y
     scale, log = frontier.scale, frontier.log
-    styles: dict[str, int] = {}
+    counts = table["line"].value_counts()  # a method's line with the most rates keeps the method's colour
+    lines = sorted(dict.fromkeys(table["line"]), key=lambda line: -counts[line])
+    method_of = {line: table.loc[table["line"] == line, "method"].iloc[0] for line in lines}
+    per_method = {m: [line for line in lines if method_of[line] == m] for m in dict.fromkeys(method_of.values())}
+    shared_unit = table["unit"].nunique() == 1 and table["n"].min() >= 2
     notes = []
-    for _, pts in table.groupby("line", sort=False):
+    for line, pts in table.groupby("line", sort=False):
         pts = pts.sort_values("lr")
-        method = pts["method"].iloc[0]
-        styles[method] = styles.get(method, -1) + 1  # a method's second line (another setting): another style
-        ls = LINESTYLES[styles[method] % len(LINESTYLES)] if len(pts) >= 2 else "none"
+        method = method_of[line]
+        k = per_method[method].index(line)
+        color = shades(COLORS.get(method, "black"), len(per_method[method]))[k]
+        ls = LINESTYLES[k % len(LINESTYLES)] if len(pts) >= 2 else "none"
         ax.errorbar(scale * pts[x], scale * pts[y], xerr=_error_bars(pts, x, scale, log),
-                    yerr=_error_bars(pts, y, scale, log), marker="o", ms=5, ls=ls, lw=1.3, capsize=3,
-                    elinewidth=0.9, color=COLORS.get(method), label=pts["line"].iloc[0])
-        notes += [(scale * p[x], scale * p[y], f"{p['lr']:g}" + (f" (n={p['n']})" if p["n"] >= 2 else ""),
-                   COLORS.get(method)) for _, p in pts.iterrows()]
+                    yerr=_error_bars(pts, y, scale, log), marker="os^D"[k % 4], ms=5, ls=ls, lw=1.3, capsize=3,
+                    elinewidth=0.9, color=color, label=line)
+        notes += [(scale * p[x], scale * p[y], f"{p['lr']:g}" + ("" if shared_unit or p["n"] < 2 else
+                                                                 f" ({p['unit']})"), color) for _, p in pts.iterrows()]
     if log:
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -244,8 +298,9 @@ def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> list[tup
             narrow = table[col].max() < 10 * table[col].min()
             axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}") if narrow
                                      else matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.tick_params(which="both", labelsize=8)
     ax.grid(alpha=0.3, which="both")
     return notes
 

@@ -41,6 +41,15 @@ def heldout_values(r: dict) -> dict[str, float]:
     return out
 
 
+def heldout_point(r: dict) -> dict[str, float] | None:
+    """A run's end-of-training learning and forgetting perplexity on the whole held-out sets at the training
+    length (new_ppl_end, old_ppl_end: the frontier's columns), or None when it has no final held-out evaluation."""
+    if not isinstance(r.get("heldout"), dict):
+        return None
+    v = heldout_values(r)
+    return {"new_ppl_end": v["new_train_end"], "old_ppl_end": v["old_train_end"]}
+
+
 HELDOUT_METRICS: tuple[Metric, ...] = tuple(
     (f"{split}_{role}_{point}", f"heldout_values.{split}_{role}_{point}", None)
     for role in ROLES for split in ("old", "new") for point in ("start", "end"))

@@ -9,18 +9,21 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
+    BAND_ALPHA,
+    FIG_WIDTH_IN,
     UNIT_NOTE,
     Drawn,
     _draw_mean,
-    _figure_legend,
     _has,
     _save_all,
     _with_inputs,
     mean_curve,
     unit_frames,
+    unit_label,
 )
 from scalecl.report.registry import figure, table
 from scalecl.report.runs import (
@@ -33,6 +36,7 @@ from scalecl.report.runs import (
     inputs_text,
     load_runs,
     marked,
+    one_build,
     study_names,
 )
 from scalecl.report.settings import ROUTER_ORDER, _tau, _vocab_key, _vocab_text
@@ -40,24 +44,25 @@ from scalecl.report.spec import EvalSet, ReportSpec
 from scalecl.report.tables import write_table
 
 NEVER_KEY = "{task}/answer/never_share_{path}/mean"
-MECHANISM_PATHS = (("preserve", "-", "tab:green"), ("adapt", "--", "tab:purple"))
+MECHANISM_PER_ROW = 5  # Route settings per row of panels: more lines and bands than this in a panel run together
 MECHANISM_CAPTION = (
-    "SCALE-Route at the scored answer positions (the last prompt token) of each evaluation. (a, b) Share of the "
-    "squared logit norm that falls on vocabulary rows never a training target (result.json never_target_rows of "
-    "vocab.model rows), for the preserve path's logits (green, solid) and the adapt path's (purple, dashed), "
-    "averaged over the "
-    "answer positions of the Task 0 (held-out) and Task 1 slices (metrics.jsonl <task>/answer/never_share_<path>/"
-    "mean; q05-q95 over the positions are recorded beside it). (c) Share of answer positions routed to preserve. "
-    "(d) The router's score, mean over answer positions; tau dotted (preserve above). A row per Route setting "
-    "(vocabulary rows, tau, router), from the main runs and the biography studies; a run found in several folders "
-    "counts once; lr: the run's learning rate. (a, b) of a row share one y-axis, from the row's lowest to its highest "
-    "mean with a tenth of that span (at least half a percentage point) beyond each, within 0-100%: shares near "
-    "100% are drawn apart, not flattened (read the axis' values); a wider band is cut.")
+    "SCALE-Route at the scored answer positions (the last prompt token) of the held-out Task 0 slice, a line per "
+    "Route setting (tau, the router where not logit, learning rate), a row of panels per vocabulary size (and per {per_row} settings). "
+    "(a) The adapt path's share of its squared logit norm on the vocabulary rows never a training target "
+    "(result.json never_target_rows), minus the preserve path's share on the same run, in percentage points "
+    "(metrics.jsonl task0/answer/never_share_<path>/mean, means over the answer positions): how far training "
+    "moves the adapt path's logits onto rows the task never uses; the preserve path is frozen, and its share "
+    "itself (mean over the setting's runs and steps) ends each label. (b) Share of answer positions routed to the "
+    "preserve path. (c) The router's score at the answer position, mean over answers; each setting's tau dotted "
+    "in its colour (preserve above). Task 1's answers are recorded beside Task 0's (routing_* and router_score_* "
+    "draw them). Main runs and the biography studies; a run found in several folders counts once, and a group "
+    "keeps one build of each base seed (the build with most of its runs there; ties: the earliest), since two "
+    "builds are two bases.")
 
 
 def _has_never_share(m: pd.DataFrame, sets: tuple[EvalSet, ...]) -> bool:
     """Whether a run's metrics record the never-target share at the answer positions of some set and path."""
-    return any(_has(m, NEVER_KEY.format(task=t, path=p)) for t, _, _ in sets for p, _, _ in MECHANISM_PATHS)
+    return any(_has(m, NEVER_KEY.format(task=t, path=p)) for t, _, _ in sets for p in ("preserve", "adapt"))
 
 
 def route_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
@@ -69,54 +74,82 @@ def route_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
 
 def _mechanism_groups(plot: Plot, spec: ReportSpec) -> list[tuple[pd.DataFrame, list[pd.DataFrame]]]:
     """SCALE-Route runs (main and every study) that recorded the never-target share, as replicate groups
-    (config without seeds and method options; one run per seed pair, the newest): (runs, their metrics)."""
+    (config without seeds and method options; one run per seed pair and build, the newest; one build of each
+    base seed, runs.one_build): (runs, their metrics)."""
     runs = route_runs(plot, spec)
     if runs.empty:
         return []
     runs["group"] = [_config_id(r, spec) for r in runs["result"]]
-    runs = runs.sort_values("date", kind="stable").drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
+    runs = runs.sort_values("date", kind="stable").drop_duplicates(["group", "base_build", "base_seed", "run_seed"],
+                                                                   keep="last")
     out = []
     for _, g in runs.groupby("group", sort=False):
         picked = [(i, m) for i, m in zip(g.index, (_metrics_or_none(plot, d) for d in g["dir"]), strict=True)
                   if m is not None and _has_never_share(m, spec.eval_sets)]
         if picked:
-            out.append((g.loc[[i for i, _ in picked]], [m for _, m in picked]))
+            kept = one_build(g.loc[[i for i, _ in picked]])
+            out.append((kept, [m for i, m in picked if i in set(kept.index)]))
     out.sort(key=lambda gm: _mechanism_key(gm[0].iloc[0]["result"]))
     return out
 
 
 def _mechanism_key(r: dict) -> tuple:
-    """Route settings in order: preset, vocabulary rows (the tokenizer's size first), tau, router."""
+    """Route settings in order: preset, vocabulary rows (the tokenizer's size first), router, tau, rate."""
     key = _vocab_key(r)
     router = (r.get("method_options") or {}).get("router", "logit")
-    return (r["preset"], 0 if key == "tokenizer" else key, _tau(r) if _tau(r) is not None else -math.inf,
-            ROUTER_ORDER.index(router) if router in ROUTER_ORDER else len(ROUTER_ORDER), str(router))
+    lr = r.get("lr") if isinstance(r.get("lr"), int | float) else math.inf
+    return (r["preset"], 0 if key == "tokenizer" else key,
+            ROUTER_ORDER.index(router) if router in ROUTER_ORDER else len(ROUTER_ORDER), str(router),
+            _tau(r) if _tau(r) is not None else -math.inf, lr)
 
 
-def _mechanism_label(r: dict, presets: int) -> str:
-    """A Route setting's name: its vocabulary rows (and how many are never a target), tau, router and learning
-    rate."""
-    never = r.get("never_target_rows")
-    label = _vocab_text(_vocab_key(r), r) + (f" ({never:,} never a target)" if isinstance(never, int) else "")
-    tau = _tau(r)
-    label += (f", tau={tau:g}" if tau is not None else "") + f", router={(r.get('method_options') or {}).get('router', 'logit')}"
-    label += f", lr={_lr_text(r)}" if _lr_text(r) else ""
-    return marked((f"{r['preset']}: " if presets > 1 else "") + label, r)
+def _mechanism_label(r: dict) -> str:
+    """A Route setting's name within its vocabulary size: tau, the router when not the paper's (logit), and the
+    learning rate."""
+    tau, router = _tau(r), (r.get("method_options") or {}).get("router", "logit")
+    parts = [f"tau={tau:g}" if tau is not None else "", f"{router} router" if router != "logit" else "",
+             f"lr={_lr_text(r)}" if _lr_text(r) else ""]
+    return marked(", ".join(p for p in parts if p), r)
 
 
 def _mechanism_labels(groups: list[tuple[pd.DataFrame, list[pd.DataFrame]]], spec: ReportSpec) -> list[str]:
-    """Each group's _mechanism_label; groups of one label (settings that differ elsewhere, another config) add
+    """Each group's _mechanism_label; groups of one label and vocabulary (settings that differ elsewhere) add
     what tells them apart, the setting label of the other figures (runs._settings) among them."""
-    presets = len({g.iloc[0]["preset"] for g, _ in groups})
-    labels = [_mechanism_label(g.iloc[0]["result"], presets) for g, _ in groups]
+    labels = [_mechanism_label(g.iloc[0]["result"]) for g, _ in groups]
+    rows = [_row_key(g) for g, _ in groups]
     out = list(labels)
-    for label in {x for x in labels if labels.count(x) > 1}:
-        twins = [i for i, x in enumerate(labels) if x == label]
-        settings = _settings(pd.concat([groups[i][0] for i in twins]), spec)
-        for i in twins:
+    for i, label in enumerate(labels):
+        twins = [j for j, x in enumerate(labels) if x == label and rows[j] == rows[i]]
+        if len(twins) > 1:
+            settings = _settings(pd.concat([groups[j][0] for j in twins]), spec)
             setting = settings[groups[i][0].index[0]]
             out[i] += f" [{setting}]" if setting else ""
     return out
+
+
+def _row_key(g: pd.DataFrame) -> tuple:
+    r = g.iloc[0]["result"]
+    return r["preset"], _vocab_key(r)
+
+
+def _mechanism_rows(groups: list, labels: list[str]) -> list[tuple[str, list[tuple[pd.DataFrame, list, str]]]]:
+    """The figure's rows: per preset and vocabulary size its settings in order, split evenly into rows of at most
+    MECHANISM_PER_ROW; each row titled by its vocabulary (and preset, when there are several)."""
+    keyed: dict[tuple, list] = {}
+    for (g, ms), label in zip(groups, labels, strict=True):
+        keyed.setdefault(_row_key(g), []).append((g, ms, label))
+    presets = len({k[0] for k in keyed})
+    rows = []
+    for (preset, key), members in keyed.items():
+        results = [r for g, _, _ in members for r in g["result"]]
+        never = sorted({r["never_target_rows"] for r in results if isinstance(r.get("never_target_rows"), int)})
+        title = _vocab_text(key, *results) + (f"; {never[0]:,}" + (f"-{never[-1]:,}" if len(never) > 1 else "")
+                                              + " never a target" if never else "")
+        title = (f"preset '{preset}': " if presets > 1 else "") + title
+        k = math.ceil(len(members) / MECHANISM_PER_ROW)
+        size = math.ceil(len(members) / k)
+        rows += [(title, members[i:i + size]) for i in range(0, len(members), size)]
+    return rows
 
 
 @figure("route_mechanism")
@@ -127,76 +160,76 @@ def fig_route_mechanism(plot: Plot, spec: ReportSpec) -> list[Path]:
 
 
 def draw_route_mechanism(plot: Plot, spec: ReportSpec) -> Drawn:
-    """The mechanism figure: a row per Route setting group, the mean over its units (base seeds, else run
-    seeds) with t bands."""
+    """The mechanism figure: per vocabulary size a row of panels, a line per Route setting group (its mean over
+    its units, base seeds else run seeds, with the t band), and the row's legend beside it."""
     groups = _mechanism_groups(plot, spec)
     if not groups:
         return
-    labels = _mechanism_labels(groups, spec)
-    scored = any(_has(m, f"{t}/answer/route_score/mean") for _, ms in groups for m in ms
-                 for t, _, _ in spec.eval_sets)
-    ncols = 4 if scored else 3
-    fig, axes = plt.subplots(len(groups), ncols, figsize=(4.2 * ncols + 1.8, 2.9 * len(groups) + 0.8),
-                             squeeze=False)
-    for ax_row, (g, ms), label in zip(axes, groups, labels, strict=True):
-        units, note = unit_frames(g, ms)
-        _mechanism_row(ax_row, spec.eval_sets, units, f"{label}; {note}", _tau(g.iloc[0]["result"]))
-        ax_row[1].sharey(ax_row[0])
-        ax_row[0].set_ylim(*_share_limits(ax_row[:2]))
-    for col in range(2, ncols):  # routing and score: one scale down each column
-        for ax in axes[1:, col]:
-            ax.sharey(axes[0, col])
+    rows = _mechanism_rows(groups, _mechanism_labels(groups, spec))
+    task = spec.eval_sets[0][0]
+    scored = any(_has(m, f"{task}/answer/route_score/mean") for _, ms in groups for m in ms)
+    ncols = 3 if scored else 2
+    fig = plt.figure(figsize=(FIG_WIDTH_IN, 2.75 * len(rows) + 1.6))
+    grid = fig.add_gridspec(len(rows), ncols + 1, width_ratios=[1.0] * ncols + [1.3])
+    axes = []
+    for i, (title, members) in enumerate(rows):
+        ax_row = [fig.add_subplot(grid[i, j]) for j in range(ncols)]
+        _mechanism_row(ax_row, task, members)
+        legend_ax = fig.add_subplot(grid[i, ncols])
+        legend_ax.axis("off")
+        handles, names = ax_row[0].get_legend_handles_labels()
+        handles += [Line2D([], [], color="grey", ls=":", lw=1.0)]
+        names += ["(c) dotted: the setting's tau"]
+        legend_ax.legend(handles, names, loc="center left", fontsize=7, title=title, title_fontsize=7.5,
+                         frameon=False, alignment="left")
+        axes.append(ax_row)
+    for ax_row in axes[1:]:  # routing and score: one scale down each column
+        for ax, top in zip(ax_row[1:], axes[0][1:], strict=True):
+            ax.sharey(top)
     for ax in axes[-1]:
         ax.set_xlabel(spec.step_label)
-    _figure_legend(fig, axes.flat)
-    band = "\n" + UNIT_NOTE if any(len(ms) >= 2 for _, ms in groups) else ""
-    fig.text(0.5, -0.01, MECHANISM_CAPTION + band + "\n" + spec.caption(groups[0][0].iloc[0]["result"]),
-             ha="center", va="top", fontsize=8, wrap=True)
+    fig.text(0.5, -0.01, MECHANISM_CAPTION.format(per_row=MECHANISM_PER_ROW) + "\n" + UNIT_NOTE + "\n"
+             + spec.caption(groups[0][0].iloc[0]["result"]), ha="center", va="top", fontsize=7, wrap=True)
     fig.tight_layout()
     runs = pd.concat([g for g, _ in groups])
-    yield "route_mechanism", _with_inputs(fig, runs, "route_mechanism: a row per Route setting group")
+    yield "route_mechanism", _with_inputs(fig, runs, "route_mechanism: a line per Route setting group")
 
 
-def _share_limits(axes) -> tuple[float, float]:
-    """The y-range of a row's never-target shares (in %): its lowest to its highest mean drawn, a tenth of that
-    span (at least half a point) beyond each, within 0-100; a band wider than that is cut."""
-    means = [float(v) for ax in axes for ln in ax.get_lines() for v in ln.get_ydata() if math.isfinite(v)]
-    if not means:
-        return 0.0, 100.0
-    lo, hi = min(means), max(means)
-    pad = max(0.1 * (hi - lo), 0.5)
-    return max(0.0, lo - pad), min(100.0, hi + pad)
+NEVER_GAP = "{task}/answer/never_gap"  # adapt minus preserve share, per run and step (added by _mechanism_row)
 
 
-def _mechanism_row(ax_row, sets: tuple[EvalSet, ...], ms: list[pd.DataFrame], label: str, tau: float | None
-                   ) -> None:
-    """One Route setting: never-target share per path (Task 0, Task 1), answer routing, router score."""
-    for i, (ax, (task, task_label, _)) in enumerate(zip(ax_row[:2], sets, strict=True)):
-        for path, ls, color in MECHANISM_PATHS:
-            curve = mean_curve(ms, NEVER_KEY.format(task=task, path=path))
-            if curve is not None:
-                _draw_mean(ax, curve, 100, color=color, ls=ls, lw=1.4, label=f"{path} path")
-        panel = f"({'ab'[i]}) {task_label}: never-target share"
-        ax.set_title(f"{label}\n{panel}" if i == 0 else panel, fontsize=8, loc="left")
-        ax.set_ylabel("squared logit norm on never-target rows (%)", fontsize=8)
-    for i, (task, task_label, color) in enumerate(sets):
-        ls = "-" if i == 0 else "--"
-        curve = mean_curve(ms, f"{task}/answer/route_preserve")
-        if curve is not None:
-            _draw_mean(ax_row[2], curve, 100, color=color, ls=ls, lw=1.4, label=f"{task_label} slice")
-        curve = mean_curve(ms, f"{task}/answer/route_score/mean") if len(ax_row) > 3 else None
-        if curve is not None:
-            _draw_mean(ax_row[3], curve, color=color, ls=ls, lw=1.4, label=f"{task_label} slice")
-    ax_row[2].set_title("(c) answer positions routed to preserve", fontsize=8, loc="left")
-    ax_row[2].set_ylabel("answer positions (%)", fontsize=8)
-    ax_row[2].set_ylim(-3, 103)
-    if len(ax_row) > 3:
-        if tau is not None:
-            ax_row[3].axhline(tau, color="tab:red", ls=":", lw=1.2, label="tau (preserve above)")
-        ax_row[3].set_title("(d) router score at the answer position", fontsize=8, loc="left")
-        ax_row[3].set_ylabel("router cosine (mean)", fontsize=8)
+def _mechanism_row(ax_row, task: str, members: list[tuple[pd.DataFrame, list[pd.DataFrame], str]]) -> None:
+    """One row: per setting (a colour each) the adapt path's never-target share minus the preserve path's on the
+    same run, the answers routed to preserve and the router score with its tau, at the answer positions of
+    `task`; each label names its units and the preserve path's share itself."""
+    gap = NEVER_GAP.format(task=task)
+    adapt, preserve = (NEVER_KEY.format(task=task, path=p) for p in ("adapt", "preserve"))
+    for i, (g, ms, label) in enumerate(members):
+        color = f"C{i % 10}"
+        ms = [m.assign(**{gap: m[adapt] - m[preserve]}) if adapt in m and preserve in m else m for m in ms]
+        units, _ = unit_frames(g, ms)
+        shares = [float(v) for u in units if preserve in u for v in u[preserve].dropna()]
+        name = unit_label(label, g) + (f"; preserve {100 * sum(shares) / len(shares):.1f}%" if shares else "")
+        for ax, key, scale in ((ax_row[0], gap, 100), (ax_row[1], f"{task}/answer/route_preserve", 100),
+                               (ax_row[2] if len(ax_row) > 2 else None, f"{task}/answer/route_score/mean", 1)):
+            curve = mean_curve(units, key) if ax is not None else None
+            if curve is not None:  # bands lighter where several lines share the panel
+                _draw_mean(ax, curve, scale, color=color, lw=1.4, label=name, alpha=BAND_ALPHA / 2)
+        tau = _tau(g.iloc[0]["result"])
+        if len(ax_row) > 2 and tau is not None:
+            ax_row[2].axhline(tau, color=color, ls=":", lw=1.0)
+    ax_row[0].axhline(0, color="black", lw=0.8)
+    ax_row[0].set_title("(a) adapt minus preserve path", fontsize=9, loc="left")
+    ax_row[0].set_ylabel("never-target share of the squared\nlogit norm, difference (points)", fontsize=8)
+    ax_row[1].set_title("(b) answers routed to preserve", fontsize=9, loc="left")
+    ax_row[1].set_ylabel("answer positions (%)", fontsize=8)
+    ax_row[1].set_ylim(-3, 103)
+    if len(ax_row) > 2:
+        ax_row[2].set_title("(c) router score at the answer", fontsize=9, loc="left")
+        ax_row[2].set_ylabel("router cosine (mean)", fontsize=8)
     for ax in ax_row:
         ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
 
 
 # In continual pre-training: at every evaluated position of both domains, the router's score and each path's

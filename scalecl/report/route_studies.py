@@ -12,16 +12,20 @@ import pandas as pd
 
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
+    FIG_WIDTH_IN,
     Drawn,
     _band,
     _colors,
     _draw_mean,
-    _figure_legend,
     _has,
+    _legend_below,
     _save_all,
     _with_inputs,
     mean_curve,
     pool_replicates,
+    unit_frames,
+    unit_label,
+    unit_name,
 )
 from scalecl.report.registry import figure
 from scalecl.report.routing import _answer_preserve, _route_series
@@ -34,6 +38,7 @@ from scalecl.report.runs import (
     _seeds_text,
     inputs_text,
     load_runs,
+    one_build,
     study_names,
 )
 from scalecl.report.settings import (
@@ -133,17 +138,21 @@ def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict, bases: set[int] | Non
                       f" No FFT run of preset '{r0['preset']}' on the study's base seeds to draw as a reference.")
     runs = pd.DataFrame(found)
     runs = runs[runs["group"] == runs["group"].iloc[0]].sort_values("date", kind="stable")
-    runs = runs.drop_duplicates(["base_seed", "run_seed"], keep="last")
-    frames = [m for m in (_metrics_with(plot, d, "task0/acc", "task1/acc") for d in runs["dir"]) if m is not None]
+    runs = one_build(runs.drop_duplicates(["base_build", "base_seed", "run_seed"], keep="last"))
+    frames = [_metrics_with(plot, d, "task0/acc", "task1/acc") for d in runs["dir"]]
+    runs, frames = runs[[m is not None for m in frames]], [m for m in frames if m is not None]
     if not frames:
         return None, " The matching FFT runs have no readable metrics; no reference drawn."
-    n, where = len(frames), runs["where"].iloc[0]
+    units, _ = unit_frames(runs, frames)
+    where = runs["where"].iloc[0]
     names = ", ".join(Path(d).name for d in runs["dir"])
-    vocab = _vocab_text(_vocab_key(r0), r0)
-    what = f"the mean of {n} {where} runs ({names}; seeds {_seeds_text(runs)})" if n >= 2 else f"{where} run {names}"
-    label = ("FFT (main run)" if where == "main" else "FFT reference") + (f", n={n}" if n >= 2 else "")
-    return ({"curves": {k: mean_curve(frames, k) for k in ("task0/acc", "task1/acc")}, "n": n, "label": label,
-             "dirs": {str(d) for d in runs["dir"]}}, f" FFT reference with {vocab}: {what}.")
+    vocab = _vocab_text(_vocab_key(r0), *runs["result"])
+    what = (f"the mean of {unit_name(runs)}, {where} runs ({names}; seeds {_seeds_text(runs)})" if len(runs) >= 2
+            else f"{where} run {names}")
+    label = unit_label(("FFT, main runs" if len(runs) > 1 else "FFT, main run") if where == "main" else "FFT reference",
+                       runs)
+    return ({"curves": {k: mean_curve(units, k) for k in ("task0/acc", "task1/acc")}, "n": len(units),
+             "label": label, "dirs": {str(d) for d in runs["dir"]}}, f" FFT reference with {vocab}: {what}.")
 
 
 def fig_route_study(plot: Plot, spec: ReportSpec, study: str) -> list[Path]:
@@ -180,8 +189,9 @@ def draw_route_study(plot: Plot, spec: ReportSpec, study: str, table: pd.DataFra
     keys = list(dict.fromkeys(key_of[str(row["dir"])] for row, _ in runs if row["method"] == "scale-route"))
     panel_keys = keys if study != "vocab" and len(keys) > 1 else [None]
     ncols = 3 if routed else 2
-    fig, axes = plt.subplots(len(panel_keys), ncols, figsize=(4.3 * ncols + 1.8, 3.9 * len(panel_keys)),
+    fig, axes = plt.subplots(len(panel_keys), ncols, figsize=(FIG_WIDTH_IN, 3.5 * len(panel_keys) + 1.2),
                              squeeze=False)
+    vocab_of = {k: _vocab_text(k, *(r for r in study_runs["result"] if _vocab_key(r) == k)) for k in keys}
     colors = dict(zip((str(row["dir"]) for row, _ in runs), _colors(len(runs)), strict=True))
     notes = []
     for ax_row, key in zip(axes, panel_keys, strict=True):
@@ -195,13 +205,13 @@ def draw_route_study(plot: Plot, spec: ReportSpec, study: str, table: pd.DataFra
             bases = {int(b) for r, b in zip(study_runs["result"], study_runs["base_seed"], strict=True)
                      if r["method"] == "scale-route" and _vocab_key(r) == k}
             notes.append(_route_study_reference(ax_row, plot, spec, r0, {str(row["dir"]) for row, _ in mine},
-                                                ("--", ":", "-.")[i % 3], len(refs) > 1, bases))
+                                                ("--", ":", "-.")[i % 3], vocab_of[k] if len(refs) > 1 else "",
+                                                bases))
         _route_study_axes(ax_row, spec, result_of[str(mine[0][0]["dir"])], answers, routed,
-                          f"\n{_vocab_text(key, result_of[str(mine[0][0]['dir'])])}" if key is not None else "")
-    _figure_legend(fig, axes.flat)
-    fig.text(0.5, -0.02, _route_study_caption(spec, study, study_runs, "".join(notes), len(panel_keys) > 1),
-             ha="center", va="top", fontsize=8, wrap=True)
-    fig.tight_layout()
+                          f"\n{vocab_of[key]}" if key is not None else "")
+    fig.text(0.5, -0.01, _route_study_caption(spec, study, study_runs, "".join(notes), len(panel_keys) > 1),
+             ha="center", va="top", fontsize=7.5, wrap=True)
+    _legend_below(fig, axes.flat, ncol=3)
     stem = ROUTE_STUDIES.get(study, f"fig8_route_{study}")
     yield stem, _with_inputs(fig, study_runs, f"{stem}: one line per run of study '{study}'")
 
@@ -222,16 +232,17 @@ def _route_study_run(ax_row, spec: ReportSpec, row: pd.Series, m: pd.DataFrame, 
 
 
 def _route_study_reference(ax_row, plot: Plot, spec: ReportSpec, r0: dict, drawn: set[str], ls,
-                           several: bool, bases: set[int] | None = None) -> str:
+                           vocab: str = "", bases: set[int] | None = None) -> str:
     """The FFT reference trained like r0 (its vocabulary rows included) on the study's base seeds, black, on the
-    accuracy panels: the mean over its replicates with their 95% t band (`several`: one of several in the
-    panel, its vocabulary in its label). Nothing when the study draws FFT runs of its own (never twice)."""
+    accuracy panels: the mean over its units (base seeds, each base's run seeds averaged first, else run seeds;
+    never pooled) with their 95% t band; `vocab`: one of several in the panel, named by its vocabulary. Nothing
+    when the study draws FFT runs of its own (never twice)."""
     ref, note = _fft_reference(plot, spec, r0, bases)
     if ref is None:
         return note
     if ref["dirs"] & drawn:
         return note.rstrip(".") + " (the study's own FFT line)."
-    label = ref["label"] + (f", {_vocab_text(_vocab_key(r0), r0)}" if several else "")
+    label = ref["label"] + (f", {vocab}" if vocab else "")
     for ax, (task, _, _) in zip(ax_row, spec.eval_sets, strict=False):
         curve = ref["curves"][f"{task}/acc"]
         if curve is not None:  # the mean, and its t band where >= 2 replicates were evaluated
@@ -274,7 +285,9 @@ def _route_study_caption(spec: ReportSpec, study: str, study_runs: pd.DataFrame,
     refs = f" Dashed coloured lines: {', '.join(others)} runs trained like the study's runs." if others else ""
     rows = (" A row of panels per vocabulary size (its titles), each with the FFT reference trained on those "
             "rows." if split else "")
-    band = " Black: FFT reference (the mean over its replicates when it has several)."
+    band = (" Black: FFT reference. A line with replicates is their mean, shaded its 95% Student-t interval per "
+            "step over the units its label names: base seeds (each base's run seeds averaged first) or the run "
+            "seeds of one base, never the two pooled.")
     return (f"SCALE-Route, study '{study}': {swept} varies, one line per run{options}." + refs + rows + band
             + fft_note + "\n" + spec.caption(r0))
 

@@ -12,7 +12,7 @@ import pandas as pd
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
     BAND_ALPHA,
-    BAND_NOTE,
+    UNIT_NOTE,
     Drawn,
     _has,
     _mean_frame,
@@ -20,6 +20,7 @@ from scalecl.report.draw import (
     _save_all,
     _with_inputs,
     mean_curve,
+    unit_frames,
 )
 from scalecl.report.registry import figure
 from scalecl.report.runs import _metrics_or_none, replicate_groups
@@ -50,14 +51,17 @@ def _answer_preserve(m: pd.DataFrame, task: str) -> pd.Series | None:
     return m[key] if _has(m, key) else None
 
 
-def _route_runs(plot: Plot, runs: pd.DataFrame) -> list[tuple[pd.Series, pd.DataFrame, list[pd.DataFrame]]]:
-    """SCALE-Route replicate groups (a study: runs) with metrics: (first run, the mean of the group's metrics
-    per step, each run's metrics). Runs without a metrics file are left out."""
+def _route_runs(plot: Plot, runs: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]]:
+    """SCALE-Route replicate groups (a study: runs) with metrics: (the group's runs that have them, the mean of
+    their units' metrics per step, the units: its base seeds with each base's run seeds averaged, else its run
+    seeds; draw.unit_frames). Runs without a metrics file are left out."""
     picked = []
     for g in replicate_groups(runs[runs["method"] == "scale-route"]):
-        frames = [m for m in (_metrics_or_none(plot, d) for d in g["dir"]) if m is not None]
-        if frames:
-            picked.append((g.iloc[0], _mean_frame(frames), frames))
+        ms = [_metrics_or_none(plot, d) for d in g["dir"]]
+        g = g[[m is not None for m in ms]]
+        if len(g):
+            units, _ = unit_frames(g, [m for m in ms if m is not None])
+            picked.append((g, _mean_frame(units), units))
     return picked
 
 
@@ -98,19 +102,19 @@ def draw_routing(plot: Plot, spec: ReportSpec) -> Drawn:
         fig, axes = plt.subplots(len(picked), ncols, figsize=(5.6 * ncols + 1.6, 2.7 * len(picked) + 0.6),
                                  squeeze=False, sharey=True)
         for pick, ax_row in zip(picked, axes, strict=True):
-            _routing_row(ax_row, pick, _line_label(spec, study, pick[0], len(pick[2])), spec, answers)
+            _routing_row(ax_row, pick, _line_label(spec, study, pick[0]), spec, answers)
         for ax in axes[-1]:
             ax.set_xlabel(spec.step_label)
         handles, labels = max((ax.get_legend_handles_labels() for ax in axes.flat), key=lambda h: len(h[0]))
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-        r0 = picked[0][0]["result"]
+        r0 = picked[0][0].iloc[0]["result"]
         what = spec.routing_what + (spec.routing_answers_what if answers else "")
         tau = _tau(r0)
         if study == "tau":
             what += "; tau per row"
         elif tau is not None:
             what += f"; tau={tau}"
-        band = "\n" + BAND_NOTE if any(len(frames) >= 2 for _, _, frames in picked) else ""
+        band = "\n" + UNIT_NOTE if any(len(frames) >= 2 for _, _, frames in picked) else ""
         fig.text(0.5, -0.01, what + (f"; study '{study}'." if study else ".") + band + "\n" + spec.caption(r0),
                  ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
@@ -162,18 +166,18 @@ def draw_router_score(plot: Plot, spec: ReportSpec) -> Drawn:
 
     for tag, study, runs in _groups(plot, spec):
         picked, missing = [], []
-        for row, m, frames in _route_runs(plot, runs):
+        for g, m, frames in _route_runs(plot, runs):
             if any(_score(m, t, "q50") is not None for t, _, _ in spec.eval_sets):
-                picked.append((row, m, len(frames)))
+                picked.append((g, m, len(frames)))
             else:
-                missing.append(_line_label(spec, study, row, len(frames)))
+                missing.append(_line_label(spec, study, g))
         if not picked:
             continue
         fig, axes = plt.subplots(len(picked), 2, figsize=(11.5, 2.7 * len(picked) + 0.6), squeeze=False,
                                  sharey=True)
-        for (row, m, n), ax_row in zip(picked, axes, strict=True):
-            name = _line_label(spec, study, row, n)
-            tau = _tau(row["result"])
+        for (g, m, _), ax_row in zip(picked, axes, strict=True):
+            name = _line_label(spec, study, g)
+            tau = _tau(g.iloc[0]["result"])
             for ax, (task, task_label, color) in zip(ax_row, spec.eval_sets, strict=True):
                 ax.set_title(f"{name}: {task_label}", fontsize=9)
                 ax.grid(alpha=0.3)
@@ -201,15 +205,16 @@ def draw_router_score(plot: Plot, spec: ReportSpec) -> Drawn:
                   Line2D([], [], color="black", lw=0.8, ls=(0, (3, 2)), label="mean"),
                   Line2D([], [], color="tab:red", ls=":", lw=1.2, label="tau (preserve above)")]
         fig.legend(handles=legend, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-        r0 = picked[0][0]["result"]
+        r0 = picked[0][0].iloc[0]["result"]
         tau = _tau(r0)
         tau_note = "" if study == "tau" or tau is None else f" (tau={tau})"
         fig.text(0.5, -0.01, "SCALE-Route: the router's score (the cosine it compares, per its 'router' "
                  "option) at the scored answer position (the last prompt token) of the Task 0 (held-out, "
                  "blue) and Task 1 (orange) evaluation slices; an answer goes to the preserve path when its "
                  f"score exceeds tau{tau_note}" + (f"; study '{study}'." if study else ".") + "\n"
-                 + spec.caption(r0) + ("\nA group of n >= 2 replicates: each statistic averaged over its runs per "
-                                       "step." if any(n >= 2 for _, _, n in picked) else "")
+                 + spec.caption(r0) + ("\nA group with replicates: each statistic averaged over the units its title names "
+                                       "per step (base seeds, each base's run seeds averaged first, else run "
+                                       "seeds)." if any(n >= 2 for _, _, n in picked) else "")
                  + _missing_note(missing, "answer-position record"), ha="center", va="top", fontsize=8,
                  wrap=True)
         fig.tight_layout()

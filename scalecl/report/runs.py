@@ -199,6 +199,20 @@ def _base_build(r: dict) -> str:
     return "" if ident is None else hashlib.sha256(repr(ident).encode()).hexdigest()[:10]
 
 
+def one_build(g: pd.DataFrame) -> pd.DataFrame:
+    """A group's runs on one build of each base seed (a build is the same code and seeds on another machine, whose
+    float rounding makes another base; a mean never mixes two): per base seed the build with the most runs there,
+    ties to the build of its earliest run."""
+    if g.empty or g.groupby("base_seed")["base_build"].nunique().max() <= 1:
+        return g
+    keep = []
+    for _, on in g.groupby("base_seed", sort=False):
+        counts = on.groupby("base_build")["date"].agg(["size", "min"])
+        best = min(counts.index, key=lambda b: (-counts.at[b, "size"], counts.at[b, "min"]))
+        keep += list(on.index[on["base_build"] == best])
+    return g.loc[[i for i in g.index if i in set(keep)]]
+
+
 def find_files(root: Path, name: str) -> list[Path]:
     """Every file called `name` under root, sorted. Unlike Path.rglob, a folder that vanishes during the walk
     (a run writing its temporaries while `plot` reads) is passed over, not an error."""
@@ -361,10 +375,6 @@ def rated_setting(row: pd.Series | dict) -> str:
     return ", ".join(filter(None, (setting, f"lr={lr}")))
 
 
-def _n_label(label: str, n: int) -> str:
-    return f"{label} (n={n})" if n >= 2 else label
-
-
 def _seeds_text(g: pd.DataFrame) -> str:
     return ", ".join(f"{b}/{r}" for b, r in zip(g["base_seed"], g["run_seed"], strict=True))
 
@@ -378,12 +388,6 @@ def inputs_text(runs: pd.DataFrame, what: str) -> str:
         lines.append(f"{first['preset']} {group_label(first)}{group}: n = {len(g)} (seeds {_seeds_text(g)})")
         lines += [f"  {d}" for d in g["dir"]]
     return "\n".join(lines) + "\n"
-
-
-def _replicates_note(runs: pd.DataFrame) -> str:
-    """Caption line: how many replicates each group has."""
-    counts = ", ".join(f"{group_label(g.iloc[0])} {len(g)}" for g in replicate_groups(runs))
-    return f"Replicates (runs with other seeds) per line: {counts}."
 
 
 def _get(r: dict, path: str):

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from scalecl.report.context import Plot
-from scalecl.report.runs import LABELS, _n_label, group_label, load_runs, marked, study_names
+from scalecl.report.runs import LABELS, group_label, load_runs, marked, study_names
 from scalecl.report.spec import ReportSpec
 
 ROUTER_ORDER = ("logit", "centered", "prob")  # the router's forms in the order its study lists them
@@ -38,11 +38,16 @@ def _vocab_key(r: dict) -> int | str:
     return "tokenizer" if model is None or model == tok else model
 
 
-def _vocab_text(key: int | str, r: dict | None = None) -> str:
-    """A vocabulary key as a label: '1,045 vocab rows (tokenizer's size)' or '50,304 vocab rows'."""
+def _vocab_text(key: int | str, *results: dict) -> str:
+    """A vocabulary key as a label: '1,045 vocab rows (tokenizer's size)' or '50,304 vocab rows'. The tokenizer's
+    size is that of every result given (each base seed trains its own tokenizer): '1,043-1,045 vocab rows ...'
+    when they differ."""
     if key == "tokenizer":
-        tok = _vocab_rows(r)[1] if r is not None else None
-        return f"{tok:,} vocab rows (tokenizer's size)" if tok else "vocab rows = tokenizer's size"
+        sizes = sorted({tok for r in results if (tok := _vocab_rows(r)[1])})
+        if not sizes:
+            return "vocab rows = tokenizer's size"
+        span = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
+        return f"{span} vocab rows (tokenizer's size)"
     return f"{key:,} vocab rows"
 
 
@@ -168,6 +173,14 @@ def _groups(plot: Plot, spec: ReportSpec) -> list[tuple[str, str | None, pd.Data
     return out
 
 
-def _line_label(spec: ReportSpec, study: str | None, row: pd.Series, n: int = 1) -> str:
-    """A line's label: its replicate group (main runs, with n when >= 2) or the study's setting of the run."""
-    return _n_label(group_label(row), n) if study is None else _setting(spec, study, row["result"])
+def _line_label(spec: ReportSpec, study: str | None, g: pd.DataFrame) -> str:
+    """A line's label: its replicate group `g` (main runs, naming the units of its mean and band when it has
+    several: '3 base seeds', '3 run seeds of base 0') or the study's setting of the run."""
+    row = g.iloc[0]
+    if study is not None:
+        return _setting(spec, study, row["result"])
+    bases = g["base_seed"].nunique()  # the units of tables.replicate_unit: base seeds, else run seeds
+    if max(bases, len(g) if bases == 1 else 0) < 2:
+        return group_label(row)
+    unit = f"{bases} base seeds" if bases > 1 else f"{len(g)} run seeds of base {row['base_seed']}"
+    return f"{group_label(row)} ({unit})"

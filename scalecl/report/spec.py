@@ -18,7 +18,8 @@ class FrontierSpec:
     """The learning-forgetting frontier: x what was learned, y what was kept, each (column, result.json path,
     axis label); values drawn times `scale`; `log`: log axes with error bars cut at 1 (perplexity), else cut at
     0 and 1 (accuracy); `fmt` the table cells; `thresholds`: Task 0 when Task 1 first reaches each (from
-    task0/acc and task1/acc); `note` the table's caption, `better` the figure's (which corner is better)."""
+    task0/acc and task1/acc); `note` the table's caption, `better` the figure's (which corner is better);
+    `whole`, `whole_text`, `part_text`: values measured on whole held-out sets, preferred where a run has them."""
 
     x: tuple[str, str, str]
     y: tuple[str, str, str]
@@ -28,6 +29,12 @@ class FrontierSpec:
     thresholds: tuple[float, ...]
     note: str
     better: str
+    # where a run also measured x and y on larger sets than its evaluation slices (CPT: the whole held-out sets,
+    # result.json heldout): whole(result) gives its x and y there by column, which the frontier draws and tables
+    # instead, in a panel of its own titled `whole_text` (the slice values' panel `part_text`); None: no such sets
+    whole: Callable[[dict], dict[str, float] | None] | None = None
+    whole_text: str = ""
+    part_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,8 @@ class ReportSpec:
     groups too: runs that differ only there (and in their seeds) are replicates of one setting;
     named_when_set: config keys added after runs were made, with the default that behaves as before them (its
     ExperimentBase.named_when_set): a run holding the default is a replicate of one made before the key;
-    cl(result, metrics frame): the continual-learning metrics the report adds to each result as `cl`.
+    cl(result, metrics frame): the continual-learning metrics the report adds to each result as `cl`;
+    evaluation(result): how the run was evaluated, in words (rows of figures when a preset's runs differ there).
     """
 
     name: str
@@ -78,3 +86,6 @@ class ReportSpec:
     # the experiment's continual-learning metrics of a run from its result and metrics.jsonl frame (or None):
     # added to every result the report reads as `cl` (scalecl.report.continual)
     cl: Callable[[dict, Any], dict] | None = None
+    # how a run was evaluated, in words: figures draw runs of one preset evaluated differently (another slice
+    # schedule, a final evaluation on the whole held-out sets) in rows of their own, titled by it; None: one way
+    evaluation: Callable[[dict], str] | None = None

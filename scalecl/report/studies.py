@@ -4,6 +4,7 @@ where a setting has replicates, a table of their means."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -14,9 +15,11 @@ from scalecl.modeling.scale_spec import ScaleSpec
 from scalecl.report.context import Plot
 from scalecl.report.cpt import embedding_variant
 from scalecl.report.draw import (
+    FIG_WIDTH_IN,
     Drawn,
     _band,
     _draw_mean,
+    _legend_below,
     _mean_frame,
     _pooled_metrics,
     _save_all,
@@ -69,7 +72,7 @@ def _study_caption(fig: Figure, plot: Plot, spec: ReportSpec, study: str, df: pd
     """Caption a study's figure (method + run settings, then `more`) and lay it out."""
     runs = load_runs(plot, spec, study=study)
     r0 = runs.iloc[0]["result"]
-    fig.text(0.5, -0.02, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0) + (f"\n{more}" if more else ""),
+    fig.text(0.5, -0.01, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0) + (f"\n{more}" if more else ""),
              ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
     return _with_inputs(fig, runs, f"study '{study}': one line or point per run")
@@ -148,7 +151,7 @@ def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
     variants = list(dict.fromkeys(df["variant"]))
     settings = sorted(dict.fromkeys(df["setting"]))  # one colour per pair in every row of panels
     color_of = {setting: f"C{i % 10}" for i, setting in enumerate(settings)}  # categorical: matplotlib's cycle
-    fig, axes = plt.subplots(len(variants), 4, figsize=(20, 4 * len(variants)), squeeze=False)
+    fig, axes = plt.subplots(len(variants), 4, figsize=(FIG_WIDTH_IN, 3.2 * len(variants) + 1.0), squeeze=False)
     for (ax_old, ax_new, *ax_diff), variant in zip(axes, variants, strict=True):
         rows = [(row, _metrics_with(plot, row["dir"], "old/ppl", "new/ppl")) for _, row in
                 df[df["variant"] == variant].iterrows()]
@@ -161,17 +164,19 @@ def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
                 _band(ax, m, "step", col, color)
         _paired_panels(ax_diff, runs[runs["variant"] == variant], {r["dir"]: m for r, m in rows}, color_of)
         suffix = f"\n{variant}" if len(variants) > 1 else ""
-        ax_old.set_title("(a) forgetting PPL (old domain)" + suffix)
-        ax_new.set_title("(b) learning PPL (new domain)" + suffix)
-        ax_diff[0].set_title(f"(c) forgetting PPL minus {INIT_REFERENCE}'s, same base" + suffix)
-        ax_diff[1].set_title(f"(d) learning PPL minus {INIT_REFERENCE}'s, same base" + suffix)
+        ax_old.set_title("(a) forgetting PPL" + suffix, fontsize=8)
+        ax_new.set_title("(b) learning PPL" + suffix, fontsize=8)
+        ax_diff[0].set_title(f"(c) forgetting minus {INIT_REFERENCE}'s" + suffix, fontsize=8)
+        ax_diff[1].set_title(f"(d) learning minus {INIT_REFERENCE}'s" + suffix, fontsize=8)
         for ax in (ax_old, ax_new, *ax_diff):
-            ax.set_xlabel(spec.step_label)
-            ax.set_ylabel("perplexity" if ax in (ax_old, ax_new) else "perplexity difference (paired)")
+            ax.set_xlabel(spec.step_label, fontsize=8)
+            ax.set_ylabel("perplexity" if ax in (ax_old, ax_new) else "difference, same base", fontsize=8)
+            ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
-            ax.legend(title="W21,W22", fontsize=8)
-    yield "fig5_init_pairs", _study_caption(fig, plot, spec, "init", df,
-                                            more=FIG5_PAIRED.format(ref=INIT_REFERENCE))
+    _study_caption(fig, plot, spec, "init", df, more=FIG5_PAIRED.format(ref=INIT_REFERENCE))
+    _legend_below(fig, [ax for row in axes for ax in row], ncol=3, title="W21,W22 (a, b: mean of its runs' units; c, "
+                  "d: paired, t over base seeds)")
+    yield "fig5_init_pairs", fig
 
 
 INIT_REFERENCE = study_label("init", {"init": ScaleSpec().init})  # the default pair, '(SVD,0)'
@@ -220,29 +225,78 @@ def fig6(plot: Plot, spec: ReportSpec) -> list[Path]:
 
 
 def draw_fig6(plot: Plot, spec: ReportSpec) -> Drawn:
-    """Paper Fig. 6: end-of-run forgetting and learning perplexity against l_fp, one point per run."""
+    """Paper Fig. 6: end-of-run forgetting and learning perplexity against l_fp (a, b: each base's value and
+    their mean with its t interval), and each l_fp's paired difference from the most preserving one on the same
+    base (c, d: the intervals the comparison rests on, paired_table_fig6_l_fp)."""
     df = study_table(plot, spec, "l_fp")
     if df.empty:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, col, color, title in ((axes[0], "old_ppl_end", "tab:red", "(a) forgetting PPL at the end"),
-                                  (axes[1], "new_ppl_end", "tab:blue", "(b) learning PPL at the end")):
-        ivs = {k: t_interval(u[col].mean() for u in replicate_unit(g)[0]) for k, g in df.groupby("l_fp", sort=True)}
-        x, mean = list(ivs), [iv.mean for iv in ivs.values()]
-        most = max(iv.n for iv in ivs.values())
-        ax.plot(x, mean, marker="o", color=color)
-        if most > 1:  # replicates: their 95% t interval (none drawn for a single run)
-            ax.errorbar(x, mean, yerr=[[iv.mean - iv.lo if iv.n > 1 else 0 for iv in ivs.values()],
-                                       [iv.hi - iv.mean if iv.n > 1 else 0 for iv in ivs.values()]],
-                        fmt="none", ecolor=color, capsize=3)
-        unit = "base seeds" if df["base_seed"].nunique() > 1 else "run seeds"
-        ax.set_title(title + (f"\n(mean of up to {most} {unit}, 95% t interval)" if most > 1 else ""))
-    for ax in axes:
-        ax.set_xlabel("l_fp (function-preserving lower layers)")
-        ax.set_xticks(df["l_fp"].tolist())
-        ax.set_ylabel("perplexity")
+    ref = study_reference(df, "l_fp")
+    paired = study_paired(df, ref) if ref is not None else pd.DataFrame()
+    fig, axes = plt.subplots(2 if len(paired) else 1, 2, figsize=(FIG_WIDTH_IN, 7.6 if len(paired) else 4.2),
+                             squeeze=False)
+    l_fp_of = dict(zip(df["setting"], df["l_fp"], strict=False))
+    for ax, col, color, title in ((axes[0, 0], "old_ppl_end", "tab:red", "(a) forgetting PPL at the end"),
+                                  (axes[0, 1], "new_ppl_end", "tab:blue", "(b) learning PPL at the end")):
+        _fig6_levels(ax, df, col, color, title)
+    if len(paired):
+        for ax, col, color, what in ((axes[1, 0], "old_ppl_end", "tab:red", "(c) forgetting"),
+                                     (axes[1, 1], "new_ppl_end", "tab:blue", "(d) learning")):
+            _fig6_paired(ax, paired[paired["metric"] == col], l_fp_of, color, f"{what} PPL minus {ref}'s, same base")
+    for ax in axes.flat:
+        ax.set_xlabel("l_fp (function-preserving lower layers)", fontsize=9)
+        ax.set_xticks(sorted(df["l_fp"].dropna().unique().tolist()))
+        ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-    yield "fig6_l_fp", _study_caption(fig, plot, spec, "l_fp", df)
+    more = FIG6_PAIRED.format(ref=ref) if len(paired) else ""
+    yield "fig6_l_fp", _study_caption(fig, plot, spec, "l_fp", df, more=more)
+
+
+FIG6_PAIRED = ("(a, b): thin lines one base seed each (its run seeds averaged), points their mean with the 95% "
+               "Student-t interval over the base seeds, which holds the spread between bases. (c, d): per base "
+               "seed, each l_fp's value minus that of {ref} (every layer preserved) on the same base (thin), and "
+               "their mean with its 95% t interval over the base seeds (mean +- t_0.975,n-1 s/sqrt(n)): the "
+               "paired intervals the comparison rests on (paired_table_fig6_l_fp). Above 0: higher perplexity "
+               "than {ref}.")
+
+
+def _fig6_levels(ax, df: pd.DataFrame, col: str, color, title: str) -> None:
+    """Fig. 6 (a, b): per base seed its value at each l_fp (thin), and the mean over the units of each l_fp
+    (tables.replicate_unit) with its t interval."""
+    for _, on in df.groupby("base_seed"):
+        per = on.groupby("l_fp")[col].mean()
+        ax.plot(per.index, per.values, color=color, lw=0.7, alpha=0.45)
+    ivs = {k: t_interval(u[col].mean() for u in replicate_unit(g)[0]) for k, g in df.groupby("l_fp", sort=True)}
+    x, mean = list(ivs), [iv.mean for iv in ivs.values()]
+    most = max(iv.n for iv in ivs.values())
+    unit = "base seeds" if df["base_seed"].nunique() > 1 else "run seeds"
+    ax.errorbar(x, mean, yerr=[[iv.mean - iv.lo if iv.n > 1 else 0 for iv in ivs.values()],
+                               [iv.hi - iv.mean if iv.n > 1 else 0 for iv in ivs.values()]],
+                marker="o", color=color, capsize=3, lw=1.6)
+    ax.set_title(title + (f"\n(mean of up to {most} {unit}, 95% t interval)" if most > 1 else ""), fontsize=9)
+    ax.set_ylabel("perplexity", fontsize=9)
+
+
+def _fig6_paired(ax, paired: pd.DataFrame, l_fp_of: dict, color, title: str) -> None:
+    """Fig. 6 (c, d): per l_fp its per-base differences from the reference (thin) and their mean with the paired
+    t interval over the base seeds (study_paired's rows)."""
+    rows = paired.assign(l_fp=paired["a"].map(l_fp_of)).sort_values("l_fp")
+    per_base = [dict(float_pair(x) for x in str(s).split("; ") if x) for s in rows["per_base"]]
+    for base in sorted({b for d in per_base for b in d}):
+        ax.plot(rows["l_fp"], [d.get(base, math.nan) for d in per_base], color=color, lw=0.7, alpha=0.45)
+    lo, hi = rows["diff_ci_lo"].fillna(rows["diff_mean"]), rows["diff_ci_hi"].fillna(rows["diff_mean"])
+    ax.errorbar(rows["l_fp"], rows["diff_mean"], yerr=[rows["diff_mean"] - lo, hi - rows["diff_mean"]], marker="o",
+                ls="none", color=color, capsize=3)
+    ax.axhline(0, color="black", lw=0.8)
+    n = int(rows["n_bases"].max()) if len(rows) else 0
+    ax.set_title(title + (f"\n(paired: mean and 95% t interval over {n} base seeds)" if n > 1 else ""), fontsize=9)
+    ax.set_ylabel("perplexity difference (paired)", fontsize=9)
+
+
+def float_pair(text: str) -> tuple[str, float]:
+    """'base: +0.5' (a study_paired per_base entry) as (base, 0.5)."""
+    base, value = text.split(": ")
+    return base, float(value)
 
 
 @figure("fig7")

@@ -12,9 +12,9 @@ import pandas as pd
 
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
-    BAND_NOTE,
     COLORS,
     LINESTYLES,
+    UNIT_NOTE,
     Drawn,
     _colors,
     _draw_mean,
@@ -22,6 +22,7 @@ from scalecl.report.draw import (
     _save_all,
     _with_inputs,
     mean_curve,
+    unit_frames,
 )
 from scalecl.report.registry import figure
 from scalecl.report.runs import _config_rest, _flat, _varying, load_train_log, replicate_groups
@@ -63,7 +64,7 @@ def _draw_train_log(plot: Plot, spec: ReportSpec, column: str, stem: str) -> Dra
         title = f"{what}{spec.train_log_note}, from train_log.jsonl" + (f"; study '{study}'" if study else "") + "."
         if len(panels) > 1:
             title += " The study's runs start from different bases or settings: a panel per one (its title)."
-        band = "\n" + BAND_NOTE if any(len(logs) >= 2 for *_, logs in lines) else ""
+        band = "\n" + UNIT_NOTE if any(len(logs) >= 2 for *_, logs in lines) else ""
         fig.text(0.5, -0.02, title + band + "\n" + spec.caption(lines[0][1].iloc[0]["result"])
                  + _missing_note(missing, "train_log.jsonl"), ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
@@ -96,12 +97,16 @@ def _train_log_lines(plot: Plot, spec: ReportSpec, runs: pd.DataFrame, study: st
     logged nothing. Labels equal within a panel get what tells their runs apart appended."""
     lines, missing = [], []
     for g in replicate_groups(runs):
-        logs = [log for log in (load_train_log(plot, d) for d in g["dir"])
-                if log is not None and column in log and not log[column].isna().all()]
-        label = _line_label(spec, study, g.iloc[0], len(logs))
+        got = [load_train_log(plot, d) for d in g["dir"]]
+        has = [log is not None and column in log and not log[column].isna().all() for log in got]
+        if not any(has):
+            missing.append(_line_label(spec, study, g))
+            continue
+        g = g[has]  # the units of its mean and band: base seeds (run seeds averaged first), else run seeds
+        logs = unit_frames(g, [log for log, ok in zip(got, has, strict=True) if ok])[0]
         variant = spec.study_variant if study is not None else None
         panel = variant(g.iloc[0]["result"]) if variant else ""
-        (lines.append([panel, g, label, logs]) if logs else missing.append(label))
+        lines.append([panel, g, _line_label(spec, study, g), logs])
     for panel, label in {(line[0], line[2]) for line in lines}:
         same = [line for line in lines if (line[0], line[2]) == (panel, label)]
         if len(same) < 2:

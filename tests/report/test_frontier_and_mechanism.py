@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgb
 from matplotlib.text import Text
 
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
@@ -24,6 +25,7 @@ from scalecl.report import (
     frontier_table,
     plot_all,
 )
+from scalecl.report.draw import COLORS
 from tests.report.fake_runs import write_result
 
 SPECS = [BIO_REPORT, CPT_REPORT]  # what `scalecl plot` reports
@@ -117,7 +119,7 @@ def test_frontier_table_means_intervals_and_thresholds(tmp_path):
                                    ("LoRA [stage3.steps=10]", 1e-3), ("SCALE-Route [stage3.steps=10]", 1e-3),
                                    ("SCALE-Route [stage3.steps=10]", 3e-3)])
     a = rows[(fft, 1e-4)]
-    assert (a["n"], a["seeds"], a["interval"]) == (3, "0/0, 1/0, 2/0", "t interval, n = 3")
+    assert (a["n"], a["seeds"], a["interval"], a["unit"]) == (3, "0/0, 1/0, 2/0", "t over 3 base seeds", "3 base seeds")
     assert a["task1_full"] == pytest.approx(0.72) and a["task0_full"] == pytest.approx(0.4)
     assert a["task1_full_ci_hi"] - 0.72 == pytest.approx(half(0.02, 3, T2), rel=1e-6)
     assert 0.4 - a["task0_full_ci_lo"] == pytest.approx(half(0.1, 3, T2), rel=1e-6)
@@ -150,7 +152,7 @@ def test_frontier_table_means_intervals_and_thresholds(tmp_path):
     assert fast["n"] == 2 and fast["task0_full"] == pytest.approx(0.55) and fast["seeds"] == "0/0, 1/0"
     one = rows[("FFT [stage3.steps=20]", 1e-4)]
     assert one["n"] == 1 and one["task0_full"] == 0.01 and pd.isna(one["task0_full_ci_lo"])
-    assert one["interval"] == "n=1 (no interval)"
+    assert one["interval"] == "n=1 (no interval)" and one["unit"] == "1 run"
 
 
 def test_frontier_threshold_counts_only_the_runs_that_reach_it(tmp_path):
@@ -195,9 +197,15 @@ def test_frontier_figure_lines_points_and_error_bars(tmp_path, closing):
     h = 100 * half(math.sqrt(0.005), 2, T1)  # 85 ± 63.5: the bar is cut at 100%, an accuracy's end
     assert route[2][0].get_segments()[0].ravel().tolist() == pytest.approx([85 - h, 75, 100, 75])
     assert not bars["FFT [stage3.steps=20]"].lines[2][0].get_segments()[0].size  # n = 1: no error bar
-    notes = [t.get_text() for t in ax.texts]
-    assert {"0.0001 (n=3)", "0.0003 (n=3)", "0.001 (n=3)", "0.003 (n=2)", "0.0001"} <= set(notes)
+    notes = [t.get_text() for t in ax.texts]  # the panel's points have no unit in common: each label names its own
+    assert {"0.0001 (3 base seeds)", "0.0003 (3 base seeds)", "0.001 (3 base seeds)", "0.003 (2 base seeds)",
+            "0.0001"} <= set(notes)
+    assert ax.get_title() == "preset 'cpu'"
     assert "joined in learning-rate order" in fig.texts[-1].get_text()
+    # FFT's two lines: the one with most rates keeps FFT's colour, the other a shade of it and another style
+    main, other = (bars[f"FFT [stage3.steps={s}]"].lines[0] for s in (10, 20))
+    assert to_rgb(main.get_color()) == to_rgb(COLORS["fft"]) and to_rgb(other.get_color()) != to_rgb(COLORS["fft"])
+    assert other.get_marker() != main.get_marker()
 
 
 def cpt_run(root: Path, method: str, base: int, lr: float, old_end: float, new_end: float, tag: str = "") -> Path:
@@ -318,28 +326,41 @@ def route_run(root: Path, base: int, rows: int, *, never: int | None, keys: bool
     return d
 
 
+def _rows(fig) -> dict[str, list]:
+    """route_mechanism's rows of panels by the title of the legend beside them: {title: [(a), (b), (c)]} (rows
+    of one title, a vocabulary split in two, get ' #2' added)."""
+    rows: dict[str, list] = {}
+    axes = fig.axes
+    for i in range(0, len(axes), 4):
+        title = axes[i + 3].get_legend().get_title().get_text()
+        rows[title if title not in rows else f"{title} #2"] = axes[i:i + 3]
+    return rows
+
+
 def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing):
     res = tmp_path / "res"
     route_run(res, 0, 1045, never=600, share=0.1)  # main run
-    route_run(res / "studies" / "vocab", 0, 50304, never=49859, share=0.2)  # a study: two replicates
+    route_run(res / "studies" / "vocab", 0, 50304, never=49859, share=0.2)  # a study: two base seeds
     route_run(res / "studies" / "vocab", 1, 50304, never=49859, share=0.4)
     route_run(res / "studies" / "tau", 0, 1045, never=None, keys=False, tau=0.5)  # older: not drawn
     fig = dict(draw_route_mechanism(Plot.of(res), BIO_REPORT))["route_mechanism"]
     closing(fig)
-    assert len(fig.axes) == 2 * 4  # a row per setting group; never share x2, routing, router score
-    top, bottom = fig.axes[:4], fig.axes[4:]
-    assert top[0].get_title("left").startswith("1,045 vocab rows (tokenizer's size) (600 never a target), tau=0.9")
-    assert bottom[0].get_title("left").startswith(
-        "50,304 vocab rows (49,859 never a target), tau=0.9, router=logit, lr=0.001; t over 2 base seeds\n")
-    pres, adapt = bottom[0].get_lines()
-    assert (pres.get_label(), adapt.get_label()) == ("preserve path", "adapt path")
-    assert [float(v) for v in pres.get_ydata()] == pytest.approx([30] * 4)  # mean of 20% and 40%, in %
-    assert [float(v) for v in adapt.get_ydata()] == pytest.approx([0, 20, 40, 60])
-    assert len(bottom[0].collections) == 2 and not top[0].collections  # a band for n = 2 only
-    band = bottom[0].collections[0].get_paths()[0].vertices
-    h = 100 * half(math.sqrt(0.02), 2, T1)
-    assert max(band[:, 1]) == pytest.approx(30 + h, rel=1e-6)
-    assert [float(v) for v in bottom[2].get_lines()[0].get_ydata()] == pytest.approx([50] * 4)
+    rows = _rows(fig)  # a row per vocabulary size: three panels and the row's legend
+    assert list(rows) == ["1,045 vocab rows (tokenizer's size); 600 never a target",
+                          "50,304 vocab rows; 49,859 never a target"]
+    small, big = rows.values()
+    assert [ln.get_label() for ln in small[0].get_lines()][:1] == ["tau=0.9, lr=0.001; preserve 10.0%"]
+    (gap,) = [ln for ln in big[0].get_lines() if not ln.get_label().startswith("_")]
+    # the label names the band's unit and the frozen path's share (the mean of 20% and 40%)
+    assert gap.get_label() == "tau=0.9, lr=0.001 (2 base seeds); preserve 30.0%"
+    # (a) adapt minus preserve on the same run, in points: base 0 [-20, -6.7, 6.7, 20], base 1 twice that
+    assert [float(v) for v in gap.get_ydata()] == pytest.approx([-30, -10, 10, 30])
+    band = big[0].collections[0].get_paths()[0].vertices
+    h = 100 * half(math.sqrt(0.02), 2, T1)  # at step 0 the gaps are -0.2 and -0.4
+    assert max(band[:, 1][band[:, 0] == 0]) == pytest.approx(-30 + h, rel=1e-6)
+    assert not small[0].collections  # one run: no band
+    assert [float(v) for v in big[1].get_lines()[0].get_ydata()] == pytest.approx([50] * 4)  # (b) answers routed
+    assert [float(v) for v in big[2].get_lines()[0].get_ydata()] == pytest.approx([0.8] * 4)  # (c) the score
     assert "never a training target" in fig.texts[-1].get_text()
     out = tmp_path / "o"
     assert {"route_mechanism.png", "route_mechanism.pdf", "route_mechanism.inputs.txt"} <= {
@@ -365,10 +386,11 @@ def _rewrite(d: Path, *, lr: float | None = None, steps3: int | None = None, run
         (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
-def test_route_mechanism_rows_name_rate_and_unit_and_show_shares_near_100(tmp_path, closing):
-    """A row per Route group names its learning rate; groups that differ elsewhere are named by the setting the
-    other figures use, never by a hash; an interval is over base seeds (each base's run seeds averaged first),
-    never over base and run seeds pooled; shares near 100% get an axis that shows them."""
+def test_route_mechanism_lines_name_rate_and_unit_and_keep_one_build_per_base(tmp_path, closing):
+    """A line per Route group names its learning rate; groups that differ elsewhere are named by the setting the
+    other figures use, never by a hash; a line is over base seeds (each base's run seeds averaged first), never
+    over base and run seeds pooled; a second build of a base seed (stages trained again on another machine) is
+    never averaged with the first."""
     res = tmp_path / "res"
     route_run(res, 0, 1045, never=600, share=0.1)  # lr 1e-3 (stage3.lr 1e-4 x 10)
     _rewrite(route_run(res, 0, 1045, never=600, share=0.1, tag="-fast"), lr=3e-3)
@@ -376,27 +398,30 @@ def test_route_mechanism_rows_name_rate_and_unit_and_show_shares_near_100(tmp_pa
     vocab = res / "studies" / "vocab"  # base 0 with run seeds 0 and 1, base 1: two base seeds
     for base, run, preserve in ((0, 0, 0.990), (0, 1, 0.996), (1, 0, 0.997)):
         _rewrite(route_run(vocab, base, 50304, never=49859, tag=f"-r{run}"), run=run, shares=(preserve, 0.999))
+    d = route_run(res / "studies" / "vocab-control", 1, 50304, never=49859, tag="-b")  # base 1, second build
+    _rewrite(d, shares=(0.5, 0.5))
+    r = json.loads((d / "result.json").read_text())
+    r |= {"stage1": {"final_loss": 0.41}, "stage2": {"final_loss": 0.01}, "provenance": {"date": "2026-12-09"}}
+    write_result(d, r)
     fig = dict(draw_route_mechanism(Plot.of(res), BIO_REPORT))["route_mechanism"]
     closing(fig)
-    rows = {ax.get_title("left").split("\n")[0]: fig.axes[4 * i: 4 * i + 4] for i, ax in enumerate(fig.axes[::4])}
-    small = "1,045 vocab rows (tokenizer's size) (600 never a target), tau=0.9, router=logit"
-    assert sorted(rows) == sorted([
-        f"{small}, lr=0.001 [stage3.steps=10]; n=1 (no interval)",
-        f"{small}, lr=0.001 [stage3.steps=20]; n=1 (no interval)",
-        f"{small}, lr=0.003; n=1 (no interval)",
-        "50,304 vocab rows (49,859 never a target), tau=0.9, router=logit, lr=0.001; t over 2 base seeds (run "
-        "seeds averaged within a base)"])
-    big = rows[max(rows, key=lambda t: t.startswith("50,304"))]
-    pres, adapt = big[0].get_lines()[:2]
-    assert [float(v) for v in pres.get_ydata()] == pytest.approx([99.5] * 4)  # (99.3 + 99.7) / 2, not 99.43
+    rows = _rows(fig)
+    small = [ln.get_label() for ln in rows["1,045 vocab rows (tokenizer's size); 600 never a target"][0].get_lines()
+             if not ln.get_label().startswith("_")]
+    assert sorted(small) == sorted(["tau=0.9, lr=0.001 [stage3.steps=10]; preserve 10.0%",
+                                    "tau=0.9, lr=0.001 [stage3.steps=20]; preserve 10.0%",
+                                    "tau=0.9, lr=0.003; preserve 10.0%"])
+    big = rows["50,304 vocab rows; 49,859 never a target"]
+    (gap,) = [ln for ln in big[0].get_lines() if not ln.get_label().startswith("_")]
+    # preserve: base 0's two run seeds averaged (99.3), then with base 1 (99.7): 99.5, not 99.43 pooled, and
+    # base 1's second build (50%) left out
+    assert gap.get_label() == "tau=0.9, lr=0.001 (2 base seeds); preserve 99.5%"
+    assert [float(v) for v in gap.get_ydata()] == pytest.approx([0.4] * 4)  # adapt 99.9 minus 99.5, in points
     band = big[0].collections[0].get_paths()[0].vertices
-    h = 100 * half(math.sqrt(0.000008), 2, T1)  # over the base means 0.993 and 0.997
-    assert max(band[:, 1]) == pytest.approx(99.5 + h, rel=1e-6)
-    for ax in big[:2]:  # the row's means 99.5 and 99.9 +- half a point (a share ends at 100%), not 0-100
-        assert ax.get_ylim() == pytest.approx((99.0, 100.0))
-    small_row = rows[f"{small}, lr=0.003; n=1 (no interval)"]
-    assert small_row[0].get_ylim() == pytest.approx((0.0, 22.0))  # its own range: 0 to 20% (adapt), +- 2
-    assert "a tenth of that span" in fig.texts[-1].get_text() and "base seeds" in fig.texts[-1].get_text()
+    h = 100 * half(math.sqrt(0.000008), 2, T1)  # over the base gaps 0.006 and 0.002
+    assert max(band[:, 1]) == pytest.approx(0.4 + h, rel=1e-6)
+    caption = fig.texts[-1].get_text()
+    assert "one build of each base seed" in caption and "base seeds" in caption
 
 
 def test_route_mechanism_skipped_without_keys(tmp_path):
@@ -428,7 +453,7 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     assert small.get_title() == "(a) Task 0 (held-out) accuracy\n1,045 vocab rows (tokenizer's size)"
     assert big.get_title() == "(a) Task 0 (held-out) accuracy\n50,304 vocab rows"
     (mean,) = [ln for ln in small.get_lines() if ln.get_color() == "black"]
-    assert mean.get_label() == "FFT (main run), n=2"
+    assert mean.get_label() == "FFT, main runs (2 base seeds)"
     assert [float(v) for v in mean.get_ydata()] == pytest.approx([90, 50, 40, 30])  # the mean of both bases
     bands = [c for c in small.collections if tuple(c.get_facecolor()[0][:3]) == (0.0, 0.0, 0.0)]
     assert len(bands) == 1  # the reference's t band over its 2 replicates
@@ -437,7 +462,7 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
         [90, 10, 10, 10])  # the 50,304-row FFT, not the main one
     text = fig.texts[-1].get_text()
     assert "FFT reference with 50,304 vocab rows: study 'vocab' run" in text
-    assert "FFT reference with 1,045 vocab rows (tokenizer's size): the mean of 2 main runs" in text
+    assert "FFT reference with 1,045 vocab rows (tokenizer's size): the mean of 2 base seeds, main runs" in text
     # the vocab study: one row; the study's own 50,304-row FFT is its dashed line, the main FFT the reference
     route_run(res / "studies" / "vocab", 0, 1045, never=600)
     route_run(res / "studies" / "vocab", 0, 50304, never=49859, tag="-big")
@@ -446,7 +471,7 @@ def test_route_study_fft_reference_matches_vocabulary(tmp_path, closing):
     assert len(fig.axes) == 3
     black = [ln for ln in fig.axes[0].get_lines() if ln.get_color() == "black"]
     # the study's Route runs are on base seed 0 only: the reference is base 0's FFT, never pooled with base 1's
-    assert [ln.get_label() for ln in black] == ["FFT (main run), 1,045 vocab rows (tokenizer's size)"]
+    assert [ln.get_label() for ln in black] == ["FFT, main run, 1,045 vocab rows (tokenizer's size)"]
     assert [float(v) for v in black[0].get_ydata()] == pytest.approx([90, 40, 30, 20])
     assert "(the study's own FFT line)" in fig.texts[-1].get_text()
 

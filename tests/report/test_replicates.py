@@ -329,7 +329,7 @@ def test_fig8_draws_the_mean_and_a_t_band(tmp_path):
     fig = dict(draw_fig8(Plot.of(three_bases(tmp_path)), BIO_REPORT))["fig8_bio_cpu"]
     try:
         fft = fig.axes[0]
-        assert fft.get_title() == "FFT (n=3)"
+        assert fft.get_title() == "FFT\n(3 base seeds)"  # the band's unit, in the panel's title
         task0 = [ln for ln in fft.get_lines() if ln.get_label() == "Task 0 (held-out)"][0]
         assert [float(v) for v in task0.get_ydata()] == pytest.approx([90, 50, 20])  # the mean per step
         assert len(fft.collections) == 2  # a band for Task 0 and one for Task 1
@@ -339,7 +339,9 @@ def test_fig8_draws_the_mean_and_a_t_band(tmp_path):
         for step, mean in ((5, 50), (10, 20)):
             at = band[:, 1][band[:, 0] == step]
             assert (max(at), min(at)) == (pytest.approx(mean + h, rel=1e-6), pytest.approx(mean - h, rel=1e-6))
-        assert "Replicates (runs with other seeds) per line: FFT 3, SCALE-Route 4." in fig.texts[-1].get_text()
+        # Route: bases 0, 1 and two run seeds of base 2, averaged into base 2's value first (3 units, not 4 runs)
+        assert fig.axes[1].get_title() == "SCALE-Route\n(3 base seeds)"
+        assert "the two seed axes are never pooled" in fig.texts[-1].get_text()
     finally:
         plt.close(fig)
     single = tmp_path / "single"
@@ -398,7 +400,7 @@ def test_cpt_table_paired_and_fig9_bands(tmp_path):
     fig = dict(draw_fig9(Plot.of(tmp_path), CPT_REPORT))["fig9_cpt_cpu"]
     try:
         labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
-        assert labels == ["FFT [lr=0.001] (n=2)", "SCALE-Route [lr=0.001] (n=2)"]
+        assert labels == ["FFT [lr=0.001] (2 base seeds)", "SCALE-Route [lr=0.001] (2 base seeds)"]
         assert len(fig.axes[0].collections) == 2
         assert [float(v) for v in fig.axes[0].get_lines()[0].get_ydata()] == pytest.approx([10, 12.5, 15])
     finally:

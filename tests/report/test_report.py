@@ -8,6 +8,7 @@ import matplotlib.colors
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgb
 from typer.testing import CliRunner
 
 from scalecl.cli import app
@@ -445,17 +446,19 @@ def test_fig9_and_fig4_draw_a_line_per_method_with_its_metrics(tmp_path, drawn):
         for ln, method in zip(ax.get_lines(), [m for m in METHOD_ORDER if m in old], strict=True):
             assert xs(ln) == [0, 10, 20]
             assert ys(ln) == pytest.approx(old[method] if key == "old" else (50.0, 20.0, 15.0))
-    assert fig.axes[0].get_legend() is None and texts(fig.axes[1].get_legend()) == names
+    # one legend under the panels (inside the figure's width), none over the axes
+    assert all(ax.get_legend() is None for ax in fig.axes) and texts(fig.legends[0]) == names
 
     fig = drawn(draw_fig4(Plot.of(tmp_path), CPT_REPORT))["fig4_width_vs_depth_cpu"]
     ax_cos, ax_ppl = fig.axes
     assert (ax_cos.get_title(), ax_ppl.get_title()) == ("(a) representation forgetting",
                                                         "(b) forgetting perplexity (old domain)")
-    assert ax_cos.get_ylabel() == "cosine of final hidden states (step 0 vs now)"
+    assert ax_cos.get_ylabel() == "cosine of final hidden states\n(step 0 vs now)"
     width_depth = ["Depth (LLaMA Pro) [lr=0.001]", "Width (Preserve) [lr=0.001]",
                    "Width (Adapt), l_fp=2 [lr=0.001]"]  # no FFT, no Route
+    assert texts(fig.legends[0]) == width_depth
     for ax in (ax_cos, ax_ppl):
-        assert labels(ax) == width_depth and texts(ax.get_legend()) == width_depth
+        assert labels(ax) == width_depth and ax.get_legend() is None  # no legend over the lines
         assert ax.get_xlabel() == "training step"
     for ln in ax_cos.get_lines():
         assert ys(ln) == pytest.approx([1.0, 0.99, 0.98])  # the run's rep_cos
@@ -482,49 +485,54 @@ def test_fig9_and_fig4_colour_the_method_and_style_the_rate(tmp_path, drawn):
     for ax in fig.axes:
         assert sorted(labels(ax)) == sorted(want)
         for name, (method, ls) in want.items():
-            assert (line(ax, name).get_color(), line(ax, name).get_linestyle()) == (COLORS[method], ls), name
-    assert sorted(texts(fig.axes[1].get_legend())) == sorted(want)
+            assert (to_rgb(line(ax, name).get_color()), line(ax, name).get_linestyle()) == (to_rgb(COLORS[method]),
+                                                                                          ls), name
+    assert sorted(texts(fig.legends[0])) == sorted(want)
     assert "line style: its learning rate" in caption(fig)
 
     fig = drawn(draw_fig4(Plot.of(tmp_path), CPT_REPORT))["fig4_width_vs_depth_cpu"]
     for ax in fig.axes:
         slow, fast = line(ax, "Width (Adapt), l_fp=2 [lr=0.0003]"), line(ax, "Width (Adapt), l_fp=2 [lr=0.001]")
-        assert slow.get_color() == fast.get_color() == COLORS["scale-adapt"]
+        assert to_rgb(slow.get_color()) == to_rgb(fast.get_color()) == to_rgb(COLORS["scale-adapt"])
         assert (slow.get_linestyle(), fast.get_linestyle()) == ("-", "--")
-        assert texts(ax.get_legend()) == labels(ax)
+        assert texts(fig.legends[0]) == labels(ax)
     assert "line style: its learning rate" in caption(fig)
 
-    # Width (Adapt) with W12 in every layer (l_fp = 0, as the paper's Fig. 4) is its own line and colour
+    # Width (Adapt) with W12 in every layer (l_fp = 0, as the paper's Fig. 4, set apart from the preset's l_fp in
+    # the run's per-method table) is its own line, in a shade of Adapt's colour; the preset's l_fp keeps the colour
     d = fake_cpt_run(tmp_path, "scale-adapt", {"l_fp": 0}, tag="every-layer")
     r = json.loads((d / "result.json").read_text())
-    r["lr"] = 1e-3
+    r["lr"], r["config"]["methods"] = 1e-3, {"scale-adapt": {"l_fp": 0}}
     write_result(d, r)
     fig = drawn(draw_fig4(Plot.of(tmp_path), CPT_REPORT))["fig4_width_vs_depth_cpu"]
     for ax in fig.axes:
-        every, some = line(ax, "Width (Adapt), l_fp=0 [l_fp=0, lr=0.001]"), line(ax, "Width (Adapt), l_fp=2 [l_fp=2, lr=0.001]")
-        assert some.get_color() == COLORS["scale-adapt"] != every.get_color()
+        every, some = line(ax, "Width (Adapt), l_fp=0 [lr=0.001]"), line(ax, "Width (Adapt), l_fp=2 [lr=0.001]")
+        assert to_rgb(some.get_color()) == to_rgb(COLORS["scale-adapt"]) != to_rgb(every.get_color())
         assert (every.get_linestyle(), some.get_linestyle()) == ("-", "--")  # its only rate; the second of l_fp=2's
 
 
 def test_study_figures_draw_the_swept_settings(tmp_path, drawn):
     build_cpt_results(tmp_path)
     fig = drawn(draw_fig5(Plot.of(tmp_path), CPT_REPORT))["fig5_init_pairs"]
-    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL (old domain)", "(b) learning PPL (new domain)",
-                                                   "(c) forgetting PPL minus SVD,0's, same base",
-                                                   "(d) learning PPL minus SVD,0's, same base"]
+    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL", "(b) learning PPL",
+                                                   "(c) forgetting minus SVD,0's", "(d) learning minus SVD,0's"]
     for ax, values in zip(fig.axes, ((10.0, 12.0, 11.0), (50.0, 20.0, 15.0)), strict=False):
         assert labels(ax) == ["0,RND", "RND,0", "SVD,0"]  # (W21, W22) per run
-        assert ax.get_legend().get_title().get_text() == "W21,W22"
         assert all(ys(ln) == pytest.approx(values) for ln in ax.get_lines())
+    assert fig.legends[0].get_title().get_text().startswith("W21,W22")  # one legend for every panel
     assert caption(fig).startswith("scale-preserve; preset 'cpu'")
 
     fig = drawn(draw_fig6(Plot.of(tmp_path), CPT_REPORT))["fig6_l_fp"]
-    (old,), (new,) = (ax.get_lines() for ax in fig.axes)
+    old, new = (ax.containers[0].lines[0] for ax in fig.axes[:2])  # the means (one base: its own values)
     assert xs(old) == xs(new) == [0, 1, 3]  # sorted by l_fp
     assert ys(old) == [30, 29, 27] and ys(new) == [15, 15, 15]  # each run's end-of-training perplexity
-    assert [ax.get_title() for ax in fig.axes] == ["(a) forgetting PPL at the end", "(b) learning PPL at the end"]
+    assert [ax.get_title() for ax in fig.axes] == [
+        "(a) forgetting PPL at the end", "(b) learning PPL at the end",
+        "(c) forgetting PPL minus l_fp=3's, same base", "(d) learning PPL minus l_fp=3's, same base"]
+    diff = fig.axes[2].containers[0].lines[0]  # each l_fp minus the most preserving one, on the same base
+    assert xs(diff) == [0, 1] and ys(diff) == [3, 2]
     for ax in fig.axes:
-        assert ax.get_xlabel() == "l_fp (function-preserving lower layers)" and ax.get_ylabel() == "perplexity"
+        assert ax.get_xlabel() == "l_fp (function-preserving lower layers)"
         assert list(ax.get_xticks()) == [0, 1, 3]
 
     fig = drawn(draw_fig7(Plot.of(tmp_path), CPT_REPORT))["fig7_collab_modules"]
@@ -782,7 +790,7 @@ def test_study_replicates_are_pooled_in_figures_and_tables(tmp_path, drawn):
         _set_seeds(fake_cpt_run(l_fp, "scale-adapt", {"l_fp": 1}, old=(10, 11, last), tag=f"1-s{seed}"), seed)
     fake_cpt_run(l_fp, "scale-adapt", {"l_fp": 0}, old=(10, 11, 30.0), tag="0")
     fig = drawn(draw_fig6(Plot.of(res), CPT_REPORT))["fig6_l_fp"]
-    old = fig.axes[0].get_lines()[0]
+    old = fig.axes[0].containers[0].lines[0]
     assert xs(old) == [0, 1] and ys(old) == pytest.approx([30.0, 21.0])  # replicates pooled per l_fp
     assert "mean of up to 2 base seeds" in fig.axes[0].get_title()
 
