@@ -33,7 +33,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalecl.compute.perf import compile_blocks, enable_activation_checkpointing, ensure_sdpa, hf_model
+from scalecl.compute.perf import (
+    compile_failure,
+    compile_mode,
+    compile_model,
+    enable_activation_checkpointing,
+    ensure_sdpa,
+    hf_model,
+)
 
 
 def is_fsdp(model: nn.Module) -> bool:
@@ -58,8 +65,7 @@ def prepare(model: nn.Module, cc, device: torch.device, world: int) -> nn.Module
     if cc.activation_checkpointing:
         enable_activation_checkpointing(model)
     ensure_sdpa(model)
-    if cc.compile:
-        compile_blocks(model)
+    compile_model(model, compile_mode(cc.compile, device))
     if world <= 1:
         return model
     if cc.parallel == "fsdp":
@@ -203,9 +209,17 @@ def lockstep_padding(model: nn.Module, mine: int, counts: list[int]) -> int:
     return max(counts) - mine if is_fsdp(model) else 0
 
 
+def _compiled(cc, model: nn.Module) -> str:
+    """How the run was compiled: "model", "blocks", "off", or "eager (...)" when compiling failed."""
+    device = next(model.parameters()).device
+    mode = compile_mode(cc.compile, device)
+    failed = compile_failure(model) if mode != "off" else None
+    return f"eager ({failed})" if failed else mode
+
+
 def describe(cc, world: int, model: nn.Module) -> dict[str, Any]:
     """How the run was spread over processes, for result.json."""
     mode = "fsdp" if is_fsdp(model) else "ddp" if world > 1 else "single"
     return {"mode": mode, "processes": world, "asked": cc.parallel,
-            "activation_checkpointing": bool(cc.activation_checkpointing), "compile": bool(cc.compile),
+            "activation_checkpointing": bool(cc.activation_checkpointing), "compile": _compiled(cc, model),
             "attention": getattr(hf_model(model).config, "_attn_implementation", None)}

@@ -179,12 +179,14 @@ def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | Non
           ) -> tuple[torch.device, dict[str, Method]]:
     """Every check that writes nothing: method names, device, compute options, folders, the experiment's own
     checks and each method's options against the model. Returns (device, methods by name, in order)."""
+    from scalecl.compute.loss import check_loss, resolve_loss
     from scalecl.compute.perf import check_compute
 
     d = d or Dist()
     order = order_methods(methods)
     dev = _device(opts.device, d)
     check_compute(exp.rc.compute, dev, d.world)
+    check_loss(resolve_loss(exp.rc.compute.loss, dev), dev)
     exp.set_device(dev)  # compute.threads in force from here on; runs named by the device's numerics
     for path, what in ((exp.paths.out, "--out"), (exp.paths.cache, "--cache"),
                        (exp.paths.checkpoints, "--checkpoints")):
