@@ -219,8 +219,11 @@ def _fused(kind: str, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def head_of(model: nn.Module) -> nn.Module | None:
     """The output layer the chunked loss can use, or None: a plain nn.Linear head of a transformers CausalLM of a
-    known family whose logits are the head's output (no soft-capping), the model neither FSDP-sharded nor a
-    SCALE model (its head is SCALE's own)."""
+    known family whose logits are the head's output (no soft-capping), the model itself that CausalLM (or peft's
+    wrapper of it: not a module that does more with its logits), neither FSDP-sharded nor a SCALE model (its head
+    is SCALE's own)."""
+    from transformers import PreTrainedModel
+
     from scalecl.compute.parallel import is_ddp, is_fsdp
     from scalecl.compute.perf import hf_model
     from scalecl.modeling.scale_arch import ARCHS
@@ -228,6 +231,8 @@ def head_of(model: nn.Module) -> nn.Module | None:
     if is_fsdp(model):
         return None
     base = hf_model(model.module if is_ddp(model) else model)
+    if not isinstance(base, PreTrainedModel):  # e.g. a wrapper that averages the logits with another model's
+        return None
     cfg = getattr(base, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in ARCHS or not hasattr(base, "get_output_embeddings"):
         return None

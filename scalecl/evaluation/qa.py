@@ -207,7 +207,7 @@ def qa_accuracy(
     progress(n) is called after every forward with the number of questions it scored (every question is
     counted once; scalecl.training.loop.eval_progress makes one); it reads nothing back and changes no number.
 
-    fast="fixed" (the fast path as used where the model is compiled, scalecl.compute.perf.compile_mode): every
+    fast="fixed" (the fast path as it runs where the model is compiled, scalecl.compute.perf.compiled): every
     forward has one shape, `batch_size` rows of `fixed_width(qa)` tokens, right-padded (mask) where a row is shorter and
     filled with copies of a row that is dropped where the set has fewer rows, so that a compiled model is not
     compiled again for every length. The numbers are those of the unpadded path: counts equal, floats to
@@ -218,12 +218,14 @@ def qa_accuracy(
     was_training = model.training
     model.eval()
     from scalecl.compute.parallel import is_fsdp
+    from scalecl.compute.perf import compiled
 
     # inference_mode, except under FSDP: its gathered parameters are made in the first forward and reused by
     # training, which may not update a tensor made in inference mode
     try:
         with torch.no_grad() if is_fsdp(model) else torch.inference_mode():
-            rows = _rows_fast(model, qa, (batch_size, fast == "fixed"), exact, stats, method, progress) if fast else \
+            fixed = fast == "fixed" or compiled(model)
+            rows = _rows_fast(model, qa, (batch_size, fixed), exact, stats, method, progress) if fast else \
                 _rows_plain(model, qa, batch_size, exact, stats, method, progress)
     finally:
         model.train(was_training)

@@ -265,13 +265,11 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
 
 
 def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, desc: str, *, exact: bool = False,
-               method: Method | None = None, quiet: bool = False, fixed: bool = False) -> dict[str, dict[str, float]]:
+               method: Method | None = None, quiet: bool = False) -> dict[str, dict[str, float]]:
     """qa_accuracy on each named QA set, shown as one evaluation (`desc`, counted in questions) on the progress
-    display in use (scalecl.training.loop.eval_progress); the numbers are qa_accuracy's. fixed: forwards of one
-    shape (a compiled model's)."""
+    display in use (scalecl.training.loop.eval_progress); the numbers are qa_accuracy's."""
     with eval_progress(desc, sum(len(qa) for qa in sets.values()), "questions", quiet=quiet) as advance:
-        return {name: qa_accuracy(model, qa, batch, exact=exact, method=method, progress=advance,
-                            fast="fixed" if fixed else True)
+        return {name: qa_accuracy(model, qa, batch, exact=exact, method=method, progress=advance)
                 for name, qa in sets.items()}
 
 
@@ -395,14 +393,6 @@ class BioExperiment(ExperimentBase):
             m.check(probe)
 
     @property
-    def fixed_shapes(self) -> bool:
-        """Whether evaluations run forwards of one shape: where the model is compiled (compute.compile; on CUDA by
-        default), so that it is not compiled again for every length. CPU runs keep their unpadded forwards."""
-        from scalecl.compute.perf import compile_mode
-
-        return compile_mode(self.rc.compute.compile, self.device) != "off"
-
-    @property
     def stream_seed(self) -> int:
         """Stage 3's seed (data order, random initialisation) from the base and run seeds."""
         return run_stream_seed(self.rc.seed, self.rc.run_seed)
@@ -514,7 +504,7 @@ class BioExperiment(ExperimentBase):
             build=lambda: load_model(s1_run.final_dir),
             batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, d),
             info=lambda m: accuracies(m, {"task0_heldout": heldout, "task0_train": train0}, rc.eval.batch,
-                                      "stage 2: Task 0 accuracy", fixed=self.fixed_shapes), rt=rt))
+                                      "stage 2: Task 0 accuracy"), rt=rt))
         rt.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
                f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
         self.stage2_dir = s2_run.final_dir
@@ -543,7 +533,7 @@ class BioExperiment(ExperimentBase):
     def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
         rec = {"step": step, "loss": None if step == 0 else round(loss, 6)}
         got = accuracies(model, self.slices, self.rc.eval.batch, f"stage 3: {method.name}: evaluation at step {step}",
-                         method=method, quiet=True, fixed=self.fixed_shapes)  # dozens of these: in a log only a long one prints
+                         method=method, quiet=True)  # dozens of these: in a log only a long one prints
         for split, r in got.items():
             rec |= _flat(split, r)
         # routing over every token of the Task 0 slice (kept under its old name for older plots)
@@ -555,8 +545,7 @@ class BioExperiment(ExperimentBase):
         rc, data, model, st = self.rc, self.data, res.model, self.stage_info
         rt.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
         final = accuracies(model, {k: data.qa[k] for k in ("task0_heldout", "task1")}, rc.eval.batch,
-                           f"{method.name}: full-range evaluation", exact=True,  # every process: lock-step
-                           fixed=self.fixed_shapes)
+                           f"{method.name}: full-range evaluation", exact=True)  # every process: lock-step
         t0 = [r["task0/acc"] for r in res.records]
         t1 = [r["task1/acc"] for r in res.records]
         stages = {k: {kk: vv for kk, vv in st[k].items() if kk != "cached"} for k in ("stage1", "stage2")}

@@ -193,7 +193,7 @@ def fit(
     host = host_copy(model) if sharding and d.main else None  # rank 0 saves full models from it
     flops = model_flops(model)
     model = model.to(rt.device)
-    wrapped = prepare(model, plan.compute, rt.device, d.world) if plan.compute is not None else model
+    wrapped = prepare(model, plan.compute, rt.device, d.world, plan.steps) if plan.compute is not None else model
     if plan.compute is not None and plan.loss is None:  # the chunked loss where it applies (scalecl.compute.loss)
         plan = replace(plan, loss=step_loss(wrapped, plan.compute.loss, rt.device))
     if plan.sync_every is None:

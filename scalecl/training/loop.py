@@ -381,7 +381,7 @@ def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flo
     return loss, tokens, step_flops, host
 
 
-def _first_step(model: nn.Module, batches, plan: TrainPlan, flops: ModelFlops | None, loss_fn, first: bool):
+def _step(model: nn.Module, batches, plan: TrainPlan, flops: ModelFlops | None, loss_fn, first: bool):
     """_forward_backward; on the first step of this process, where a compiled model fails to compile (at its
     first forward or backward), one line, then the same step again eagerly: the same micro-batches and random
     state, no gradient kept from the failed attempt."""
@@ -518,7 +518,7 @@ def train(
     model.train()
     for step in range(start + 1, plan.steps + 1):
         lr = sched.get_last_lr()[0]  # the rate this step uses
-        loss, tokens, step_flops, host = _first_step(model, batches, plan, flops, loss_fn, first=step == start + 1)
+        loss, tokens, step_flops, host = _step(model, batches, plan, flops, loss_fn, first=step == start + 1)
         gnorm = _update(opt, sched, trainable, plan.optim.clip, step)
         log.add(step, _process_mean(loss, parallel), local(gnorm).detach(), lr, tokens, step_flops)
         evaluating = hooks.on_step is not None and (plan.eval_steps is None or step in plan.eval_steps)

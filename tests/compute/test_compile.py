@@ -23,9 +23,15 @@ from scalecl.training.loop import Hooks, OptimConfig, TrainPlan, train
 from tests.conftest import make_base, method_cases, random_batch
 
 
-def test_compile_mode_per_device():
+def test_compile_mode_per_device(monkeypatch):
+    AUTO_COMPILE_MIN_STEPS = 2000  # SCALECL_COMPILE_MIN_STEPS's default
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert compile_mode("auto", cpu) == "off" and compile_mode("auto", cuda) == "model"
+    assert compile_mode("auto", cuda, steps=AUTO_COMPILE_MIN_STEPS) == "model"  # the gpu preset's stage 1 (3,500)
+    assert compile_mode("auto", cuda, steps=AUTO_COMPILE_MIN_STEPS - 1) == "off"  # its stage 3: compiling costs more
+    assert compile_mode("auto", cpu, steps=10**6) == "off" and compile_mode("model", cuda, steps=1) == "model"
+    monkeypatch.setenv("SCALECL_COMPILE_MIN_STEPS", "350")  # gpu_check.sh's biography run at a tenth of its steps
+    assert compile_mode("auto", cuda, steps=350) == "model" and compile_mode("auto", cuda, steps=150) == "off"
     assert compile_mode(True, cpu) == "blocks" and compile_mode(False, cuda) == "off"
     assert compile_mode("model", cpu) == "model" and compile_mode("blocks", cuda) == "blocks"
 

@@ -138,6 +138,16 @@ def test_where_the_chunked_loss_cannot_apply_the_models_own_runs():
     soft = model_from_config(tiny_config("gemma2"), seed=0)  # soft-capped logits: not the head's output
     assert type(step_loss(soft, "chunked", device)) is ModelLoss
 
+    class Averaged(torch.nn.Module):  # a module that does more with the logits than return them (an ensemble)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+    assert type(step_loss(Averaged(make_base("neox-parallel")), "chunked", device)) is ModelLoss
+
 
 def test_chunk_positions_bound_the_logits_held():
     assert chunk_positions(50304) == (1 << 26) // 50304

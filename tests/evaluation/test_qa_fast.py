@@ -135,6 +135,10 @@ def test_fixed_shape_evaluation_runs_one_shape(tiny_qa):
     width = fixed_width(qa)
     assert width % 16 == 0 and width >= qa.ids.shape[1]
     assert set(shapes) == {(64, width)} and len(shapes) >= 12
+    shapes.clear()
+    model.compile(backend="eager")  # a compiled model gets the fixed shapes by default
+    qa_accuracy(model, qa, batch_size=64, method=method)
+    assert set(shapes) == {(64, width)}
 
 
 def test_encode_qa_equals_tokenising_each_string(tiny_qa):
