@@ -332,11 +332,17 @@ def main() -> None:
     ap.add_argument("--pythia-batch", type=int, default=96, help="Pythia-160M stage-1 batch (x 512 tokens)")
     ap.add_argument("--qa-rows", type=int, default=48)
     ap.add_argument("--qa-seq", type=int, default=32)
-    ap.add_argument("--fused", default="", help="also stage 1 with these fused losses, e.g. liger,cce (installed)")
+    ap.add_argument("--fused", default="auto", help="also stage 1 with these fused losses (liger, cce; comma-"
+                    "separated); auto: those installed, on CUDA (carried wheels: benchmarks/gpu_wheels.sh)")
     ap.add_argument("--skip-trainer", action="store_true")
     ap.add_argument("--out", required=True, help="JSON file to write")
     a = ap.parse_args()
     a.dev = pick_device(a.device)
+    if a.fused == "auto":
+        import importlib.util
+
+        a.fused = ",".join(k for k, mod in (("liger", "liger_kernel"), ("cce", "cut_cross_entropy"))
+                           if a.dev.type == "cuda" and importlib.util.find_spec(mod) is not None)
     a.fused = [x for x in a.fused.split(",") if x]
     if a.tiny:
         a.seq, a.batch, a.hidden_up, a.ffn_up, a.pythia_batch, a.steps = 32, 2, 128, 64, 4, min(a.steps, 2)
