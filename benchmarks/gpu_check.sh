@@ -1,55 +1,71 @@
 #!/usr/bin/env bash
-# The GPU check (issue #14): one command on a GPU machine with nothing but this repo.
+# The GPU check (issues 14 and 43): one command on a GPU machine with this repo, within --minutes (default 9).
 #
-#   bash benchmarks/gpu_check.sh --out gpu_check            # ~20 minutes on one H100
-#   bash benchmarks/gpu_check.sh --dry-run --out /tmp/gc    # every step at toy sizes on CPU (CI runs this)
+#   bash benchmarks/gpu_check.sh --out /tmp/gc --export "$OUT"   # on one H100/H200: the lease's 9 minutes
+#   bash benchmarks/gpu_check.sh --out /tmp/gc --minutes 25 --bio-scale 1   # the whole `gpu` preset as it is
+#   bash benchmarks/gpu_check.sh --dry-run --out /tmp/gc          # every step at toy sizes on CPU (CI runs this)
 #
-# Steps, each logged under OUT and recorded in OUT/status.json as it ends:
-#   1. install   a fresh venv (OUT/venv, or $SCALECL_GPU_VENV) that sees the packages of PYTHON (default
-#                python3): a CUDA torch already on the machine is used as it is; without one, `pip install
-#                torch` from PyPI's default index, whose Linux x86-64 wheels are CUDA builds. Then the suite,
-#                with -c constraints.txt when the repo has one (torch lines dropped when the machine's torch
-#                is used). Offline, or in the dry run, the repo goes on the venv's path instead and the
-#                packages the check needs are verified importable (missing ones: carry them as wheels).
-#   2. tests     pytest -m gpu (tests/compute/test_gpu.py): bf16 preservation bit for bit, Route = two passes.
-#   3. bench     benchmarks/bench_gpu.py: Adapt/FFT and Route/Adapt at Llama-3.2-1B shapes, our step vs
-#                transformers.Trainer, MFU, block vs concatenated products -> OUT/bench.json.
-#   4. bio       scalecl train-bio --preset gpu --method fft,llama-pro,scale-route -> OUT/bio (polled, stopped
-#                at --bio-minutes, default 17: the preset is estimated at ~15); Pythia's tokenizer if it
-#                loads, else --tokenizer local with the same 50,304 rows.
-#   5. report    benchmarks/gpu_report.py: OUT/summary.{json,md}, OUT/figures/*.png, one line per target with
-#                the measured value and PASS/FAIL; scalecl plot draws the biography figure.
-#   6. bundle    OUT/gpu_check.tar.gz: everything above but the venv and models (small enough to copy back).
+# No install: the machine's python3 (--python) with its CUDA torch runs the repository from its folder
+# (PYTHONPATH). Wheels carried in .whl/ (benchmarks/gpu_wheels.sh) are installed into OUT/work/site, which goes
+# first on PYTHONPATH (a newer transformers, the optional fused losses). --venv instead makes a venv and pip installs
+# the suite (a machine with PyPI and no CUDA torch). --device DEV is passed to every step (default: cuda when
+# available, as every command does).
 #
-# A device whose commands are limited to a few minutes: start the whole check in its own session and poll,
-#   setsid nohup bash benchmarks/gpu_check.sh --out /tmp/gc > /tmp/gc.log 2>&1 < /dev/null &
-#   ... later: cat /tmp/gc/status.json; test -e /tmp/gc/DONE && cp /tmp/gc/gpu_check.tar.gz "$OUT"/
-set -euo pipefail
+# Steps, each logged in OUT/logs/<step>.log, recorded in OUT/status.json as it ends, and stopped at its share of
+# the time (a stopped or failed step is recorded and the check goes on):
+#   1. env     benchmarks/gpu_env.py: versions, the GPU, every requirement not met, missing packages (env.json)  15 s
+#   2. tests   pytest -m gpu (tests/compute/test_gpu.py)                                                 100 s
+#   3. bench   benchmarks/bench_gpu.py: Pythia-160M stage-1 step and MFU, the QA step, Route's stage-3 step against
+#              FFT's, our Llama-3.2-1B-shape step against transformers.Trainer's (bench.json)            150 s
+#   4. cpt1b   scalecl train-cpt --preset paper-smoke --method all: one step per method at Llama-3.2-1B's shapes,
+#              4 x 2,048 tokens, bf16, delta checkpoints (OUT/cpt1b)                                      80 s
+#   5. bio     scalecl train-bio --preset gpu --method fft,llama-pro,scale-route, every stage's steps and the
+#              evaluation schedule times --bio-scale (default 0.1: at today's speed 9 minutes do not hold the whole
+#              preset; the report extrapolates its time), in the time left (OUT/bio)                  the rest
+#   6. report  benchmarks/gpu_report.py: results.json (every number, with provenance: commit, command, GPU, date),
+#              summary.md (one line per target, measured value and PASS/FAIL), figures/step_times.png; with --plot
+#              also `scalecl plot` of the biography run (else: scalecl plot --results OUT/bio later, anywhere)
+#   7. bundle  gpu_check.tar.gz (logs, results, bio and cpt1b records; no models); --export DIR copies results.json,
+#              summary.md and the bundle there (a device tool's $OUT)
+set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+COMMAND="bash benchmarks/gpu_check.sh $*"
 OUT="gpu_check-$(date +%Y%m%d-%H%M%S)"
 DRY=0
 PY="${PYTHON:-python3}"
-BIO_MINUTES=17  # install, tests and benchmarks take ~6 minutes: the whole check fits a 25-minute lease
-INSTALL=1
+MINUTES=9
+BIO_SCALE=0.1
+DEVICE=""
+VENV=0
+EXPORT=""
+PLOT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
     --python) PY="$2"; shift 2 ;;
-    --bio-minutes) BIO_MINUTES="$2"; shift 2 ;;
-    --no-install) INSTALL=0; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    --minutes) MINUTES="$2"; shift 2 ;;
+    --bio-scale) BIO_SCALE="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
+    --venv) VENV=1; shift ;;
+    --export) EXPORT="$2"; shift 2 ;;
+    --plot) PLOT=1; shift ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-WORK="$OUT/work"          # caches and checkpoints of the biography run (left out of the bundle)
+WORK="$OUT/work"  # caches, checkpoints, carried wheels (left out of the bundle)
 mkdir -p "$WORK" "$OUT/logs"
 rm -f "$OUT/DONE"
 echo '{}' > "$OUT/status.json"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PIP_DISABLE_PIP_VERSION_CHECK=1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
 START=$(date +%s)
+DEADLINE=$(( START + MINUTES * 60 ))
+DEV=(); [ -n "$DEVICE" ] && DEV=(--device "$DEVICE")
+[ "$DRY" = 1 ] && DEV=(--device cpu)
+FAILED=0
 
 status() {  # status NAME RESULT SECONDS
   "$PY" - "$OUT/status.json" "$1" "$2" "$3" <<'EOF'
@@ -61,126 +77,136 @@ json.dump(s, open(path, "w"), indent=2)
 EOF
 }
 
-step() {  # step NAME COMMAND...: run, log, record; a failed step is recorded and the check goes on
-  local name="$1"; shift
+share() {  # share SECONDS: a step's time, scaled to --minutes (their sum is 9 minutes' worth) and never past the end
+  local want=$(( $1 * MINUTES / 9 )) left=$(( DEADLINE - $(date +%s) - ${2:-0} ))
+  [ "$left" -lt 10 ] && left=10
+  [ "$want" -gt "$left" ] && want=$left
+  echo "$want"
+}
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log, record; the check goes on after a failure
+  local name="$1" limit="$2"; shift 2
   local t0; t0=$(date +%s)
-  echo "== $name: $*"
-  if "$@" > "$OUT/logs/$name.log" 2>&1; then
-    status "$name" ok $(( $(date +%s) - t0 )); echo "   ok ($(( $(date +%s) - t0 )) s)"
+  echo "== $name (at most $limit s): $*"
+  "$@" > "$OUT/logs/$name.log" 2>&1 < /dev/null &
+  local pid=$! rc=0 stopped=0
+  while kill -0 "$pid" 2> /dev/null; do
+    if [ $(( $(date +%s) - t0 )) -ge "$limit" ]; then
+      stopped=1; kill -TERM "$pid" 2> /dev/null; sleep 5; kill -KILL "$pid" 2> /dev/null; break
+    fi
+    sleep 1
+  done
+  wait "$pid" 2> /dev/null; rc=$?
+  local took=$(( $(date +%s) - t0 ))
+  if [ "$stopped" = 1 ]; then
+    status "$name" "stopped at its time limit ($limit s)" "$took"; echo "   STOPPED after $took s"; FAILED=1
+  elif [ "$rc" = 0 ]; then
+    status "$name" ok "$took"; echo "   ok ($took s)"
   else
-    local rc=$?
-    status "$name" "failed (exit $rc)" $(( $(date +%s) - t0 )); echo "   FAILED (exit $rc): see $OUT/logs/$name.log"
-    tail -20 "$OUT/logs/$name.log" | sed 's/^/   | /'
-    FAILED=1
+    status "$name" "failed (exit $rc)" "$took"; echo "   FAILED (exit $rc): see $OUT/logs/$name.log"
+    tail -15 "$OUT/logs/$name.log" | sed 's/^/   | /'; FAILED=1
   fi
 }
-FAILED=0
 
 # ---------------------------------------------------------------------------------------------------------
-# 1. install
-VENV="${SCALECL_GPU_VENV:-$OUT/venv}"
-install() {
-  rm -rf "$VENV"
-  "$PY" -m venv "$VENV" || return 1
-  # see PYTHON's packages (its CUDA torch above all) from the fresh venv, whatever kind of environment PYTHON
-  # is (--system-site-packages would see the base interpreter's, not those of a venv PYTHON belongs to)
-  local site; site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || return 1
-  "$PY" -c "import site; print('\n'.join(site.getsitepackages() + [site.getusersitepackages()]))" \
-    > "$site/_scalecl_gpu_check_parent.pth" || return 1
-  local VPY="$VENV/bin/python"
-  if [ "$DRY" = 0 ] && ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "no CUDA torch on this machine: pip install torch (PyPI's default Linux wheels are CUDA builds)"
-    "$VPY" -m pip install --retries 1 --timeout 15 torch || return 1
-  fi
-  "$VPY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || return 1
-  local cons=()
-  if [ -f "$REPO/constraints.txt" ]; then
-    grep -v -E '^(torch|nvidia-|triton)([=<>! ;]|$)' "$REPO/constraints.txt" > "$OUT/constraints-used.txt" || true
-    cons=(-c "$OUT/constraints-used.txt")
-  fi
-  if [ "$DRY" = 0 ] && "$VPY" -m pip install --retries 1 --timeout 15 "${cons[@]}" -e "$REPO[dev]"; then
-    return 0
-  fi
-  echo "the suite by path (offline or dry run: nothing to download), then checking what the check imports"
-  echo "$REPO" > "$site/_scalecl_gpu_check_repo.pth"
-  "$VPY" - <<'EOF'
-import importlib.util, sys
-need = ["torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers", "typer", "rich", "numpy",
-        "matplotlib", "pandas", "pytest", "scalecl"]
-missing = [m for m in need if importlib.util.find_spec(m) is None]
-print("missing:", missing or "none")
-sys.exit(1 if missing else 0)
-EOF
-}
-if [ "$INSTALL" = 1 ]; then
-  step install install
-  VPY="$VENV/bin/python"
-else
-  VPY="$PY"
-  status install skipped 0
+# 1. env: carried wheels first, else the machine's packages; --venv: a venv with the suite installed
+if [ "$VENV" = 1 ]; then
+  "$PY" -m venv --system-site-packages "$WORK/venv" && PY="$WORK/venv/bin/python" || exit 2
+  "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null \
+    || "$PY" -m pip install -q torch || echo "no CUDA torch could be installed"
+  grep -v -E '^(torch|nvidia-|triton)([=<>! ;]|$)' "$REPO/constraints.txt" > "$WORK/constraints.txt"
+  "$PY" -m pip install -q -c "$WORK/constraints.txt" -e "$REPO[dev]" > "$OUT/logs/venv.log" 2>&1 \
+    || echo "pip install of the suite failed: see logs/venv.log"
 fi
-"$VPY" -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.is_available())" \
-  > "$OUT/logs/versions.txt" 2>&1 || true
-(command -v nvidia-smi > /dev/null && nvidia-smi > "$OUT/logs/nvidia-smi.txt" 2>&1) || true
+SITE=""
+if ls "$REPO"/.whl/*.whl > /dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
+    "$REPO"/.whl/*.whl > "$OUT/logs/wheels.log" 2>&1 && SITE="$WORK/site:" \
+    || echo "carried wheels did not install: see logs/wheels.log"
+fi
+export PYTHONPATH="$SITE$REPO${PYTHONPATH:+:$PYTHONPATH}"
 cd "$REPO"
+step env "$(share 15)" "$PY" benchmarks/gpu_env.py --out "$OUT/env.json"
+sed 's/^/   /' "$OUT/logs/env.log"
+(command -v nvidia-smi > /dev/null && nvidia-smi > "$OUT/logs/nvidia-smi.txt" 2>&1) || true
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. GPU tests (skipped, not failed, without CUDA: the dry run checks the step itself)
-step tests "$VPY" -m pytest -q -m gpu tests/compute/test_gpu.py -p no:cacheprovider --junitxml "$OUT/pytest_gpu.xml"
+step tests "$(share 100)" "$PY" -m pytest -q -m gpu tests/compute/test_gpu.py -p no:cacheprovider \
+  --junitxml "$OUT/pytest_gpu.xml"
 
 # ---------------------------------------------------------------------------------------------------------
-# 3. step benchmarks
+# 3. step benchmarks (bench.json is written after every configuration: a stopped bench keeps what it measured)
+BENCH=(benchmarks/bench_gpu.py --out "$OUT/bench.json" "${DEV[@]}")
+[ "$DRY" = 1 ] && BENCH+=(--tiny --steps 1)
+step bench "$(share 150 200)" "$PY" "${BENCH[@]}"
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. one CPT step per method at Llama-3.2-1B's shapes (random weights), bf16, without compiling (one step)
+CPT=(-m scalecl.cli train-cpt --preset paper-smoke --method all --out "$OUT/cpt1b" --cache "$WORK/cache"
+     --checkpoints "$WORK/checkpoints" "${DEV[@]}" --set train.steps=1 --set eval.every=1 --set checkpoint.delta=true
+     --set compute.compile=off)
 if [ "$DRY" = 1 ]; then
-  step bench "$VPY" benchmarks/bench_gpu.py --tiny --steps 1 --device cpu --out "$OUT/bench.json"
+  CPT=(-m scalecl.cli train-cpt --preset tiny --method all --out "$OUT/cpt1b" --cache "$WORK/cache"
+       --checkpoints "$WORK/checkpoints" "${DEV[@]}" --set train.steps=1 --set eval.every=1 --set checkpoint.delta=true)
 else
-  step bench "$VPY" benchmarks/bench_gpu.py --out "$OUT/bench.json"
+  CPT+=(--set dtype=bfloat16 --set train.batch=4 --set train.seq_len=2048 --set model.context=2048)
 fi
+step cpt1b "$(share 80 120)" "$PY" "${CPT[@]}"
 
 # ---------------------------------------------------------------------------------------------------------
-# 4. the biography gpu preset, polled and stopped at --bio-minutes
+# 5. the biography `gpu` preset, its stages scaled by --bio-scale, in the time left but the report's
 BIO=(-m scalecl.cli train-bio --preset gpu --method fft,llama-pro,scale-route --out "$OUT/bio" --cache "$WORK/cache"
-     --checkpoints "$WORK/checkpoints")
+     --checkpoints "$WORK/checkpoints" "${DEV[@]}")
 if [ "$DRY" = 1 ]; then  # the gpu preset's protocol at toy sizes
-  BIO+=(--device cpu --tokenizer local --set data=tiny --set data_overrides.n_people=250
-        --set data_overrides.n_bio=200 --set data_overrides.n_task1=50 --set model.hidden=64 --set model.layers=2
-        --set model.heads=2 --set model.ffn=128 --set model.context=64 --set model.vocab=0 --set stage1.steps=10
-        --set stage1.batch=8 --set stage1.warmup=3 --set stage2.steps=4 --set stage2.batch=8 --set stage3.steps=4
-        --set stage3.batch=8 --set eval.slice_people=10 --set eval.dense_until=2 --set eval.dense_every=2
-        --set eval.every=4 --set eval.batch=256 --set methods.scale.hidden_up=32 --set methods.scale.ffn_up=16
-        --set methods.scale-route.l_fp=1 --set methods.scale-adapt.l_fp=1 --set methods.llama-pro.n=1
-        --set checkpoint.every=0)
-elif ! "$VPY" -c "from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('EleutherAI/pythia-160m')" \
+  BIO+=(--tokenizer local --set data=tiny --set data_overrides.n_people=250 --set data_overrides.n_bio=200
+        --set data_overrides.n_task1=50 --set model.hidden=64 --set model.layers=2 --set model.heads=2
+        --set model.ffn=128 --set model.context=64 --set model.vocab=0 --set stage1.batch=8 --set stage2.batch=8
+        --set stage3.batch=8 --set eval.slice_people=10 --set eval.batch=256 --set methods.scale.hidden_up=32
+        --set methods.scale.ffn_up=16 --set methods.scale-route.l_fp=1 --set methods.scale-adapt.l_fp=1
+        --set methods.llama-pro.n=1)
+  BIO_SCALE=0.003
+elif ! "$PY" -c "from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('EleutherAI/pythia-160m')" \
     > /dev/null 2>&1; then
   echo "Pythia's tokenizer cannot be loaded here (offline?): --tokenizer local, 50,304 rows as Pythia" \
     | tee "$OUT/logs/bio-tokenizer.txt"
   BIO+=(--tokenizer local)
 fi
-bio() {
-  "$VPY" "${BIO[@]}" > "$OUT/logs/bio-run.log" 2>&1 < /dev/null &
-  local pid=$! deadline=$(( $(date +%s) + BIO_MINUTES * 60 ))
-  while kill -0 "$pid" 2> /dev/null; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-      echo "stopped after $BIO_MINUTES minutes (--bio-minutes)"; kill -TERM "$pid" 2> /dev/null || true
-      wait "$pid" 2> /dev/null || true; return 124
-    fi
-    sleep 2
-  done
-  wait "$pid"
-}
-step bio bio
-tail -30 "$OUT/logs/bio-run.log" > "$OUT/logs/bio-tail.txt" 2>/dev/null || true
+SCALED=$("$PY" - "$BIO_SCALE" <<'EOF'
+import sys
+from scalecl.experiments import load_preset
+f = float(sys.argv[1])
+rc = load_preset("bio", "gpu")
+if f < 1:  # every stage's steps and the evaluation schedule scaled; no step checkpoints
+    n = lambda v: max(1, round(v * f))  # noqa: E731
+    sets = {"stage1.steps": n(rc.stage1.steps), "stage1.warmup": n(rc.stage1.warmup), "stage2.steps": n(rc.stage2.steps),
+            "stage3.steps": n(rc.stage3.steps), "eval.dense_until": n(rc.eval.dense_until),
+            "eval.every": n(rc.eval.every), "checkpoint.every": 0}
+    print(" ".join(f"--set {k}={v}" for k, v in sets.items()))
+EOF
+) || { echo "error: --bio-scale $BIO_SCALE"; exit 2; }
+# shellcheck disable=SC2206
+BIO+=($SCALED)
+echo "$BIO_SCALE" > "$OUT/bio_scale.txt"
+# the scaled stages compile as the preset's would: stage 1 (3,500 steps x scale) and not stages 2-3
+MIN_STEPS=$("$PY" -c "print(max(1, round(2000 * $BIO_SCALE)))")
+step bio "$(share 900 25)" env SCALECL_COMPILE_MIN_STEPS="$MIN_STEPS" "$PY" "${BIO[@]}"
 
 # ---------------------------------------------------------------------------------------------------------
-# 5. report: targets, figures
-step report "$VPY" benchmarks/gpu_report.py --out "$OUT"
-step plot "$VPY" -m scalecl.cli plot --results "$OUT/bio" --out "$OUT/figures"
-cat "$OUT/logs/report.log" 2> /dev/null | grep '^TARGET' || true
+# 6. report: every number with its provenance, one line per target, figures
+status total "$([ "$FAILED" = 0 ] && echo ok || echo 'some steps failed or stopped')" $(( $(date +%s) - START ))
+step report 60 "$PY" benchmarks/gpu_report.py --out "$OUT" --command "$COMMAND"
+[ "$PLOT" = 1 ] && step plot 90 "$PY" -m scalecl.cli plot --results "$OUT/bio" --out "$OUT/figures"
+grep '^TARGET' "$OUT/logs/report.log" 2> /dev/null || true
 
 # ---------------------------------------------------------------------------------------------------------
-# 6. bundle (no venv, no models)
-status total "$([ "$FAILED" = 0 ] && echo ok || echo 'some steps failed')" $(( $(date +%s) - START ))
-tar -czf "$WORK/gpu_check.tar.gz" -C "$OUT" --exclude=./venv --exclude=./work --exclude=./gpu_check.tar.gz \
+# 7. bundle (no models, caches or wheels)
+status total "$([ "$FAILED" = 0 ] && echo ok || echo 'some steps failed or stopped')" $(( $(date +%s) - START ))
+tar -czf "$WORK/gpu_check.tar.gz" -C "$OUT" --exclude=./work --exclude=./gpu_check.tar.gz \
   --exclude='*.safetensors' . && mv "$WORK/gpu_check.tar.gz" "$OUT/gpu_check.tar.gz"
+if [ -n "$EXPORT" ]; then
+  mkdir -p "$EXPORT" && cp "$OUT"/results.json "$OUT"/summary.md "$OUT"/gpu_check.tar.gz "$EXPORT"/ 2> /dev/null || true
+fi
 touch "$OUT/DONE"
-echo "== done in $(( $(date +%s) - START )) s: $OUT (summary.md, summary.json, bench.json, bio/, figures/, logs/)"
+echo "== done in $(( $(date +%s) - START )) s: $OUT (results.json, summary.md, gpu_check.tar.gz, logs/)"
 exit "$FAILED"

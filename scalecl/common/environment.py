@@ -56,12 +56,12 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _var("SCALECL_MEMORY_CHECK", bool, True, "0 skips the memory check before training"),
     _var("SCALECL_SCALE_PRODUCTS", str, "blocks", "how SCALE's widened linears form their products: blocks "
          "(default) or concat (one matrix product)", choices=("blocks", "concat")),
+    _var("SCALECL_COMPILE_MIN_STEPS", int, 2000, "compute.compile=auto compiles the whole model on CUDA for a run of "
+         "at least this many steps", ge=1),
     _var("SCALECL_TUNE_MALLOC", bool, True, "0 leaves glibc's allocator settings alone"),
     _var("SCALECL_CPU_DEFAULTS", bool, True, "0: do not set OMP_WAIT_POLICY"),
     _var("SCALECL_CRASH_AT", str, None, "tests: SIGKILL the process at a named point, <point>[:n] (the n-th time)",
          form=(r"[a-z0-9-]+(:[1-9][0-9]{0,8})?", "<point>[:n]"), user=False),
-    _var("SCALECL_GPU_VENV", str, None, "benchmarks/gpu_check.sh: the virtual environment it installs into",
-         user=False),
 )}
 
 

@@ -153,25 +153,27 @@ def cpu_thread_settings() -> dict[str, Any]:
             "thread_defaults_by_scalecl": APPLIED | _CPU_DEFAULTS}
 
 
-def pick_device(name: str | None = None) -> torch.device:
-    """The device to run on (default: cuda if available); a device this machine lacks is one clear error."""
+def pick_device(name: str | None = None, local_rank: int | None = None) -> torch.device:
+    """The device to run on (default: cuda if available); a device this machine lacks is one clear error.
+
+    A CUDA device always comes back with its index, chosen here once: `cuda` (or the default) is this
+    process's GPU, `cuda:{local_rank}` under torchrun (`local_rank`, else the LOCAL_RANK variable torchrun sets),
+    else the current device (0 unless the caller changed it). What is downstream (torch.cuda.set_device,
+    DistributedDataParallel's device_ids, torch._utils._get_device_index) refuses an index-less `cuda`.
+    """
     import torch
 
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not name.strip():
+    if name is not None and not name.strip():
         raise ScaleclError("--device is empty: use cpu, cuda or cuda:N (or leave it out for cuda when available)")
-
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(name)
     except RuntimeError:
         raise ScaleclError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ScaleclError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__})")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ScaleclError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type == "cpu":
+        return _cuda_device(name, dev, local_rank)
+    if dev.type == "cpu":
         if dev.index not in (None, 0):  # torch accepts cpu:N and runs on the one CPU device anyway
             raise ScaleclError(f"--device {name}: there is one CPU device; use cpu")
     elif dev.type == "mps":
@@ -180,6 +182,23 @@ def pick_device(name: str | None = None) -> torch.device:
     else:
         raise ScaleclError(f"unsupported device {name!r}: use cpu, cuda or cuda:N")
     return dev
+
+
+def _cuda_device(name: str, dev: torch.device, local_rank: int | None) -> torch.device:
+    """`dev` (a CUDA device) with its index: as given, else this process's GPU (see pick_device)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ScaleclError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__})")
+    index = dev.index
+    if index is None:
+        if local_rank is None and os.environ.get("LOCAL_RANK", "").strip().isdigit():
+            local_rank = int(os.environ["LOCAL_RANK"])
+        index = local_rank if local_rank is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise ScaleclError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+                           + (f", and this process's local rank is {index}" if dev.index is None else ""))
+    return torch.device("cuda", index)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -33,7 +33,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalecl.compute.perf import compile_blocks, enable_activation_checkpointing, ensure_sdpa, hf_model
+from scalecl.compute.perf import (
+    compile_failure,
+    compile_mode,
+    compile_model,
+    enable_activation_checkpointing,
+    ensure_sdpa,
+    hf_model,
+)
 
 
 def is_fsdp(model: nn.Module) -> bool:
@@ -49,7 +56,7 @@ def is_ddp(model: nn.Module) -> bool:
     return isinstance(model, nn.parallel.DistributedDataParallel)
 
 
-def prepare(model: nn.Module, cc, device: torch.device, world: int) -> nn.Module:
+def prepare(model: nn.Module, cc, device: torch.device, world: int, steps: int | None = None) -> nn.Module:
     """Activation checkpointing, SDPA, compile, then DDP or FSDP2 (with several processes): the module to step.
 
     Under FSDP the model is sharded in place and returned itself; under DDP the wrapper is returned and
@@ -58,8 +65,7 @@ def prepare(model: nn.Module, cc, device: torch.device, world: int) -> nn.Module
     if cc.activation_checkpointing:
         enable_activation_checkpointing(model)
     ensure_sdpa(model)
-    if cc.compile:
-        compile_blocks(model)
+    compile_model(model, compile_mode(cc.compile, device, steps))  # steps: what compute.compile=auto weighs
     if world <= 1:
         return model
     if cc.parallel == "fsdp":
@@ -203,9 +209,15 @@ def lockstep_padding(model: nn.Module, mine: int, counts: list[int]) -> int:
     return max(counts) - mine if is_fsdp(model) else 0
 
 
+def _compiled(model: nn.Module) -> str:
+    """How the run was compiled: "model", "blocks", "off", or "eager (...)" when compiling failed."""
+    failed = compile_failure(model)
+    return f"eager ({failed})" if failed else getattr(model, "_scalecl_compile", "off")
+
+
 def describe(cc, world: int, model: nn.Module) -> dict[str, Any]:
     """How the run was spread over processes, for result.json."""
     mode = "fsdp" if is_fsdp(model) else "ddp" if world > 1 else "single"
     return {"mode": mode, "processes": world, "asked": cc.parallel,
-            "activation_checkpointing": bool(cc.activation_checkpointing), "compile": bool(cc.compile),
+            "activation_checkpointing": bool(cc.activation_checkpointing), "compile": _compiled(model),
             "attention": getattr(hf_model(model).config, "_attn_implementation", None)}

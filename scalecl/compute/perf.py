@@ -134,7 +134,7 @@ def check_compute(cc, device: torch.device, world: int) -> None:
         except ImportError:
             raise ScaleclError(f"compute.parallel=fsdp needs PyTorch FSDP2 (torch.distributed.fsdp.fully_shard, "
                                f"torch >= 2.6); this is torch {torch.__version__}") from None
-    if cc.compile:
+    if compile_mode(cc.compile, device) != "off":
         if device.type not in ("cpu", "cuda"):
             raise ScaleclError(f"compute.compile is supported on cpu and cuda, not {device.type}")
         if device.type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX") or "g++", "c++",
@@ -172,16 +172,69 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     base.config.use_cache = False
 
 
-def compile_blocks(model: nn.Module) -> None:
-    """torch.compile every decoder block in place (nn.Module.compile: names, state dict and hooks unchanged).
+# compute.compile=auto compiles a run of at least SCALECL_COMPILE_MIN_STEPS steps (default 2,000). Compiling a model
+# costs tens of seconds (not yet measured here: benchmarks/bench_gpu.py records each configuration's warm-up); on an
+# H200 the whole model compiled saved 18 ms per QA step (40 -> 22 ms) and 54 per stage-1 step (161 -> 107 ms): a
+# few thousand steps repay it. gpu_check.sh lowers it for its scaled biography run, whose stages stand for longer ones
 
-    Blocks, not the whole model: the model's own Python (masks, caches) stays eager, each block is one
-    graph, and FSDP2 (which shards per block) and activation checkpointing wrap them unchanged.
+
+def compile_mode(value: bool | str, device: torch.device, steps: int | None = None) -> str:
+    """compute.compile for a device and a run of `steps` steps: "model", "blocks" or "off". "auto": the whole
+    model on CUDA for a run of at least SCALECL_COMPILE_MIN_STEPS steps (None: any), off elsewhere, so that CPU
+    runs keep their numbers; true, as before: every block."""
+    if value == "auto":
+        long_run = steps is None or steps >= env("SCALECL_COMPILE_MIN_STEPS")
+        return "model" if device.type == "cuda" and long_run else "off"
+    if isinstance(value, bool):
+        return "blocks" if value else "off"
+    return value
+
+
+def compile_model(model: nn.Module, mode: str, backend: str | Any = "inductor") -> None:
+    """torch.compile in place (nn.Module.compile: names, state dict and hooks unchanged): the whole model
+    ("model": one graph for the forward, so no Python runs between blocks) or every decoder block ("blocks").
+
+    Compiling happens at the first forward: a model that fails then trains eagerly (scalecl.training.loop
+    retries its first step after `uncompile`). Forwards run without a KV cache (the step's loss passes
+    use_cache=False), so the graph does not change between steps.
     """
     from scalecl.models.build import decoder_layers
 
-    for layer in decoder_layers(hf_model(model)):
-        layer.compile()
+    model._scalecl_compile = mode  # what the result records (scalecl.compute.parallel.describe)
+    if mode == "model":
+        model.compile(backend=backend)
+    elif mode == "blocks":
+        for layer in decoder_layers(hf_model(model)):
+            layer.compile(backend=backend)
+
+
+def compiled(model: nn.Module) -> bool:
+    """Whether any module of `model` runs through torch.compile."""
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def uncompile(model: nn.Module, why: str) -> None:
+    """Undo compile_model: every module runs eagerly again; `why` is kept for the result (compile_failure)."""
+    for m in model.modules():
+        if getattr(m, "_compiled_call_impl", None) is not None:
+            m._compiled_call_impl = None
+            m._scalecl_compile_failed = why
+
+
+def compile_failure(model: nn.Module) -> str | None:
+    """Why the model runs eagerly although compile was asked for (None: it did not fail)."""
+    return next((m._scalecl_compile_failed for m in model.modules() if hasattr(m, "_scalecl_compile_failed")), None)
+
+
+def is_compile_error(e: BaseException) -> bool:
+    """Whether `e` (or what caused it) was raised by torch.compile's tracing or code generation (dynamo,
+    AOTAutograd, inductor), rather than by the computation itself."""
+    seen = 0
+    while e is not None and seen < 20:
+        if type(e).__module__.startswith(("torch._dynamo", "torch._inductor", "torch._functorch")):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 def ensure_sdpa(model: nn.Module) -> str:

@@ -66,7 +66,7 @@ def perplexity(
     extra: dict[str, float] = {}
     scored = [b % world for b, ids in enumerate(batches) if ids.shape[1] >= 2]  # the process of each forward
     for _ in range(lockstep_padding(model, scored.count(rank), [scored.count(r) for r in range(world)])):
-        model(input_ids=batches[0][:1, :2].to(device))  # FSDP: every process runs as many forwards
+        model(input_ids=batches[0][:1, :2].to(device), use_cache=False)  # FSDP: every process runs as many forwards
     for b, ids in enumerate(batches):
         if b % world == rank and ids.shape[1] >= 2:
             sums += _score(model, ids.to(device), autocast_dtype, stats, extra, logit_block)
@@ -184,7 +184,7 @@ def final_hidden(model: nn.Module, ids: torch.Tensor, d: int) -> torch.Tensor:
     was_training = model.training
     model.eval()
     with ctx:
-        h = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]  # no (B, T, V) logits
+        h = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False).hidden_states[-1]  # no (B, T, V) logits
     model.train(was_training)
     return h[..., :d].float()
 

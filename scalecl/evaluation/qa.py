@@ -104,18 +104,28 @@ class _EvalBatch:
     target: torch.Tensor  # (B,) the first answer token (beyond a prompt-only `ids`)
 
 
-def eval_batches(qa: QATensors, batch_size: int, whole: bool) -> list[_EvalBatch]:
+def eval_batches(qa: QATensors, batch_size: int, whole: bool, width: int = 0) -> list[_EvalBatch]:
     """The evaluation forwards of a QA set, built once per set and batch size and kept on it.
 
     Rows are grouped by length, so no forward computes padding: by prompt length, inputs cut to the prompt
     (`whole=False`: the scored position, the prompt's last token, is causal and sees nothing after it), or by
     prompt + answer + EOS length (`whole=True`: every real token, for per-token metrics and exact match).
+    width > 0 (fixed shapes, `fixed_width`): rows in the set's order, each right-padded to `width` tokens (a
+    compiled model then sees one shape: scalecl.evaluation.qa._device_batch pads the rows too).
     """
-    key = (batch_size, whole)
+    key = (batch_size, whole, width)
     cache = qa.__dict__.setdefault("_eval_batches", {})
     if key not in cache:
-        length = qa.total_len if whole else qa.prompt_len
         out = []
+        if width:
+            ids = torch.full((len(qa), width), qa.pad_id, dtype=qa.ids.dtype)
+            ids[:, : qa.ids.shape[1]] = qa.ids  # (N, width)
+            for s in range(0, len(qa), batch_size):
+                r = torch.arange(s, min(s + batch_size, len(qa)))
+                out.append(_EvalBatch(r, ids[r], qa.prompt_len[r], qa.total_len[r], qa.ids[r, qa.prompt_len[r]]))
+            cache[key] = out
+            return out
+        length = qa.total_len if whole else qa.prompt_len
         for t in torch.unique(length).tolist():
             rows = torch.nonzero(length == t).flatten()
             for s in range(0, len(rows), batch_size):
@@ -124,6 +134,30 @@ def eval_batches(qa: QATensors, batch_size: int, whole: bool) -> list[_EvalBatch
                 out.append(_EvalBatch(r, qa.ids[r, :t].contiguous(), qa.prompt_len[r], qa.total_len[r], target))
         cache[key] = out
     return cache[key]
+
+
+FIXED_MULTIPLE = 16  # fixed-shape evaluation pads every QA set to a multiple of this many tokens
+
+
+def fixed_width(qa: QATensors) -> int:
+    """The width every fixed-shape evaluation batch of `qa` is padded to: its longest sequence rounded up to a
+    multiple of FIXED_MULTIPLE, so that QA sets of one tokenizer mostly share one shape."""
+    return -(-qa.ids.shape[1] // FIXED_MULTIPLE) * FIXED_MULTIPLE
+
+
+def _device_batch(b: _EvalBatch, device: torch.device, whole: bool, rows: int) -> tuple:
+    """(ids, mask, prompt lengths, total lengths, targets) of one forward on the device. rows > 0 (fixed shapes):
+    right-padded to `rows` rows with copies of the first (their results are dropped), and the mask marks the
+    real tokens (whole) or the prompt (else); otherwise every token of a length group is real."""
+    ids, pl, total, target = (t.to(device) for t in (b.ids, b.prompt_len, b.total_len, b.target))
+    if not rows:
+        return ids, torch.ones_like(ids), pl, total, target
+    extra = rows - ids.shape[0]
+    if extra > 0:
+        ids, pl, total, target = (torch.cat([t, t[:1].expand(extra, *t.shape[1:])]) for t in (ids, pl, total, target))
+    end = total if whole else pl
+    mask = (torch.arange(ids.shape[1], device=device)[None] < end[:, None]).long()  # (rows, width)
+    return ids, mask, pl, total, target
 
 
 def _routed(model: nn.Module) -> bool:
@@ -146,7 +180,7 @@ def _per_token_metrics(stats, method) -> bool:
 
 def qa_accuracy(
     model: nn.Module, qa: QATensors, batch_size: int = 256, exact: bool = False,
-    stats: Callable[[torch.Tensor], dict[str, float]] | None = None, method=None, fast: bool = True,
+    stats: Callable[[torch.Tensor], dict[str, float]] | None = None, method=None, fast: bool | str = True,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Hard and soft first-token accuracy, pooled and per attribute (and greedy exact match if asked).
@@ -172,18 +206,26 @@ def qa_accuracy(
 
     progress(n) is called after every forward with the number of questions it scored (every question is
     counted once; scalecl.training.loop.eval_progress makes one); it reads nothing back and changes no number.
+
+    fast="fixed" (the fast path as it runs where the model is compiled, scalecl.compute.perf.compiled): every
+    forward has one shape, `batch_size` rows of `fixed_width(qa)` tokens, right-padded (mask) where a row is shorter and
+    filled with copies of a row that is dropped where the set has fewer rows, so that a compiled model is not
+    compiled again for every length. The numbers are those of the unpadded path: counts equal, floats to
+    float32 rounding (the masked SDPA kernel; tests/evaluation/test_qa_fast.py).
     """
     if method is not None and stats is None:
         stats = lambda mask: method.metrics(model, mask)  # noqa: E731
     was_training = model.training
     model.eval()
     from scalecl.compute.parallel import is_fsdp
+    from scalecl.compute.perf import compiled
 
     # inference_mode, except under FSDP: its gathered parameters are made in the first forward and reused by
     # training, which may not update a tensor made in inference mode
     try:
         with torch.no_grad() if is_fsdp(model) else torch.inference_mode():
-            rows = _rows_fast(model, qa, batch_size, exact, stats, method, progress) if fast else \
+            fixed = fast == "fixed" or compiled(model)
+            rows = _rows_fast(model, qa, (batch_size, fixed), exact, stats, method, progress) if fast else \
                 _rows_plain(model, qa, batch_size, exact, stats, method, progress)
     finally:
         model.train(was_training)
@@ -195,9 +237,10 @@ def _score_batch(model, ids, mask, pl, total, target, exact, keep_head_at_scored
     device = ids.device
     rows = torch.arange(ids.shape[0], device=device)
     if keep_head_at_scored:  # transformers' CausalLMs apply the head at these positions only
-        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=(pl - 1)[:, None]).logits.float()
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=(pl - 1)[:, None],
+                       use_cache=False).logits.float()  # no KV cache: nothing follows an evaluation forward
     else:
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()  # (B, T, V)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()  # (B, T, V)
     if keep_head_at_scored and logits.shape[1] == 1:
         first = logits[:, 0]  # (B, V)
     else:  # every position (a model that ignores logits_to_keep gives them all)
@@ -228,10 +271,11 @@ class _Collect:
         """Store one batch (`who`: model, method, stats; `scored`: hard, soft, exact match); returns whether
         `stats` gave any number (per-token metrics exist)."""
         model, method, stats = who
+        real = len(idx)  # rows beyond it fill a fixed shape: dropped
         hard, soft, em = scored
-        self.hard[idx], self.soft[idx] = hard.cpu(), soft.cpu()
+        self.hard[idx], self.soft[idx] = hard[:real].cpu(), soft[:real].cpu()
         if em is not None:
-            self.em[idx] = em.cpu()
+            self.em[idx] = em[:real].cpu()
         got = False
         if stats is not None:
             n = int(mask.sum())
@@ -240,9 +284,9 @@ class _Collect:
                 got = True
             self.weight += n
         if method is not None:
-            rows = torch.arange(ids.shape[0], device=ids.device)
+            rows = torch.arange(real, device=ids.device)
             answer = torch.zeros_like(mask, dtype=torch.bool)
-            answer[rows, pl - 1] = True
+            answer[rows, pl[:real] - 1] = True
             for k, v in method.position_values(model, answer).items():
                 self.at_answer.setdefault(k, []).append((idx, v.detach().cpu()))
         return got
@@ -266,31 +310,34 @@ def _rows_plain(model, qa, batch_size, exact, stats, method, progress) -> tuple:
     return c, stats is not None
 
 
-def _rows_fast(model, qa, batch_size, exact, stats, method, progress) -> tuple:
+def _rows_fast(model, qa, batching: tuple[int, bool], exact, stats, method, progress) -> tuple:
     """The fast computation (see qa_accuracy): grouped by length, prompt-only where it can, head at the scored
-    position where it can."""
+    position where it can; `batching` is (batch size, fixed shapes)."""
+    batch_size, fixed = batching
     device = next(model.parameters()).device
     c = _Collect(len(qa))
     whole = exact or _per_token_metrics(stats, method)
     cut_head = not exact and not _routed(model)
     per_token = stats is not None
-    plan = eval_batches(qa, batch_size, whole)
+    width, rows = (fixed_width(qa), batch_size) if fixed else (0, 0)
+    plan = eval_batches(qa, batch_size, whole, width)
     i = 0
     while i < len(plan):
         b = plan[i]
-        ids = b.ids.to(device)
-        pl, total = b.prompt_len.to(device), b.total_len.to(device)
-        mask = torch.ones_like(ids)  # (B, T): every token of a length group is real
-        hard, soft, em = _score_batch(model, ids, mask, pl, total, b.target.to(device), exact,
-                                      keep_head_at_scored=cut_head)
+        ids, mask, pl, total, target = _device_batch(b, device, whole, rows)
+        hard, soft, em = _score_batch(model, ids, mask, pl, total, target, exact, keep_head_at_scored=cut_head)
+        n = len(b.rows)
+        if n < ids.shape[0]:  # rows added for the fixed shape: counted nowhere
+            mask = mask.clone()
+            mask[n:] = 0
         got = c.add((model, method, stats if per_token else None), b.rows, ids, mask, pl, (hard, soft, em))
         if progress is not None:
-            progress(len(b.rows))  # a re-planned rest leaves these rows out: each question counts once
+            progress(n)  # a re-planned rest leaves these rows out: each question counts once
         i += 1
         if whole and not exact and i == 1 and not got and len(plan) > 1:
             # the first forward over every token gave no per-token number: the rest need only the prompts
             done = set(b.rows.tolist())
-            plan = [p for p in eval_batches(qa, batch_size, False)]
+            plan = [p for p in eval_batches(qa, batch_size, False, width)]
             plan = [_without(p, done) for p in plan]
             plan = [p for p in plan if len(p.rows)]
             per_token, whole, i = False, False, 0

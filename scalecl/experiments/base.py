@@ -114,6 +114,7 @@ class ExperimentBase:
 
     def set_device(self, device: torch.device) -> None:
         """The device the sweep checked; from here on compute.threads is in force and runs are named by it."""
+        self.device = device
         self.numerics = run_numerics(self.rc.compute, device, apply=True)
 
     def begin(self, rt: Runtime) -> None:

@@ -38,7 +38,7 @@ from scalecl.common.errors import ScaleclError, cause
 from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
-from scalecl.compute.perf import autocast_dtype
+from scalecl.compute.perf import autocast_dtype, compile_mode
 from scalecl.compute.processes import Dist
 from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
 from scalecl.data.biography import biographies as render_biographies
@@ -393,7 +393,8 @@ class BioExperiment(ExperimentBase):
         probe = base_model_config(rc)  # sizes only: the vocabulary comes with the tokenizer
         for m in methods.values():
             m.check(probe)
-        if rc.ensemble.mode != "none" and (d.world > 1 or rc.compute.compile or rc.compute.activation_checkpointing):
+        compiled = compile_mode(rc.compute.compile, self.device, rc.stage3.steps) != "off"
+        if rc.ensemble.mode != "none" and (d.world > 1 or compiled or rc.compute.activation_checkpointing):
             raise ScaleclError(f"ensemble.mode={rc.ensemble.mode} runs in one process without compute.compile and "
                                f"compute.activation_checkpointing (the averaged model is not a transformers model)")
 

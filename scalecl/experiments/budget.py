@@ -245,6 +245,21 @@ GPU_MFU = 0.3  # assumed fraction of the GPU's dense peak
 SCORE_WIDTHS, SCORE_FFNS, SCORE_LOGIT_COPIES = 4, 3, 3
 
 
+# On CUDA under bf16 autocast (issue 43: one H200, torch 2.11, Pythia-160M's shape through the training loop, peak
+# allocated after 20 steps: stage 1 of the `gpu` biography preset, 96 x 512 tokens, 44.3 GiB with 50,304 head rows
+# and 19.5 GiB with 512; its QA step, 48 x 32 tokens, 4.1 GiB), what the CPU's float32 accounting becomes:
+# - activations are bf16 products' outputs: the same floats per token as on a CPU, at 2 bytes (the 512-row stage 1:
+#   17.7 GiB of its 19.5);
+# - the model's own loss holds, per logit, the head's bf16 output, its float32 copy and the float32 log-softmax
+#   the backward reads: 10 bytes (23.0 of the 24.8 GiB that 49,792 more rows added);
+# - autocast keeps a bf16 copy of every weight that enters a product for the forward (2 bytes per parameter);
+# - an evaluation forward holds the bf16 logits and their float32 copy (scalecl.evaluation.qa reads floats).
+# The chunked loss (compute.loss, scalecl.compute.loss) holds no whole logits: see Phase._loss_bytes.
+HALF = 2
+HALF_LOGIT_BYTES = 2 + 4 + 4
+HALF_EVAL_LOGIT_BYTES = 2 + 4
+
+
 def train_logit_copies() -> int:
     """float32 copies of a training forward's logits the process holds at its peak: 4 alive at once (measured:
     4.1 after one step). With the allocator the `scalecl` command tunes (scalecl.compute.machine.tune_cpu_allocator: freed
@@ -275,6 +290,9 @@ class Phase(NamedTuple):
     # `eval-ppl`: the positions of one head product when the loss runs by blocks of positions (scalecl.evaluation.
     # perplexity); 0: another phase. Such a phase has no optimizer and holds what SCORE_* say.
     scoring: int = 0
+    plain_head: bool = True  # the head is a plain linear layer (not SCALE's): the chunked loss can apply
+    half: bool = False  # on CUDA under bf16 autocast (on_device): activations and logits as measured there
+    loss: str = "model"  # the training step's loss: "model" (the model's own, whole logits) or "chunked"
 
     def parts(self) -> dict[str, int]:
         """Bytes of weights, gradients, AdamW state, activations and logits at the phase's peak."""
@@ -288,12 +306,31 @@ class Phase(NamedTuple):
         # (13 d + 2 ffn = 21 d), Llama 31.8 d (16 d + 4 ffn = 32 d). A forward without gradients keeps ~2 layers.
         act_layers = self.layers if self.train else 2
         per_token = 16 * self.width + 4 * self.ffn if self.glu else 13 * self.width + 2 * self.ffn
-        act = tokens * act_layers * per_token * FLOAT * self.paths
-        # training: the logits, their log-softmax, its gradient and the logits' gradient are alive at once
-        # (B x T x V each); evaluation: the logits
-        logits = tokens * self.vocab * FLOAT * (train_logit_copies() if self.train else 1)
-        return {"weights": self.params * FLOAT, "grads": self.trainable * FLOAT * self.train,
-                "adamw": self.trainable * 2 * FLOAT, "activations": act, "logits": logits}
+        act = tokens * act_layers * per_token * (HALF if self.half else FLOAT) * self.paths
+        parts = {"weights": self.params * FLOAT, "grads": self.trainable * FLOAT * self.train,
+                 "adamw": self.trainable * 2 * FLOAT, "activations": act, "logits": self._loss_bytes(tokens)}
+        if self.half:  # autocast's bf16 copies of the weights that enter products (all but the embedding lookup)
+            parts["autocast"] = (self.params - self.vocab * self.width) * HALF
+        return parts
+
+    def _loss_bytes(self, tokens: int) -> int:
+        """Bytes of logits and loss at the peak. Float32 (CPU): training holds the logits, their log-softmax, its
+        gradient and the logits' gradient at once (B x T x V each; train_logit_copies), evaluation the logits.
+        bf16 autocast on CUDA: HALF_LOGIT_BYTES per logit (evaluation HALF_EVAL_LOGIT_BYTES). The chunked loss
+        (scalecl.compute.loss): one chunk's logits (float32, and its gradient at the product's width), the head's
+        weight at that width, its float32 gradient and the product that adds to it, and the selected hidden
+        states with their gradient."""
+        rows = tokens * self.vocab
+        if not self.train:
+            return rows * (HALF_EVAL_LOGIT_BYTES if self.half else FLOAT)
+        if self.loss != "chunked":
+            return rows * (HALF_LOGIT_BYTES if self.half else FLOAT * train_logit_copies())
+        from scalecl.compute.loss import chunk_positions
+
+        width = HALF if self.half else FLOAT
+        chunk = min(chunk_positions(self.vocab), tokens)
+        head = self.vocab * self.width
+        return chunk * self.vocab * (FLOAT + width) + head * (FLOAT + 2 * width + FLOAT) + tokens * self.width * 2 * FLOAT
 
     def bytes(self) -> int:
         return sum(self.parts().values())
@@ -341,7 +378,7 @@ def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, 
     total, trainable = _model_numbers(cfg, method, opts)
     layers, width, ffn, paths = _widths(cfg, method, opts)
     return Phase(name, total, trainable if train or method else 0, layers, width, ffn, cfg.vocab_size, rows, seq,
-                 train, paths, tokens, keys, glu=gated_mlp(cfg))
+                 train, paths, tokens, keys, glu=gated_mlp(cfg), plain_head=not (method or "").startswith("scale-"))
 
 
 def gated_mlp(cfg: PretrainedConfig) -> bool:
@@ -380,10 +417,26 @@ def cpu_matmul_rate() -> float:
     return 2 * 1024**3 / best
 
 
+def on_device(phases: list[Phase], device: torch.device, autocast: Any = None, loss: str = "auto") -> list[Phase]:
+    """The phases as `device` runs them: on CUDA, under bf16 (or fp16) autocast, activations and logits at the
+    widths measured there (HALF_*), and each training phase's loss as compute.loss `loss` resolves for the
+    device where the head allows it (scalecl.compute.loss). Pure arithmetic: no GPU is needed to evaluate it.
+    Elsewhere the phases as they are (CPU estimates: float32, the model's own loss)."""
+    if device.type != "cuda":
+        return phases
+    from scalecl.compute.loss import resolve_loss
+
+    half = autocast in (torch.bfloat16, torch.float16)
+    fused = resolve_loss(loss, device) != "model"  # chunked, or Liger's / CCE's, which hold less
+    return [p._replace(half=half, loss="chunked" if fused and p.plain_head and p.train and not p.scoring
+                       else "model") for p in phases]
+
+
 def estimate(phases: list[Phase], device: torch.device, world: int = 1, autocast: Any = None,
-             rate: float | None = None) -> Estimate:
+             rate: float | None = None, loss: str = "auto") -> Estimate:
     """Peak memory (the largest phase plus what the process holds now: interpreter, torch, the prepared data)
-    and time of a sweep."""
+    and time of a sweep; `loss` is compute.loss (on CUDA the chunked loss holds less: on_device)."""
+    phases = on_device(phases, device, autocast, loss)
     peak_phase = max(phases, key=Phase.bytes)
     flops = sum(p.flops() for p in phases)
     if device.type == "cuda":
@@ -448,4 +501,6 @@ def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: in
     (`exp.budget_phases`, each experiment's own list) on this device."""
     from scalecl.compute.perf import autocast_dtype
 
-    return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device, exp.rc.compute.cpu_bf16))
+    cc = exp.rc.compute
+    return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device, cc.cpu_bf16),
+                    loss=cc.loss)

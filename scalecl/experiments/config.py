@@ -61,6 +61,10 @@ class StageConfig(AdamWConfig):
 
 
 PARALLEL = ("ddp", "fsdp")
+# compute.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "blocks" (every decoder block), "off";
+# true and false, as before, are "blocks" and "off" (scalecl.compute.perf.compile_mode)
+COMPILE = (True, False, "auto", "model", "blocks", "off")
+LOSSES = ("auto", "model", "chunked", "liger", "cce")  # compute.loss (scalecl.compute.loss)
 
 
 @dataclass
@@ -85,7 +89,13 @@ class ComputeConfig:
     # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
     # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
     activation_checkpointing: bool = False
-    compile: bool = False  # torch.compile every decoder block (needs a C/C++ compiler for CPU kernels)
+    # torch.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "blocks" (every decoder block in
+    # place), "off"; true = "blocks", false = "off". A model that fails to compile trains eagerly (one line says
+    # so). On a CPU it needs a C/C++ compiler for inductor's kernels
+    compile: bool | str = opt("auto", choices=COMPILE)
+    # the training step's loss (scalecl.compute.loss): "auto" (the chunked linear cross-entropy on CUDA, the
+    # model's own elsewhere), "model", "chunked", or a fused one where installed ("liger", "cce": CUDA)
+    loss: str = opt("auto", choices=LOSSES)
     # optimizer steps between host reads of the loss and gradient norm (the GPU runs ahead in between);
     # 0 = automatic: 50 on CUDA, 1 elsewhere. Evaluation and checkpoint steps always read.
     sync_every: int = opt(0, ge=0, le=MAX_STEPS)

@@ -161,21 +161,32 @@ def order_methods(methods: list[str]) -> list[str]:
 
 
 def _device(name: str | None, d: Dist) -> torch.device:
-    if d.world > 1 and name in (None, "cuda") and torch.cuda.is_available():
-        name = f"cuda:{d.local_rank}"  # one GPU per process
-    return pick_device(name)
+    """--device with its index (an index-less `cuda` is this process's GPU: cuda:{local rank} under torchrun)."""
+    return pick_device(name, local_rank=d.local_rank if d.world > 1 else None)
+
+
+def enter_device(dev: torch.device, compute: Any) -> None:
+    """Make `dev` this process's device for what follows: its CUDA device (an indexed one, pick_device) and
+    the process-wide settings of compute (TF32)."""
+    from scalecl.compute.perf import configure_device
+
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    configure_device(dev, compute.tf32)
 
 
 def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | None = None
           ) -> tuple[torch.device, dict[str, Method]]:
     """Every check that writes nothing: method names, device, compute options, folders, the experiment's own
     checks and each method's options against the model. Returns (device, methods by name, in order)."""
+    from scalecl.compute.loss import check_loss, resolve_loss
     from scalecl.compute.perf import check_compute
 
     d = d or Dist()
     order = order_methods(methods)
     dev = _device(opts.device, d)
     check_compute(exp.rc.compute, dev, d.world)
+    check_loss(resolve_loss(exp.rc.compute.loss, dev), dev)
     exp.set_device(dev)  # compute.threads in force from here on; runs named by the device's numerics
     for path, what in ((exp.paths.out, "--out"), (exp.paths.cache, "--cache"),
                        (exp.paths.checkpoints, "--checkpoints")):
@@ -299,12 +310,9 @@ def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOpti
 def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
                opts: SweepOptions, dev: torch.device, d: Dist,
                clock: WallClock | None = None) -> list[dict[str, Any]]:
-    from scalecl.compute.perf import configure_device
     from scalecl.training.loop import progress_bar
 
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    configure_device(dev, exp.rc.compute.tf32)
+    enter_device(dev, exp.rc.compute)
     clock = clock or WallClock.begin()
     exp.prepare(Runtime(d, dev, None, say, force=opts.force))
     clock.lap("prepare")

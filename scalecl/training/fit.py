@@ -167,6 +167,7 @@ def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, 
         "model_tflops": None if tflops is None else float(f"{tflops:.4g}"),
         "mfu": float(f"{tflops / (peak['tflops'] * d.world):.4g}") if tflops is not None and peak["tflops"] else None,
         "sync_every": plan.sync_every,
+        "loss": plan.loss.describe() if plan.loss is not None else {"name": "model"},
     }
     if plan.compute is None:
         return speed | {"parallel": {"mode": "single", "processes": d.world}, "peak": peak}
@@ -193,6 +194,7 @@ def fit(
     moved to rt.device and prepared by plan.compute (activation checkpointing, compile, DDP or FSDP2 across
     rt.d.world processes; scalecl.compute.parallel.prepare).
     """
+    from scalecl.compute.loss import step_loss
     from scalecl.compute.parallel import gather, host_copy, prepare
     from scalecl.compute.perf import model_flops, peak_tflops
     from scalecl.compute.perf import sync_every as auto_sync
@@ -208,7 +210,9 @@ def fit(
     host = host_copy(model) if sharding and d.main else None  # rank 0 saves full models from it
     flops = model_flops(model)
     model = model.to(rt.device)
-    wrapped = prepare(model, plan.compute, rt.device, d.world) if plan.compute is not None else model
+    wrapped = prepare(model, plan.compute, rt.device, d.world, plan.steps) if plan.compute is not None else model
+    if plan.compute is not None and plan.loss is None:  # the chunked loss where it applies (scalecl.compute.loss)
+        plan = replace(plan, loss=step_loss(wrapped, plan.compute.loss, rt.device))
     if plan.sync_every is None:
         plan = replace(plan, sync_every=auto_sync(plan.compute, rt.device) if plan.compute is not None else 1)
     peak = peak_tflops(rt.device, plan.autocast)

@@ -51,8 +51,10 @@ from transformers.optimization import (
 )
 
 from scalecl.common.errors import TrainingDiverged
+from scalecl.compute.loss import ModelLoss
 from scalecl.compute.parallel import is_fsdp, load_optimizer_state, local, optimizer_state
-from scalecl.compute.perf import ModelFlops
+from scalecl.compute.perf import ModelFlops, compiled, is_compile_error, uncompile
+from scalecl.compute.processes import say
 from scalecl.training.optim import OptimConfig
 
 
@@ -68,7 +70,8 @@ class TrainPlan:
     host's sync points, the same on every process (0: none); stop_at: stop after this step with a checkpoint; sync_every: steps between host reads of the loss
     (None: compute.sync_every resolved for the device, else 1). The rest is the run layer's (scalecl.training.fit):
     resume ("auto": when a checkpoint exists) and force, compute (a ComputeConfig: activation
-    checkpointing, compile, DDP or FSDP2), trackers and their config, and the progress bar's label.
+    checkpointing, compile, DDP or FSDP2), trackers and their config, and the progress bar's label. `loss`
+    computes a micro-batch's loss (scalecl.compute.loss.step_loss: the model's own or the chunked one).
     """
 
     steps: int
@@ -86,6 +89,7 @@ class TrainPlan:
     report_to: tuple[str, ...] = ()
     tracker_config: dict[str, Any] = field(default_factory=dict)
     desc: str = "train"
+    loss: Any = None  # the step's loss (scalecl.compute.loss: ModelLoss, HeadLoss); None: the model's own
 
 
 @dataclass
@@ -354,7 +358,7 @@ class _StepLog:
         return row
 
 
-def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flops: ModelFlops | None):
+def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flops: ModelFlops | None, loss_fn):
     """One optimizer step's forwards and backwards: (mean loss, tokens, model FLOPs, last micro-batch). With
     DDP gradients are all-reduced on the last micro-batch only; FSDP reduce-scatters after every one."""
     device = next(model.parameters()).device
@@ -362,7 +366,7 @@ def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flo
     tokens, step_flops = 0, 0.0
     loss = torch.zeros((), device=device) if accum > 1 else None
     for i in range(accum):
-        host = next(batches)
+        host = loss_fn.host(next(batches))
         n = _tokens(host)
         tokens += n
         if flops is not None:
@@ -371,7 +375,7 @@ def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flo
         sync_grads = i == accum - 1 or not ddp
         with contextlib.nullcontext() if sync_grads else model.no_sync():
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                micro = model(**batch).loss
+                micro = loss_fn(model, batch)
             if accum == 1:
                 micro.backward()
                 return micro.detach(), tokens, step_flops, host
@@ -380,10 +384,40 @@ def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flo
     return loss, tokens, step_flops, host
 
 
+def _step(model: nn.Module, batches, plan: TrainPlan, flops: ModelFlops | None, loss_fn, first: bool):
+    """_forward_backward; on the first step of this process, where a compiled model fails to compile (at its
+    first forward or backward), one line, then the same step again eagerly: the same micro-batches and random
+    state, no gradient kept from the failed attempt."""
+    if not first or not compiled(model):
+        return _forward_backward(model, batches, plan.accum, plan.autocast, flops, loss_fn)
+    drawn: list[dict[str, torch.Tensor]] = []
+
+    def draw() -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            drawn.append(next(batches))
+            yield drawn[-1]
+
+    rng = rng_state()
+    try:
+        return _forward_backward(model, draw(), plan.accum, plan.autocast, flops, loss_fn)
+    except Exception as e:  # noqa: BLE001 - only compile errors are handled; the rest is raised again
+        if not is_compile_error(e):
+            raise
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = f"{type(e).__name__}: {' '.join(lines[:2])[:200]}"  # e.g. "backend='inductor' raised: <the error>"
+        say(f"compute.compile: the model did not compile ({why}); it trains eagerly")
+        uncompile(model, why)
+        for p in model.parameters():
+            p.grad = None
+        set_rng_state(rng)
+        return _forward_backward(model, itertools.chain(drawn, batches), plan.accum, plan.autocast, flops, loss_fn)
+
+
 MAX_WEIGHT = 1.8e19  # ~ sqrt(float32's largest value): a weight beyond it cannot be squared in a norm
 
 
-def _check_update(model: nn.Module, host: dict[str, torch.Tensor], autocast_dtype, step: int, parallel: bool) -> None:
+def _check_update(model: nn.Module, host: dict[str, torch.Tensor], autocast_dtype, step: int, parallel: bool,
+                  loss_fn) -> None:
     """The loss of the step's last micro-batch after the update. A model it is not finite for (weights blown
     up by the update itself, which the loss before the update cannot show) stops the run before a
     checkpoint or the final model records it. Evaluation mode and no gradient: no random draw, no change."""
@@ -391,7 +425,7 @@ def _check_update(model: nn.Module, host: dict[str, torch.Tensor], autocast_dtyp
     training = model.training
     model.eval()
     with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        loss = model(**_to_device(host, device)).loss
+        loss = loss_fn(model, _to_device(host, device))
     model.train(training)
     value = _process_mean(loss.float(), parallel).item()
     with torch.no_grad():  # largest trainable weight (this process's shards; the largest over processes)
@@ -504,6 +538,7 @@ def train(
         raise ValueError(f"accum must be >= 1, got {plan.accum}")
     hooks = hooks or Hooks()
     parallel = isinstance(model, DistributedDataParallel) or is_fsdp(model)  # a plain model trains alone
+    loss_fn = plan.loss or ModelLoss()
     opt, sched = make_optimizer(model, plan.optim, plan.steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
     start, losses = _resume(model, batches, plan, opt, sched, state) if state is not None else (0, [])
@@ -517,7 +552,7 @@ def train(
     model.train()
     for step in range(start + 1, plan.steps + 1):
         lr = sched.get_last_lr()[0]  # the rate this step uses
-        loss, tokens, step_flops, host = _forward_backward(model, batches, plan.accum, plan.autocast, flops)
+        loss, tokens, step_flops, host = _step(model, batches, plan, flops, loss_fn, first=step == start + 1)
         gnorm = _update(opt, sched, trainable, plan.optim.clip, step)
         log.add(step, _process_mean(loss, parallel), local(gnorm).detach(), lr, tokens, step_flops)
         evaluating = hooks.on_step is not None and (plan.eval_steps is None or step in plan.eval_steps)
@@ -530,7 +565,7 @@ def train(
             if task is not None and rows:
                 progress.update(task, completed=rows[-1]["step"], loss=f"{losses[-1]:.3f}")
         if saving or stopping or step == plan.steps:
-            _check_update(model, host, plan.autocast, step, parallel)
+            _check_update(model, host, plan.autocast, step, parallel, loss_fn)
             log.restart_clock()
         if evaluating:
             hooks.on_step(step, losses[-1])

@@ -117,3 +117,118 @@ def test_bf16_fused_adamw_step_keeps_frozen_tensors(kind):
     for n, p in wide.named_parameters():
         if n in frozen:
             assert torch.equal(p, frozen[n]), n
+
+
+# ---------------------------------------------------------------------------------------------------------
+# issue 43: the default device, the chunked loss, the whole model compiled, fixed-shape evaluation, on CUDA
+
+
+def test_the_default_device_is_this_process_gpu_and_a_run_needs_no_device(tmp_path):
+    """pick_device() is cuda:N (torch.cuda.set_device accepts it), and train-bio without --device runs to the end
+    on the GPU (it stopped before its first step with 'Expected a torch.device with a specified index')."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from scalecl.cli import app
+    from scalecl.compute.machine import pick_device
+
+    dev = pick_device()
+    assert dev.type == "cuda" and dev.index is not None
+    torch.cuda.set_device(dev)
+    args = ["train-bio", "--preset", "tiny", "--method", "fft", "--out", str(tmp_path / "o"), "--cache",
+            str(tmp_path / "c"), "--checkpoints", str(tmp_path / "k"), "--set", "stage1.steps=4", "--set",
+            "stage2.steps=2", "--set", "stage3.steps=2", "--set", "eval.every=2"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output[-3000:]
+    (result,) = [json.loads(p.read_text()) for p in (tmp_path / "o").rglob("result.json")]
+    assert result["speed"]["peak"]["device"] == torch.cuda.get_device_name(dev)
+
+
+def _lm_batch(vocab: int, b: int = 8, t: int = 256) -> dict:
+    ids = batch(vocab, b, t)
+    labels = ids.clone()
+    labels[:, : t // 4] = -100  # a prompt without loss
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+@pytest.mark.parametrize("kind, tied", [("neox", False), ("llama", True)])
+def test_the_chunked_loss_agrees_in_bf16_and_holds_less(kind, tied):
+    """compute.loss=chunked against the model's own loss under bf16 autocast: loss and gradients within bf16
+    rounding, and a lower peak (a 32,768-row head over 8 x 256 tokens)."""
+    import copy
+
+    from scalecl.compute.loss import ModelLoss, step_loss
+
+    arch, kw = SHAPES[kind]
+    model = model_from_config(tiny_config(arch, **(kw | {"vocab_size": 32768, "tie_word_embeddings": tied})),
+                              seed=0).cuda()
+    plain = copy.deepcopy(model)
+    b = {k: v.cuda() for k, v in _lm_batch(32768).items()}
+    chunked = step_loss(model, "chunked", torch.device("cuda"))
+    chunked.chunk = 256  # 256 positions of logits at a time (a 32,768-row head fits 2,048 in one chunk)
+    out = {}
+    for name, m, loss in (("model", plain, ModelLoss()), ("chunked", model, chunked)):
+        m.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            value = loss(m, loss.host({k: v for k, v in b.items()}))
+        value.backward()
+        out[name] = (value.item(), {n: p.grad.float() for n, p in m.named_parameters()}, torch.cuda.max_memory_allocated())
+    assert out["chunked"][0] == pytest.approx(out["model"][0], rel=1e-2)
+    for n, g in out["model"][1].items():
+        scale = g.abs().max().item() + 1e-6
+        assert (out["chunked"][1][n] - g).abs().max().item() <= 5e-2 * scale, n
+    assert out["chunked"][2] < out["model"][2]
+
+
+@pytest.mark.parametrize("variant", ["fft", "route"])
+def test_the_whole_model_compiled_trains_the_eager_numbers(variant):
+    """compute.compile=model (inductor) against eager, three bf16 steps: the same losses within bf16 rounding; the
+    run is not left eager by a compile failure."""
+    import copy
+    from itertools import repeat
+
+    from scalecl.compute.loss import step_loss
+    from scalecl.compute.perf import compile_failure, compile_model
+    from scalecl.training.loop import Hooks, TrainPlan, train
+
+    torch._dynamo.reset()
+    if variant == "fft":
+        eager = model_from_config(tiny_config(*SHAPES["neox"][:1], **SHAPES["neox"][1]), seed=0).cuda()
+    else:
+        _, eager = models("neox", "route", l_fp=2)
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled, "model")
+    b = _lm_batch(eager.config.vocab_size, 4, 128)
+    losses = []
+    for m in (eager, compiled):
+        torch.manual_seed(0)
+        plan = TrainPlan(3, OptimConfig(lr=1e-3, schedule="constant"), autocast=torch.bfloat16,
+                         loss=step_loss(m, "auto", torch.device("cuda")))
+        losses.append(train(m, repeat(b), plan, hooks=Hooks()))
+    assert compile_failure(compiled) is None
+    assert losses[1] == pytest.approx(losses[0], rel=2e-2)
+
+
+def test_fixed_shape_evaluation_agrees_on_cuda():
+    """The fixed-shape evaluation a compiled model gets equals the length-grouped one (float32, TF32 off)."""
+    from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
+    from scalecl.data.tokenizer import train_bio_tokenizer
+    from scalecl.evaluation.qa import encode_qa, qa_accuracy
+
+    people = generate_people(preset("tiny"))
+    tok = train_bio_tokenizer(people)
+    pairs = qa_pairs(people, 0, 40)
+    qa = encode_qa(tok, pairs.prompts, pairs.answers, pairs.attributes, ATTRIBUTES)
+    model = model_from_config(tiny_config("gpt_neox", vocab_size=len(tok)), seed=3).cuda()
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        grouped = qa_accuracy(model, qa, batch_size=64, exact=True)
+        fixed = qa_accuracy(model, qa, batch_size=64, exact=True, fast="fixed")
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert fixed["acc"] == grouped["acc"] and fixed["exact_match"] == grouped["exact_match"]
+    assert fixed["soft_acc"] == pytest.approx(grouped["soft_acc"], abs=1e-5)

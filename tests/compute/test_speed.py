@@ -115,12 +115,14 @@ def test_activation_checkpointing_trains_the_same_numbers(tmp_path, local):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++") and not shutil.which("c++"), reason="inductor needs a C++ compiler")
-def test_compiled_blocks_train_the_same_numbers(tmp_path, local):
-    """compute.compile: every decoder block through torch.compile (inductor on CPU); same numbers to 1e-4."""
+@pytest.mark.parametrize("value, mode", [("true", "blocks"), ("model", "model")])
+def test_compiled_models_train_the_same_numbers(tmp_path, local, value, mode):
+    """compute.compile: every decoder block (true, as before) or the whole model through torch.compile (inductor
+    on CPU); same numbers to 1e-4."""
     sets = local_sets(local, "llama", "train.steps=2", "eval.every=2")
     (plain,) = run(tmp_path / "a", sets, ["scale-route"])
-    (compiled,) = run(tmp_path / "b", [*sets, "compute.compile=true"], ["scale-route"])
-    assert compiled["speed"]["parallel"]["compile"] is True
+    (compiled,) = run(tmp_path / "b", [*sets, f"compute.compile={value}"], ["scale-route"])
+    assert compiled["speed"]["parallel"]["compile"] == mode
     for x, y in zip(records(tmp_path / "a" / "out", "scale-route"), records(tmp_path / "b" / "out", "scale-route"),
                     strict=True):
         for key in ("loss", "old/ppl", "new/ppl"):
@@ -189,8 +191,9 @@ def test_result_records_speed(tmp_path, local):
     assert s["model_flops_per_token"]["definition"].startswith("6N + 12 L H Q T")
     assert s["mfu"] is None and s["peak"]["tflops"] is None  # CPU: no peak
     assert s["parallel"] == {"mode": "single", "processes": 1, "asked": "ddp", "activation_checkpointing": False,
-                             "compile": False, "attention": "sdpa"}
+                             "compile": "off", "attention": "sdpa"}  # compute.compile=auto: off on a CPU
     assert s["scale_products"] == "blocks" and s["sync_every"] == 1
+    assert s["loss"] == {"name": "model"}  # compute.loss=auto: the model's own on a CPU
     d = next((tmp_path / "out").glob("tiny-fft-*"))
     log = [json.loads(x) for x in (d / "train_log.jsonl").read_text().splitlines()]
     assert all("model_tflops" in r and r["mfu"] is None for r in log)
@@ -199,7 +202,9 @@ def test_result_records_speed(tmp_path, local):
 @pytest.mark.parametrize("sets,msg", [
     (["compute.parallel=zero"], "compute.parallel must be one of ddp, fsdp"),
     (["compute.sync_every=-1"], "compute.sync_every must be >= 0"),
-    (["compute.compile=maybe"], "expects true or false"),
+    (["compute.compile=maybe"], "compute.compile must be one of True, False, auto, model, blocks, off"),
+    (["compute.loss=fused"], "compute.loss must be one of auto, model, chunked, liger, cce"),
+    (["compute.loss=liger"], "compute.loss=liger needs liger-kernel"),  # not installed here (it needs Triton)
 ])
 def test_bad_compute_settings_are_one_line(tmp_path, sets, msg):
     for cmd in ("train-cpt", "train-bio"):

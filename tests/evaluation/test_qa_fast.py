@@ -70,6 +70,8 @@ def test_fast_equals_plain(tiny_qa, arch, name):
         plain = qa_accuracy(model, qa, batch_size=batch, fast=False, **kw)
         fast = qa_accuracy(model, qa, batch_size=batch, **kw)
         _same(fast, plain)
+        if batch != 7:  # fixed shapes (compiled models): padded rows and tokens
+            _same(qa_accuracy(model, qa, batch_size=batch, fast="fixed", **kw), plain)
     if name == "scale-route":
         got = qa_accuracy(model, qa, batch_size=64, method=method)
         assert 0.2 < got["answer/route_preserve"] < 0.8
@@ -117,6 +119,26 @@ def test_eval_batches_are_built_once_and_unpadded(tiny_qa):
     for b in eval_batches(qa, 32, whole=True):
         assert (b.total_len == b.ids.shape[1]).all()
         assert torch.equal(b.ids, qa.ids[b.rows, : b.ids.shape[1]])
+
+
+def test_fixed_shape_evaluation_runs_one_shape(tiny_qa):
+    """fast="fixed" (where the model is compiled): every forward is batch x fixed_width(qa), whatever the lengths
+    and however many rows are left, so a compiled model compiles once."""
+    from scalecl.evaluation.qa import fixed_width
+
+    tok, qa = tiny_qa
+    method, model = _model("llama", "scale-route", len(tok))
+    shapes = []
+    model.register_forward_pre_hook(lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    for kw in ({"method": method}, {"exact": True}, {}):
+        qa_accuracy(model, qa, batch_size=64, fast="fixed", **kw)  # 240 rows: 3 batches of 64 and one of 48
+    width = fixed_width(qa)
+    assert width % 16 == 0 and width >= qa.ids.shape[1]
+    assert set(shapes) == {(64, width)} and len(shapes) >= 12
+    shapes.clear()
+    model.compile(backend="eager")  # a compiled model gets the fixed shapes by default
+    qa_accuracy(model, qa, batch_size=64, method=method)
+    assert set(shapes) == {(64, width)}
 
 
 def test_encode_qa_equals_tokenising_each_string(tiny_qa):
