@@ -505,7 +505,7 @@ def _fake_lm_eval(monkeypatch) -> None:
     from scalecl.evaluation import harness
 
     monkeypatch.setattr(harness, "check_task_data", lambda *a, **k: None)  # the tasks' data: lm-eval's
-    monkeypatch.setattr(harness, "evaluate_model", lambda *a, **k: {"results": {}, "versions": {}})
+    monkeypatch.setattr(harness, "evaluate_model", lambda *a, **k: {"results": {}, "versions": {}, "scalecl": {"units": {}, "subset": None}})
     monkeypatch.setattr(harness, "score_rows", lambda *a, **k: [])
 
 
@@ -518,7 +518,7 @@ def test_eval_harness_replaces_only_its_own_results(ppl_model, tmp_path, monkeyp
         res = runner.invoke(app, args)
         assert res.exit_code == 0, res.output
     (sub,) = [d for d in out.iterdir() if d.is_dir()]
-    assert {p.name for p in sub.iterdir()} == {"lm_eval_results.json", "scores.csv", "scores.md", "run.json"}
+    assert {p.name for p in sub.iterdir()} == {"lm_eval_results.json", "scores.csv", "scores.md", "run.json", "items.jsonl"}
     for name, text in (("scores.csv", "my,own\n1,2\n"), ("run.json", '{"mine": true}\n')):
         (sub / name).write_text(text)  # the user's file (or one edited by hand) where eval-harness writes
         before = tree(out)
