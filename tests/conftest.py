@@ -101,6 +101,34 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+# Figures drawn by tests: PNG alone at 50 dpi (what `scalecl plot --formats png --dpi 50` asks for), for every
+# test in this process (the library's defaults, PNG and PDF at 150 dpi, draw several times slower). A test that
+# checks the default formats asks for `all_figure_formats`.
+QUICK_FIGURES = (("png",), 50)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_figures():
+    try:
+        import scalecl.report.draw as draw
+    except Exception:  # a broken report package fails its own tests, not every other one
+        yield
+        return
+    saved = draw.FIGURE_FORMATS, draw.FIGURE_DPI
+    draw.FIGURE_FORMATS, draw.FIGURE_DPI = QUICK_FIGURES
+    yield
+    draw.FIGURE_FORMATS, draw.FIGURE_DPI = saved
+
+
+@pytest.fixture
+def all_figure_formats(monkeypatch):
+    """The library's figure defaults (PNG and PDF at 150 dpi) for one test."""
+    import scalecl.report.draw as draw
+
+    monkeypatch.setattr(draw, "FIGURE_FORMATS", ("png", "pdf"))
+    monkeypatch.setattr(draw, "FIGURE_DPI", 150)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Continual pre-training on local text. The package imports stay inside the functions: a module that does not
 # use them collects even while these parts of the package are broken.
