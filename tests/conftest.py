@@ -25,7 +25,10 @@ if "HF_MODULES_CACHE" not in os.environ:  # before transformers reads it: the re
 
 from scalecl.models.build import model_from_config, tiny_config
 
-pytest_plugins = ["tests.durations"]  # the 30 slowest tests against the committed baseline (tests/durations.json)
+pytest_plugins = [
+    "tests.durations",  # the 30 slowest tests, against the committed baseline (tests/durations.json) if any
+    "tests.xdist_groups",  # --dist loadgroup honoured with pytest 9.2 (xdist_group marks)
+]
 
 # under pytest-xdist ("gw0", "gw1", ...) each worker has a core of its own: one torch thread each; alone, two
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
