@@ -42,6 +42,20 @@ torch.set_num_threads(1 if WORKER else 2)
 GROUPS = ("heavy", "torchrun")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers (in its own sessionstart)
+def pytest_sessionstart(session):
+    """The workers start with this process's C-level environment, where something loaded into this pytest process
+    has exported COLUMNS=80 and LINES=24 that os.environ does not show: the workers' os.environ would then hold
+    them, and rich would wrap the workers' output at 80 columns where a run in one process (and any scalecl run
+    off a terminal) does not. Give the workers the user's own values (or none)."""
+    if not WORKER:
+        for name in ("COLUMNS", "LINES"):
+            if name in os.environ:
+                os.environ[name] = os.environ[name]
+            else:
+                os.unsetenv(name)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
