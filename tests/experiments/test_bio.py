@@ -59,6 +59,7 @@ def run_dir(out, method):
     return d
 
 
+@pytest.mark.xdist_group("test_bio.dirs")  # one worker, in order: the second finds the first's runs
 def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
     invoke(dirs, "--method", "fft")
     assert calls == ["stage 1: pre-train", "stage 2: Task 0 QA", "stage 3: fft"]
@@ -106,6 +107,7 @@ def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
     assert route["summary"]["task0_start"] == fft["summary"]["task0_start"]
 
 
+@pytest.mark.xdist_group("test_bio.dirs")  # one worker, in order: the second finds the first's runs
 def test_finished_run_is_skipped_unless_forced(dirs, calls):
     n = len(calls)
     res = invoke(dirs, "--method", "fft")
