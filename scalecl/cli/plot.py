@@ -22,7 +22,7 @@ def plot(
         "seeds are replicates: tables give their mean and 95% Student-t interval (paired_*.csv: per-base "
         "differences between methods), curves a band; of two runs with the same seeds the newer is used. Every "
         "figure and table lists the runs it used (<name>.inputs.txt)."),
-    out_text: str = typer.Option("runs/figures", "--out", help="Folder for figures (PNG + PDF) and tables "
+    out_text: str = typer.Option("runs/figures", "--out", help="Folder for figures (PNG + PDF, see --formats) and tables "
                                  "(CSV/MD/TeX). The committed figures: --results results --out paper_figures. Only plot's own "
                                  "earlier outputs are replaced, and those these results no longer give are removed; "
                                  "any other file there is never touched."),
@@ -30,6 +30,12 @@ def plot(
                                     "(.scalecl-run-files.json) does not prove a run wrote unchanged (edited by hand, "
                                     "copied without it), each setting marked '(unverified)'. Without it they are "
                                     "skipped, as training does not count them as finished runs either."),
+    formats_text: str | None = typer.Option(None, "--formats", help="Figure formats, comma-separated, of png, pdf "
+                                            "and svg. Default: png,pdf (as paper_figures holds them). Earlier figures "
+                                            "of a format left out are removed as outputs these results no longer give. "
+                                            "--formats png --dpi 50 draws quickly (the tests do)."),
+    dpi: int | None = typer.Option(None, "--dpi", min=10, max=1200, help="Resolution of the PNG figures, in dots "
+                                   "per inch. Default: 150."),
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from scalecl.common.files import check_writable_dir
@@ -37,6 +43,7 @@ def plot(
     from scalecl.report import plot_all
 
     out = Path(out_text)  # not empty: scalecl.cli.errors.refuse_empty
+    formats = _formats(formats_text)
 
     roots = results or [p for p in (Path("runs"), Path("results")) if p.is_dir()]
     if not roots:
@@ -45,7 +52,8 @@ def plot(
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
     check_writable_dir(out)
-    result = plot_all(roots, out, [spec.report_spec() for spec in EXPERIMENTS.values()], unverified=unverified)
+    result = plot_all(roots, out, [spec.report_spec() for spec in EXPERIMENTS.values()], unverified=unverified,
+                      formats=formats, dpi=dpi)
     if not result.written:
         skipped = "".join(f"; skipped {why}" for why in list(result.skipped.values())[:3])
         raise ScaleclError(f"no finished runs (result.json) found under {', '.join(map(str, roots))}{skipped}")
@@ -55,3 +63,16 @@ def plot(
         console.print(f"removed {p} (an earlier plot's output, not drawn from these results)", highlight=False)
     for why in result.skipped.values():  # one line per file a run was left out for (docs/figures.md: such runs are skipped)
         err_console.print(f"skipped: {escape(' '.join(why.split()))}", highlight=False, soft_wrap=True)
+
+
+def _formats(text: str | None) -> tuple[str, ...] | None:
+    """--formats as a tuple of known figure formats (None: the default)."""
+    from scalecl.report.draw import SAVE_FORMATS
+
+    if text is None:
+        return None
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
+    wrong = [f for f in formats if f not in SAVE_FORMATS]
+    if not formats or wrong:
+        raise ScaleclError(f"--formats {text!r}: give one or more of {', '.join(SAVE_FORMATS)}, comma-separated")
+    return formats

@@ -94,15 +94,16 @@ RUN_ORDER = ("fig8", "summary", "heldout", "table2", "table2_paper", "fig9", "fi
 
 
 def plot_all(results: Path | Sequence[Path], out: Path, specs: Sequence[ReportSpec],
-             unverified: bool = False) -> PlotResult:
+             unverified: bool = False, formats: Sequence[str] | None = None, dpi: int | None = None) -> PlotResult:
     """Every figure and table the results folders have data for, for the experiments `specs` describe (the one
     entry point of `scalecl plot`). Nothing is written until every output has been checked; then plot's own
     earlier outputs that these results no longer give are removed (none when nothing was written). Results
-    their run folder's manifest does not prove are skipped, or with `unverified` drawn and marked so."""
+    their run folder's manifest does not prove are skipped, or with `unverified` drawn and marked so. Figures are
+    saved in `formats` at `dpi` (None: draw.FIGURE_FORMATS, draw.FIGURE_DPI)."""
     registry.check_specs(specs)
     out = Path(out)
     with locked(out, wait=False, what=f"plot folder {out}"):  # one writer of the folder and its manifest
-        plot = Plot.of(results, out, unverified=unverified)
+        plot = Plot.of(results, out, unverified=unverified, formats=formats, dpi=dpi)
         plot.files = OwnedFiles(out, WRITER, deferred=True)
         for o in registry.outputs(RUN_ORDER):
             if not o.each_experiment:

@@ -16,19 +16,24 @@ WRITER = "scalecl plot"  # the name plot's OwnedFiles records its outputs under
 class Plot:
     """One plot: `roots` the results folders read, `out` the folder written, `files` its writer (plot_all's is
     deferred: nothing is written before every output was checked), `skipped` file -> why a run was left out,
-    `unverified` whether results their run folder's manifest does not prove are drawn (marked so) instead."""
+    `unverified` whether results their run folder's manifest does not prove are drawn (marked so) instead,
+    `formats` and `dpi` how figures are saved (None: draw.FIGURE_FORMATS, draw.FIGURE_DPI)."""
 
     roots: list[Path]
     out: Path | None = None
     files: OwnedFiles | None = None
     skipped: dict[str, str] = field(default_factory=dict)
     unverified: bool = False
+    formats: tuple[str, ...] | None = None
+    dpi: int | None = None
 
     @classmethod
-    def of(cls, results: Path | str | Sequence[Path], out: Path | None = None, unverified: bool = False) -> Plot:
+    def of(cls, results: Path | str | Sequence[Path], out: Path | None = None, unverified: bool = False,
+           formats: Sequence[str] | None = None, dpi: int | None = None) -> Plot:
         """A plot of one results folder or several; `out` where its outputs go (written at once)."""
         roots = [Path(results)] if isinstance(results, str | Path) else [Path(r) for r in results]
-        return cls(roots, Path(out) if out is not None else None, unverified=unverified)
+        return cls(roots, Path(out) if out is not None else None, unverified=unverified,
+                   formats=tuple(formats) if formats is not None else None, dpi=dpi)
 
     def skip(self, path: Path, why: str) -> None:
         """Record a run left out (a file missing or malformed); the first reason for a file is kept."""

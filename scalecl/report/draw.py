@@ -1,5 +1,5 @@
 """Drawing helpers shared by the figure families: colours, mean curves with their t-interval bands, legends,
-replicates pooled into one line, and saving a figure (PNG, PDF) with the runs it drew (`<stem>.inputs.txt`).
+replicates pooled into one line, and saving a figure (PNG and PDF unless the plot asks for others) with the runs it drew (`<stem>.inputs.txt`).
 
 Every figure has a `draw_*` function that yields (file stem, Figure) pairs, open and unsaved, so its content
 can be inspected; the registered function beside it saves each one."""
@@ -30,6 +30,10 @@ COLORS = {m: c for m, c in zip(METHOD_ORDER, ("tab:red", "tab:purple", "tab:brow
 LINESTYLES = ("-", "--", "-.", ":")
 INPUTS_ATTR = "scalecl_inputs"  # a drawn figure's inputs (inputs_text), saved beside it by _save
 BAND_ALPHA = 0.2
+# how figures are saved unless the plot says otherwise (`scalecl plot --formats/--dpi`, Plot.formats/dpi)
+FIGURE_FORMATS = ("png", "pdf")
+FIGURE_DPI = 150
+SAVE_FORMATS = ("png", "pdf", "svg")  # what --formats accepts
 RATE_NOTE = ("Colour: the method; line style: its learning rate (result.json lr) among the rates drawn of the "
              "method with that setting, lowest first: solid, dashed, dash-dot, dotted; the legend names both.")
 UNIT_NOTE = ("Shaded: the 95% Student-t interval per step over a line's units, named with it: its base seeds when "
@@ -53,18 +57,20 @@ def _with_inputs(fig: Figure, runs: pd.DataFrame, what: str) -> Figure:
 
 
 def _save(plot: Plot, fig: Figure, stem: str) -> list[Path]:
-    """Save a figure as PNG and PDF, and its inputs (the runs it draws) as `<stem>.inputs.txt` when it has them."""
+    """Save a figure in the plot's formats (default PNG and PDF), and its inputs (the runs it draws) as
+    `<stem>.inputs.txt` when it has them."""
     owned = plot.writer()
     paths = []
     inputs = getattr(fig, INPUTS_ATTR, None)
+    formats = plot.formats or FIGURE_FORMATS
     try:
-        for name in [f"{stem}.png", f"{stem}.pdf"] + ([f"{stem}.inputs.txt"] if inputs else []):
+        for name in [f"{stem}.{ext}" for ext in formats] + ([f"{stem}.inputs.txt"] if inputs else []):
             owned.check(name)  # before drawing: a user's file of that name is refused
-        for ext in ("png", "pdf"):
+        for ext in formats:
             buf = io.BytesIO()
-            # no creation date in the PDF: a figure drawn again from the same runs is the same bytes
-            fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight",
-                        metadata={"CreationDate": None} if ext == "pdf" else None)
+            # no creation date in the PDF (nor the SVG): a figure drawn again from the same runs is the same bytes
+            fig.savefig(buf, format=ext, dpi=plot.dpi or FIGURE_DPI, bbox_inches="tight",
+                        metadata={"CreationDate": None} if ext == "pdf" else {"Date": None} if ext == "svg" else None)
             paths.append(owned.write(f"{stem}.{ext}", buf.getvalue()))  # never through a link
         if inputs:
             paths.append(owned.write(f"{stem}.inputs.txt", inputs))

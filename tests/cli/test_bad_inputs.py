@@ -244,6 +244,9 @@ def cases(fx: Path) -> list[tuple[list[str], str]]:
         (["plot", "--results", str(fx / "results_empty"), "--out", "figs"], "no finished runs"),
         (["plot", "--results", str(fx / "results_empty"), "--out", str(fx / "afile")], "is a file"),
         (["plot"], "no results folder"),
+        (["plot", "--formats", "png,gif"], "--formats 'png,gif': give one or more of png, pdf, svg"),
+        (["plot", "--formats", " , "], "give one or more of png, pdf, svg"),
+        (["plot", "--dpi", "5"], "'--dpi': Input should be greater than or equal to 10"),
     ]
 
 

@@ -36,6 +36,7 @@ def torchrun(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.Com
     return proc
 
 
+@pytest.mark.xdist_group("torchrun")  # conftest.GROUPS: one 2-process run at a time
 @pytest.mark.slow
 def test_fsdp_two_processes_match_one_process_across_a_resume(tmp_path, local):
     sets = local_sets(local, "llama", "train.micro_batch=2", "checkpoint.every=2")
@@ -99,6 +100,7 @@ def test_position_keyed_optimizer_state_loads_by_name():
                 torch.testing.assert_close(opt2.state[p2][k], opt.state[p][k], rtol=0, atol=0, msg=n)
 
 
+@pytest.mark.xdist_group("torchrun")  # conftest.GROUPS: one 2-process run at a time
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
@@ -138,6 +140,7 @@ def test_bio_under_torchrun_matches_one_process(tmp_path, parallel):
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == r2["trainable_params"]
 
 
+@pytest.mark.xdist_group("torchrun")  # conftest.GROUPS: one 2-process run at a time
 @pytest.mark.slow
 def test_torchrun_refuses_a_run_another_process_holds_on_every_rank(tmp_path, local):
     """Rank 0 takes the run's lock for every process (sweep.hold): when another process holds it, both ranks

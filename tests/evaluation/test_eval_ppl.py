@@ -96,6 +96,7 @@ def big_head(local, tmp_path_factory):
     return root
 
 
+@pytest.mark.xdist_group("heavy")  # conftest.GROUPS: gigabytes, apart from the other heavy tests
 @pytest.mark.slow
 def test_estimate_is_close_to_the_measured_peak(big_head, tmp_path):
     """The `estimate:` line against the peak resident memory of the process (ru_maxrss): within 1/1.3 and 1.5 of it

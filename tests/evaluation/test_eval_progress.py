@@ -11,10 +11,8 @@ from typer.testing import CliRunner
 
 import scalecl.training.loop as train_module
 from scalecl.cli import app
-from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
-from scalecl.data.tokenizer import train_bio_tokenizer
 from scalecl.evaluation.perplexity import perplexity
-from scalecl.evaluation.qa import encode_qa, qa_accuracy
+from scalecl.evaluation.qa import qa_accuracy
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.loop import LineProgress, eval_progress, progress_bar
@@ -89,13 +87,6 @@ def test_on_a_terminal_an_evaluation_is_a_task_of_the_live_bar_removed_at_its_en
         assert [t.id for t in bar.tasks] == [train_task]
     assert train_module._SHOWING == []
 
-
-@pytest.fixture(scope="module")
-def tiny_qa():
-    people = generate_people(preset("tiny"))
-    tok = train_bio_tokenizer(people)
-    pairs = qa_pairs(people, 0, 40)
-    return tok, encode_qa(tok, pairs.prompts, pairs.answers, pairs.attributes, ATTRIBUTES)
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
-from scalecl.data.tokenizer import train_bio_tokenizer
-from scalecl.evaluation.qa import encode_qa, eval_batches, qa_accuracy, qa_train_batch
+from scalecl.data.biography import generate_people, preset, qa_pairs
+from scalecl.evaluation.qa import eval_batches, qa_accuracy, qa_train_batch
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
 from tests.conftest import method_cases
@@ -22,14 +21,6 @@ METHODS = method_cases(l_fp=1, llama_pro={"n": 1})  # the shared case table (tes
 # batches of 7, 64 and 240 rows differ among themselves by up to 3e-8). Real runs record 6 digits.
 ATOL = 2e-6
 COUNTS = ("acc", "exact_match")
-
-
-@pytest.fixture(scope="module")
-def tiny_qa():
-    people = generate_people(preset("tiny"))
-    tok = train_bio_tokenizer(people)
-    pairs = qa_pairs(people, 0, 40)  # 240 pairs: several prompt and answer lengths
-    return tok, encode_qa(tok, pairs.prompts, pairs.answers, pairs.attributes, ATTRIBUTES)
 
 
 def _model(arch: str, name: str, vocab: int):

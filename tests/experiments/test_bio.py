@@ -13,12 +13,12 @@ import scalecl.experiments.bio as bio
 import scalecl.training.fit as fit_module
 from scalecl.cli import app
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
-from scalecl.data.tokenizer import train_bio_tokenizer
-from scalecl.evaluation.qa import encode_qa, qa_accuracy, qa_train_batch
+from scalecl.evaluation.qa import qa_accuracy, qa_train_batch
 from scalecl.experiments import load_preset
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.loop import TrainPlan
 from scalecl.training.optim import OptimConfig
+from tests.conftest import tiny_qa_of
 
 runner = CliRunner()
 FAST = ["--set", "stage1.steps=30", "--set", "stage2.steps=5", "--set", "stage3.steps=12",
@@ -59,6 +59,7 @@ def run_dir(out, method):
     return d
 
 
+@pytest.mark.xdist_group("test_bio.dirs")  # one worker, in order: the second finds the first's runs
 def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
     invoke(dirs, "--method", "fft")
     assert calls == ["stage 1: pre-train", "stage 2: Task 0 QA", "stage 3: fft"]
@@ -106,6 +107,7 @@ def test_tiny_end_to_end_fft_then_route_reuses_stages(dirs, calls):
     assert route["summary"]["task0_start"] == fft["summary"]["task0_start"]
 
 
+@pytest.mark.xdist_group("test_bio.dirs")  # one worker, in order: the second finds the first's runs
 def test_finished_run_is_skipped_unless_forced(dirs, calls):
     n = len(calls)
     res = invoke(dirs, "--method", "fft")
@@ -133,15 +135,13 @@ def test_bad_input_one_line(tmp_path, args, msg):
 
 
 @pytest.fixture(scope="module")
-def tiny_qa():
-    people = generate_people(preset("tiny"))
-    tok = train_bio_tokenizer(people)
-    pairs = qa_pairs(people, 0, 20)
-    return tok, pairs, encode_qa(tok, pairs.prompts, pairs.answers, pairs.attributes, ATTRIBUTES)
+def qa20(tiny_people):
+    """(tokenizer, pairs, encoded QA) of 20 tiny people."""
+    return tiny_qa_of(tiny_people, 20)
 
 
-def test_batched_accuracy_equals_per_item_loop(tiny_qa):
-    tok, pairs, qa = tiny_qa
+def test_batched_accuracy_equals_per_item_loop(qa20):
+    tok, pairs, qa = qa20
     model = model_from_config(tiny_config("gpt_neox", vocab_size=len(tok)), seed=3)
     got = qa_accuracy(model, qa, batch_size=7, exact=True)
     hard, soft, exact = [], [], []
@@ -161,8 +161,8 @@ def test_batched_accuracy_equals_per_item_loop(tiny_qa):
     assert got["exact_match"] == pytest.approx(np.mean(exact))
 
 
-def test_qa_loss_covers_answer_and_eos_only(tiny_qa):
-    tok, pairs, qa = tiny_qa
+def test_qa_loss_covers_answer_and_eos_only(qa20):
+    tok, pairs, qa = qa20
     b = qa_train_batch(qa, torch.arange(4))
     for i in range(4):
         n_ans = len(tok(pairs.answers[i], add_special_tokens=False)["input_ids"]) + 1
@@ -229,14 +229,14 @@ def test_a_given_tokenizer_directory_is_used(tmp_path):
     assert (b["labels"] != -100).sum() > 3
 
 
-def test_routing_at_the_answer_position_matches_two_explicit_paths(tiny_qa):
+def test_routing_at_the_answer_position_matches_two_explicit_paths(qa20):
     """answer/route_preserve and the router-score quantiles are those of cos(Z_preserve, Z_adapt) at the scored
     position (the last prompt token), computed here from the two paths' full logits."""
     from scalecl.evaluation.qa import QUANTILES
     from scalecl.methods import get_method
     from scalecl.methods.scale import scale_path
 
-    tok, _, qa = tiny_qa
+    tok, _, qa = qa20
     method = get_method("scale-route", hidden_up=32, ffn_up=32, l_fp=1)
     model = method.apply(model_from_config(tiny_config("gpt_neox", vocab_size=len(tok)), seed=3))
     g = torch.Generator().manual_seed(0)
@@ -264,7 +264,7 @@ def test_routing_at_the_answer_position_matches_two_explicit_paths(tiny_qa):
     assert 0.0 <= got["route_preserve"] <= 1.0  # all tokens, as before
 
 
-def test_never_target_share_at_the_answer_matches_two_explicit_paths(tiny_qa):
+def test_never_target_share_at_the_answer_matches_two_explicit_paths(qa20):
     """answer/never_share_{preserve,adapt}: the share of each path's squared logit norm on rows never a target,
     at the scored position, equals the one computed from the two paths' full logits (the head's new columns
     start at zero, so a fresh model's full logits are the original channels' Z). Nothing is kept without the
@@ -272,7 +272,7 @@ def test_never_target_share_at_the_answer_matches_two_explicit_paths(tiny_qa):
     from scalecl.methods import get_method
     from scalecl.methods.scale import scale_path
 
-    tok, _, qa = tiny_qa
+    tok, _, qa = qa20
     method = get_method("scale-route", hidden_up=32, ffn_up=32, l_fp=1)
     model = method.apply(model_from_config(tiny_config("gpt_neox", vocab_size=len(tok)), seed=3))
     g = torch.Generator().manual_seed(1)

@@ -80,6 +80,7 @@ def test_gradient_accumulation_matches_one_big_batch(local):
         torch.testing.assert_close(params, out[0][1], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.xdist_group("torchrun")  # conftest.GROUPS: one 2-process run at a time
 @pytest.mark.slow
 def test_two_process_torchrun_matches_one_process(tmp_path, local):
     """torchrun --nproc_per_node 2 (gloo on CPU): same global batch, same numbers within float tolerance."""
@@ -106,6 +107,7 @@ def test_two_process_torchrun_matches_one_process(tmp_path, local):
                     assert a[key] == pytest.approx(b[key], rel=1e-4), (method, a["step"], key)
 
 
+@pytest.mark.xdist_group("torchrun")  # conftest.GROUPS: one 2-process run at a time
 def test_two_process_run_builds_the_builtin_base_on_rank_0(tmp_path):
     """Uncached builtin corpus and base under torchrun: rank 0 builds them while rank 1 waits, then both train."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "scalecl.cli",

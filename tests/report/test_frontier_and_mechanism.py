@@ -274,7 +274,7 @@ def test_frontier_labels_of_points_close_together_do_not_overlap(tmp_path, closi
     assert not clashes
 
 
-def test_plot_writes_frontier_files(tmp_path):
+def test_plot_writes_frontier_files(tmp_path, all_figure_formats):
     out = tmp_path / "figs"
     names = {p.name for p in plot_all(frontier_results(tmp_path / "res"), out, SPECS).written}
     assert {"frontier_bio.png", "frontier_bio.pdf", "frontier_bio.csv", "frontier_bio.md", "frontier_bio.tex",
@@ -337,7 +337,7 @@ def _rows(fig) -> dict[str, list]:
     return rows
 
 
-def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing):
+def test_route_mechanism_drawn_when_keys_exist(tmp_path, closing, all_figure_formats):
     res = tmp_path / "res"
     route_run(res, 0, 1045, never=600, share=0.1)  # main run
     route_run(res / "studies" / "vocab", 0, 50304, never=49859, share=0.2)  # a study: two base seeds

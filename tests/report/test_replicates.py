@@ -434,7 +434,8 @@ def test_committed_results_still_plot(tmp_path, monkeypatch):
     # run from the checkout with `--results results`, as paper_figures/ is made: the inputs lists name run
     # folders as the command was given them, so an absolute path would differ from machine to machine
     monkeypatch.chdir(results.parent)
-    r = runner.invoke(app, ["plot", "--results", "results", "--out", str(out)])
+    # the figures in one format at a third of paper_figures' 150 dpi: drawing is most of this command's time
+    r = runner.invoke(app, ["plot", "--results", "results", "--out", str(out), "--formats", "png", "--dpi", "50"])
     assert r.exit_code == 0, r.output
     bio = pd.read_csv(out / "table_bio.csv")
     # a group is a method at one rate and one setting (SCALE-Route at 1e-3 twice: tau 0.5 and the former 0.9)
@@ -450,13 +451,21 @@ def test_committed_results_still_plot(tmp_path, monkeypatch):
     assert set(frontier["method"]) == set(bio["method"]) and (out / "frontier_bio.png").exists()
     assert (out / "frontier_cpt.csv").exists() and (out / "frontier_cpt.png").exists()
     assert (out / "paired_cpt.csv").exists() and (out / "fig8_bio_cpu.inputs.txt").exists()
-    # paper_figures/ is this command's output on these results: the same files, and every table and figure
-    # input list the same text (the images themselves depend on the fonts and matplotlib build of the machine)
+    # paper_figures/ is this command's output on these results: the same files (each PDF's figure drawn here as
+    # PNG), every table and figure input list the same text, and every figure the same size in inches (its
+    # pixels at 50 dpi a third of the committed ones', within 10%: the images themselves depend on the fonts
+    # and matplotlib build of the machine, and text rounds differently at a low resolution)
+    from matplotlib.image import imread
+
     committed = results.parent / "paper_figures"
-    assert sorted(p.name for p in committed.iterdir()) == sorted(p.name for p in out.iterdir())
+    assert sorted(p.name for p in committed.iterdir() if p.suffix != ".pdf") == sorted(p.name for p in out.iterdir())
+    assert {p.stem for p in committed.glob("*.pdf")} == {p.stem for p in committed.glob("*.png")}
     for f in sorted(out.iterdir()):
         if f.suffix in (".csv", ".md", ".tex", ".txt"):
             assert f.read_text() == (committed / f.name).read_text(), f"paper_figures/{f.name} is stale: rerun plot"
+        else:
+            drawn, paper = imread(f).shape[:2], imread(committed / f.name).shape[:2]
+            assert all(abs(3 * a / b - 1) < 0.1 for a, b in zip(drawn, paper, strict=True)), (f.name, drawn, paper)
 
 
 def test_replicate_groups_leave_out_what_run_names_leave_out():

@@ -11,6 +11,7 @@ import pytest
 from matplotlib.colors import to_rgb
 from typer.testing import CliRunner
 
+import scalecl.report.draw as draw
 from scalecl.cli import app
 from scalecl.experiments.reports import BIO_REPORT, CPT_REPORT
 from scalecl.methods.base import METHOD_ORDER
@@ -64,7 +65,8 @@ def fake_bio_run(root, method, preset="cpu", t0=(0.9, 0.2, 0.3), t1=(0.0, 0.5, 0
     return d
 
 
-def test_bio_figure_and_table(tmp_path):
+def test_bio_figure_and_table(tmp_path, all_figure_formats):
+    """`scalecl plot` with its default formats: PNG and PDF (the PDF the same bytes when drawn again)."""
     res = tmp_path / "results"
     fake_bio_run(res, "fft")
     fake_bio_run(res, "scale-route", t0=(0.9, 0.85, 0.8))
@@ -87,6 +89,32 @@ def test_bio_figure_and_table(tmp_path):
     r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert (out / "fig8_bio_cpu.pdf").read_bytes() == first
+
+
+def test_plot_formats_and_dpi(tmp_path):
+    """`--formats` and `--dpi`: the figures in the formats asked for alone (an earlier plot's figures of another
+    format removed, as outputs these results no longer give), PNGs at the resolution asked for; tables unchanged."""
+    from matplotlib.image import imread
+
+    res, out = tmp_path / "results", tmp_path / "figs"
+    fake_bio_run(res, "fft")
+    sizes = {}
+    for dpi in (150, 50):
+        r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out), "--formats", "png,pdf", "--dpi",
+                                str(dpi)])
+        assert r.exit_code == 0, r.output
+        sizes[dpi] = imread(out / "fig8_bio_cpu.png").shape[:2]
+    assert (out / "fig8_bio_cpu.pdf").is_file() and (out / "table_bio.csv").is_file()
+    # a third of the pixels per side (150 / 50 dpi), within the text's rounding at a low resolution (measured 5%)
+    assert all(abs(a / (3 * b) - 1) < 0.1 for a, b in zip(sizes[150], sizes[50], strict=True)), sizes
+    table = (out / "table_bio.csv").read_text()
+    r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out), "--formats", "SVG, png"])
+    assert r.exit_code == 0, r.output
+    assert f"removed {out / 'fig8_bio_cpu.pdf'}" in r.output.replace("\n", "")
+    names = {p.name for p in out.iterdir()}
+    assert {"fig8_bio_cpu.svg", "fig8_bio_cpu.png"} <= names and not any(n.endswith(".pdf") for n in names)
+    assert (out / "table_bio.csv").read_text() == table
+    assert b"<dc:date>" not in (out / "fig8_bio_cpu.svg").read_bytes()  # drawn again: the same bytes
 
 
 def test_load_runs_ignores_other_experiments(tmp_path):
@@ -146,7 +174,7 @@ def test_cpt_figures_studies_and_table2(tmp_path):
     r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
     assert r.exit_code == 0, r.output
     for stem in ("fig9_cpt_cpu", "fig4_width_vs_depth_cpu", "fig5_init_pairs", "fig6_l_fp", "fig7_collab_modules"):
-        for ext in ("png", "pdf"):
+        for ext in draw.FIGURE_FORMATS:  # those in force (tests: PNG; the defaults: test_bio_figure_and_table)
             assert (out / f"{stem}.{ext}").stat().st_size > 0, stem
     cpt = pd.read_csv(out / "table_cpt.csv")
     assert sorted(cpt["method"]) == sorted(["fft", "llama-pro", "scale-preserve", "scale-adapt", "scale-route"])
@@ -287,7 +315,7 @@ def test_route_figures_and_tables(tmp_path):
     r = runner.invoke(app, ["plot", *args, "--out", str(out)])
     assert r.exit_code == 0, r.output
     for stem in NEW_FIGURES:
-        for ext in ("png", "pdf"):
+        for ext in draw.FIGURE_FORMATS:  # those in force (tests: PNG; the defaults: test_bio_figure_and_table)
             assert (out / f"{stem}.{ext}").stat().st_size > 0, stem
     # what older runs lack is skipped, not drawn empty
     for stem in ("train_loss_bio_old", "router_score_bio_old", "lr_schedule_study_tau"):

@@ -166,6 +166,7 @@ def loaded_elsewhere(ckpts) -> dict:
     return out
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_plain_transformers_loads_right_or_raises(ckpts, loaded_elsewhere):
     """No trust_remote_code: equal logits and generation, or an exception; never a random or partial model."""
     for name, c in ckpts["made"].items():
@@ -185,6 +186,7 @@ def test_plain_transformers_loads_right_or_raises(ckpts, loaded_elsewhere):
             assert json.loads((Path(c["dir"]) / "config.json").read_text())["num_hidden_layers"] == 6
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_scale_remote_code_equals_load_model(ckpts, loaded_elsewhere):
     """trust_remote_code: logits and cached greedy generation equal scalecl's; same trainable set and ties."""
     scale = {n: c for n, c in ckpts["made"].items() if c["method"].startswith("scale-")}
@@ -201,12 +203,14 @@ def test_scale_remote_code_equals_load_model(ckpts, loaded_elsewhere):
         assert r["spec"]["tau"] == opts["tau"] and r["spec"]["variant"] == c["method"].removeprefix("scale-")
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_remote_code_loading_is_strict(loaded_elsewhere):
     """A tensor missing from the checkpoint is an error, never a newly initialised block."""
     err = loaded_elsewhere["corrupt/remote"].get("error", "")
     assert err.startswith("ValueError") and "does not match its config.json" in err and "o_proj.w12" in err, err
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_lora_loads_with_peft(ckpts, loaded_elsewhere):
     """peft's own loader: PeftModel.from_pretrained(base recorded in adapter_config.json, dir)."""
     for name in ("llama-lora", "gpt_neox-lora"):
@@ -215,6 +219,7 @@ def test_lora_loads_with_peft(ckpts, loaded_elsewhere):
         assert r["diff"] <= TOL, (name, r)
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_checkpoint_layouts(ckpts):
     made = ckpts["made"]
     lora = Path(made["llama-lora"]["dir"])
@@ -268,6 +273,7 @@ def test_lora_base_recorded_where_it_lives(tmp_path):
         torch.testing.assert_close(load_model(on_disk)(ids).logits, base(ids).logits, atol=1e-6, rtol=0)
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_merge_lora_into_a_plain_model(ckpts, tmp_path):
     """`scalecl merge`: LoRA folded into its base loads as a plain transformers model with the same logits."""
     from transformers import AutoModelForCausalLM
@@ -290,6 +296,7 @@ def test_merge_lora_into_a_plain_model(ckpts, tmp_path):
                                    torch.load(ckpts["made"]["llama-llama-pro"]["ref"])["logits"], atol=0, rtol=0)
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_merge_refuses_scale_in_one_line(ckpts, tmp_path):
     res = runner.invoke(app, ["merge", "--model", ckpts["made"]["neox-parallel-scale-route"]["dir"], "--out",
                               str(tmp_path / "m")])
@@ -300,6 +307,7 @@ def test_merge_refuses_scale_in_one_line(ckpts, tmp_path):
     assert res.exit_code == 0 and "merge_and_unload" in res.output and "--overwrite" in res.output
 
 
+@pytest.mark.xdist_group("test_checkpoint.ckpts")  # ckpts built once (one worker)
 def test_a_method_checkpoint_is_not_a_base(ckpts, tmp_path):
     """Upscaling a SCALE or LoRA checkpoint as if it were a plain base fails in one line, before any work."""
     for name in ("llama-gqa-tied-scale-adapt", "llama-lora"):

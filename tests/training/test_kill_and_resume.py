@@ -3,7 +3,11 @@ checkpoint of another run, a planted pickle, a diverging run, a folder of someon
 
 Runs that are killed run in subprocesses (SIGKILL, no clean-up). `SCALECL_CRASH_AT=<point>[:n]` kills the
 process the n-th time it reaches a named moment (inside checkpoint and result writing, where a timer would
-rarely land); other kills come after a random delay.
+rarely land); other kills come after a random delay. The runs that continue them (--resume) and the uninterrupted
+reference runs run in this process (typer's CliRunner): a resume reads only what the killed process left on disk.
+The reference runs are made once per session (across pytest-xdist workers); their cache (stages 1-2 of the
+biography experiment, the CPT base) is copied to the tests whose runs start after those stages, so that only the
+kill points inside stage 1 or the base train them again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typer.testing import CliRunner
 
 from scalecl.cli import app
 from scalecl.training.state import load_state
+from tests.conftest import build_once, copy_shared
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -70,6 +75,11 @@ def outcome(root: Path) -> dict:
     return out
 
 
+def run_method(run: Path) -> str:
+    """The method of a run folder named `tiny-<method>-<hash>`."""
+    return run.name.removeprefix("tiny-").rsplit("-", 1)[0]
+
+
 def leftovers(root: Path) -> list[str]:
     """Temporary (hidden) files and folders and partial files anywhere under root. The hidden `.<name>.lock`
     files of runs and cache entries are no temporaries: they stay, empty, beside what they lock; nor is a run
@@ -79,38 +89,65 @@ def leftovers(root: Path) -> list[str]:
                   and p.name != ".scalecl-run-files.json") or p.name.endswith(".partial"))
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Uninterrupted runs of both experiments (the numbers every interrupted run must end with)."""
-    root = tmp_path_factory.mktemp("reference")
+def _reference_runs(root: Path) -> None:
     for name, args in (("bio", BIO), ("cpt", CPT)):
-        res = cli([*args, "--method", "fft,scale-route", *folders(root / name)])
-        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    return {name: outcome(root / name) for name in ("bio", "cpt")}
+        res = runner.invoke(app, [*args, "--method", "fft,scale-route", *folders(root / name)])
+        assert res.exit_code == 0, res.output
 
 
-# (experiment, crash point) — inside a stage-1 / base checkpoint, a method checkpoint, the final files
-KILLS = [  # bio: stage 1 checkpoints at steps 4..24 (6), stage 2 at 4 (1), then each method at 4, 8, 12
-    ("bio", "checkpoint-model-written:2"),  # stage 1's second checkpoint, between its model and its state
-    ("bio", "checkpoint-state-written:9"),  # fft's step-8 checkpoint, complete but not yet renamed into place
-    ("bio", "final-model-written:3"),  # fft finished (after stages 1, 2): final model written, results not yet
-    ("bio", "metrics-written:2"),  # scale-route: metrics.jsonl written, result.json not yet
-    ("bio", "checkpoint-renamed:11"),  # scale-route's step-8 checkpoint: resumed, Route measures its never rows again
-    # cpt: the base's checkpoints at steps 2, 4, 6, 8 (4), then each method at 2, 4, 6, 8
-    ("cpt", "checkpoint-renamed:2"),  # the base's step-4 checkpoint, just renamed into place
-    ("cpt", "checkpoint-model-written:6"),  # fft's step-4 checkpoint, between its model and its state
-    ("cpt", "metrics-written:1"),  # fft: after metrics.jsonl, before result.json
+@pytest.fixture(scope="session")
+def reference_root(tmp_path_factory) -> Path:
+    """Uninterrupted runs of both experiments (`bio/`, `cpt/`: out, cache, ckpt), made once per session."""
+    return build_once(tmp_path_factory, "kill-reference", _reference_runs)
+
+
+@pytest.fixture(scope="session")
+def reference(reference_root):
+    """The numbers every interrupted run must end with."""
+    return {name: outcome(reference_root / name) for name in ("bio", "cpt")}
+
+
+def warm(root: Path, reference_root: Path, experiment: str) -> Path:
+    """root/cache: a copy of the reference runs' cache (biography stages 1-2 and tokenizer, or the CPT base)."""
+    return copy_shared(reference_root / experiment / "cache", root / "cache")
+
+
+# (experiment, crash point, warm) — inside a stage-1 / base checkpoint, a method checkpoint, the final files.
+# Warm: the run starts with the reference's cache, so its first checkpoint is a method's (fft's step 4)
+KILLS = [  # bio: stage 1 checkpoints at steps 4..24 (6), stage 2 at 4 (1), then each method at 4 and 8 (12 is its end)
+    ("bio", "checkpoint-model-written:2", False),  # stage 1's second checkpoint, between its model and its state
+    ("bio", "checkpoint-state-written:2", True),  # fft's step-8 checkpoint, complete but not yet renamed into place
+    ("bio", "final-model-written:1", True),  # fft finished (stages 1, 2 cached): final model written, results not yet
+    ("bio", "metrics-written:2", True),  # scale-route: metrics.jsonl written, result.json not yet
+    ("bio", "checkpoint-renamed:4", True),  # scale-route's step-8 checkpoint: resumed, Route measures its never rows again
+    # cpt: the base's checkpoints at steps 2, 4, 6, 8 (4), then each method at 2, 4, 6 (8 is its end)
+    ("cpt", "checkpoint-renamed:2", False),  # the base's step-4 checkpoint, just renamed into place
+    ("cpt", "checkpoint-model-written:2", True),  # fft's step-4 checkpoint, between its model and its state
+    ("cpt", "metrics-written:1", True),  # fft: after metrics.jsonl, before result.json
 ]
+# the run each kill lands in: the method whose checkpoint or files were being written (None: a cached stage)
+KILLED_IN = {"checkpoint-model-written:2": {"bio": None, "cpt": "fft"}, "checkpoint-state-written:2": {"bio": "fft"},
+             "final-model-written:1": {"bio": "fft"}, "metrics-written:2": {"bio": "scale-route"},
+             "checkpoint-renamed:4": {"bio": "scale-route"}, "checkpoint-renamed:2": {"cpt": None},
+             "metrics-written:1": {"cpt": "fft"}}
 
 
-@pytest.mark.slow  # with the module's `reference` runs, which only these two tests use
-@pytest.mark.parametrize("experiment,crash", KILLS)
-def test_kill_at_a_named_moment_then_resume(tmp_path, reference, experiment, crash):
+@pytest.mark.slow  # the session's `reference` runs are made by the first test that asks for them
+@pytest.mark.parametrize("experiment,crash,cached", KILLS)
+def test_kill_at_a_named_moment_then_resume(tmp_path, reference_root, reference, experiment, crash, cached):
+    if cached:
+        warm(tmp_path, reference_root, experiment)
     args = [*(BIO if experiment == "bio" else CPT), "--method", "fft,scale-route", *folders(tmp_path)]
     killed = cli(args, crash=crash)
     assert killed.returncode == -signal.SIGKILL, (crash, killed.stdout[-1500:], killed.stderr[-1500:])
-    res = cli([*args, "--resume"])
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    # where it landed: no method after the one killed has a run folder; none but those before it finished
+    method = KILLED_IN[crash][experiment]
+    done = {run_method(p.parent) for p in (tmp_path / "out").glob("*/result.json")}
+    started = {run_method(p) for p in (tmp_path / "ckpt" / experiment).glob("tiny-*")}
+    assert done == ({"fft"} if method == "scale-route" else set()), (crash, done)
+    assert method in started if method else started == set(), (crash, started)
+    res = runner.invoke(app, [*args, "--resume"])
+    assert res.exit_code == 0, res.output
     assert outcome(tmp_path) == reference[experiment]
     assert leftovers(tmp_path) == []
 
@@ -122,10 +159,16 @@ def test_kill_at_random_moments_then_resume(tmp_path, reference, experiment):
     rng = random.Random(experiment)
     for _ in range(3):  # each kill lands somewhere in data preparation, training, checkpointing or writing
         cli([*args, "--resume"], kill_after=rng.uniform(4.0, 12.0))
-    res = cli([*args, "--resume"])
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    res = runner.invoke(app, [*args, "--resume"])
+    assert res.exit_code == 0, res.output
     assert outcome(tmp_path) == reference[experiment]
     assert leftovers(tmp_path) == []
+
+
+@pytest.fixture
+def cpt_cache(tmp_path, reference_root) -> Path:
+    """tmp_path/cache holding the CPT base of the reference runs (these tests start after it)."""
+    return warm(tmp_path, reference_root, "cpt")
 
 
 def _stopped_run(root: Path, method: str) -> Path:
@@ -136,7 +179,7 @@ def _stopped_run(root: Path, method: str) -> Path:
     return ckpt
 
 
-def test_resume_refuses_a_checkpoint_of_another_run(tmp_path):
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, cpt_cache):
     fft = _stopped_run(tmp_path, "fft")
     route = _stopped_run(tmp_path, "scale-route")
     shutil.rmtree(route)
@@ -146,7 +189,7 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path):
     assert not list((tmp_path / "out").glob("*/result.json"))
 
 
-def test_resume_refuses_a_model_of_another_method(tmp_path):
+def test_resume_refuses_a_model_of_another_method(tmp_path, cpt_cache):
     fft = _stopped_run(tmp_path, "fft")
     route = _stopped_run(tmp_path, "scale-route")
     (step,) = [p for p in route.iterdir() if p.name == "step-0000004"]
@@ -164,7 +207,7 @@ def test_resume_refuses_a_model_of_another_method(tmp_path):
     assert res.exit_code == 2 and "refusing to resume" in res.output, res.output
 
 
-def test_existing_checkpoints_need_resume_or_force(tmp_path):
+def test_existing_checkpoints_need_resume_or_force(tmp_path, cpt_cache):
     _stopped_run(tmp_path, "fft")
     res = runner.invoke(app, [*CPT, "--method", "fft", *folders(tmp_path)])
     assert res.exit_code == 2 and "--resume continues it, --force starts it over" in res.output, res.output
@@ -183,7 +226,7 @@ class _Exploit:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_a_planted_pickle_is_never_loaded(tmp_path):
+def test_a_planted_pickle_is_never_loaded(tmp_path, cpt_cache):
     ckpt = _stopped_run(tmp_path, "fft")
     marker = tmp_path / "pwned"
     for step in ckpt.glob("step-*"):
@@ -202,7 +245,8 @@ def test_a_planted_pickle_is_never_loaded(tmp_path):
 
 
 @pytest.mark.parametrize("experiment", ["bio", "cpt"])
-def test_a_diverging_run_stops_and_records_nothing(tmp_path, experiment):
+def test_a_diverging_run_stops_and_records_nothing(tmp_path, reference_root, experiment):
+    warm(tmp_path, reference_root, experiment)  # stages 1-2 or the base: the reference runs'
     args = [*(BIO if experiment == "bio" else CPT), "--method", "fft", *folders(tmp_path)]
     lr = ["--set", "stage3.lr=1e30"] if experiment == "bio" else ["--set", "lr.fft=1e30"]
     res = runner.invoke(app, [*args, *lr])

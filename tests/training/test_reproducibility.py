@@ -167,6 +167,7 @@ def test_wall_s_total_is_the_processs_time_up_to_its_result(tmp_path, kind):
         assert wall["phases"]["run"] >= wall["stage3"] + wall["stage3_eval"] - 0.16
 
 
+@pytest.mark.xdist_group("heavy")  # conftest.GROUPS: gigabytes, apart from the other heavy tests
 @pytest.mark.slow
 def test_memory_estimate_is_within_1_5x_of_the_measured_peak(tmp_path):
     """A run whose peak the 50,304-row head's logits decide (32 x 64 tokens: 0.38 GiB a copy), as at paper scale."""
