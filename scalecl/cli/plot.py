@@ -33,8 +33,6 @@ def plot(
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from scalecl.common.files import check_writable_dir
-    from scalecl.experiments import EXPERIMENTS
-    from scalecl.report import plot_all
 
     out = Path(out_text)  # not empty: scalecl.cli.errors.refuse_empty
 
@@ -45,6 +43,10 @@ def plot(
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
     check_writable_dir(out)
+    # the report loads pandas, matplotlib and torch: after the checks
+    from scalecl.experiments import EXPERIMENTS
+    from scalecl.report import plot_all
+
     result = plot_all(roots, out, [spec.report_spec() for spec in EXPERIMENTS.values()], unverified=unverified)
     if not result.written:
         skipped = "".join(f"; skipped {why}" for why in list(result.skipped.values())[:3])
