@@ -32,7 +32,6 @@ from scalecl.report.draw import (
 from scalecl.report.registry import figure
 from scalecl.report.runs import (
     METHOD_KEYS,
-    UNVERIFIED,
     _config_rest,
     _flat,
     _get,
@@ -43,6 +42,7 @@ from scalecl.report.runs import (
     inputs_text,
     load_runs,
     marked,
+    marks,
     one_build,
     used_options,
 )
@@ -77,8 +77,9 @@ def _frontier_config(r: dict, spec: ReportSpec) -> dict:
 
 
 def _unverified_part(r: dict) -> list[str]:
-    """What keeps a line of runs drawn unverified apart from the proven runs' (nothing for a proven run)."""
-    return [UNVERIFIED] if r.get(UNVERIFIED) else []
+    """What keeps a line of runs drawn unverified, or from a later results folder, apart from the first folder's
+    proven runs' (nothing for those)."""
+    return marks(r)
 
 
 def _short_hash(obj) -> str:

@@ -112,11 +112,24 @@ def unproven(f: Path) -> str | None:
     return None
 
 
+# the key plot adds to a result read from a results folder after the first (`--results`, in order; plot's default
+# reads results/, the committed runs, first, then runs/): drawn as a setting of its own, marked '(yours)'
+YOURS = "yours"
+
+
+def marks(r: dict) -> list[str]:
+    """What keeps a result's runs apart from the others' and is said in its labels: 'unverified' (drawn with plot
+    --unverified), 'yours' (from a results folder after the first)."""
+    return [m for m in (UNVERIFIED, YOURS) if r.get(m)]
+
+
 def marked(label: str, r: dict) -> str:
-    """A label of a result drawn with plot --unverified, said so: '<label> (unverified)'."""
-    if not r.get(UNVERIFIED):
+    """A label of a result said to be unverified or from a later results folder: '<label> (unverified)',
+    '<label> (yours)'."""
+    tags = ", ".join(marks(r))
+    if not tags:
         return label
-    return f"{label} ({UNVERIFIED})" if label else UNVERIFIED
+    return f"{label} ({tags})" if label else tags
 
 
 def _result_or_none(plot: Plot, f: Path) -> dict | None:
@@ -128,6 +141,7 @@ def _result_or_none(plot: Plot, f: Path) -> dict | None:
         plot.skip(f, str(e))
         return None
     r.pop(UNVERIFIED, None)
+    r.pop(YOURS, None)
     why = unproven(f)
     if why is not None and not plot.unverified:
         plot.skip(f, f"{f}: {why}; not a finished run to training either (plot --unverified draws it, marked so)")
@@ -137,7 +151,8 @@ def _result_or_none(plot: Plot, f: Path) -> dict | None:
     return r
 
 
-RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build"]
+RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build",
+               "replaces"]
 SEED_KEYS = ("seed", "run_seed")  # what replicates of one setting differ in
 # per-method tables of a config: runs of other methods differ there; and the biography's ensemble control, a
 # treatment of a method's run on the same base (runs that differ only there pair)
@@ -149,14 +164,16 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
 
     Main runs: replicates are kept. A replicate group is (experiment, preset, method, method options, config
     without its seeds) (`group`, a short hash, and `setting`, what tells it from the preset's other groups);
-    in a group one run per (base seed, run seed), the newest. `pair` names the runs that share a base: same
-    experiment, preset and config outside the seeds and the per-method tables.
-    Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and, with `study=`,
-    loaded alone (one row per run, each its own group, since their options differ). Every results folder of
-    the plot is read.
+    `pair` names the runs that share a base: same experiment, preset and config outside the seeds and the
+    per-method tables. Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and,
+    with `study=`, loaded alone (one row per run, each its own group, since their options differ).
+    Every results folder of the plot is read, in order. A run from a folder after the first is marked 'yours'
+    (marked): a group of its own, never averaged with the first folder's runs. Of runs of one setting with the
+    same seeds one is drawn: the first folder's (within a folder, the newest); each run left out for it is
+    recorded as skipped (one line, naming the run drawn instead) and in `replaces` of the run kept (inputs_text).
     """
     rows, seen = [], set()
-    for root in plot.roots:
+    for index, root in enumerate(plot.roots):
         for f in _result_files(plot, root, study):
             if f.resolve() in seen:  # nested folders given twice, or a run referenced twice: each run once
                 continue
@@ -164,6 +181,8 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             r = _result_or_none(plot, f)
             if r is None or r.get("experiment") != spec.name:
                 continue
+            if index > 0:
+                r[YOURS] = True
             if _lacks(r, spec.required):
                 plot.skip(f, f"result {f} has no {_lacks(r, spec.required)!r}")
                 continue
@@ -180,16 +199,38 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
                          "run_seed": seeds[1], "group": _config_id(r, spec) if study is None else str(f.parent),
-                         "pair": _config_id(r, spec, pair=True), "base_build": _base_build(r)})
+                         "pair": _config_id(r, spec, pair=True), "base_build": _base_build(r), "replaces": (),
+                         "root": index, "same": _config_id(without(r, (YOURS,)), spec)})
     if not rows:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
-        df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
+        df = _drawn_once(plot, df)
+    df = df.drop(columns=["root", "same"])
     df["setting"] = _settings(df, spec) if study is None else [marked("", r) for r in df["result"]]
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def _drawn_once(plot: Plot, df: pd.DataFrame) -> pd.DataFrame:
+    """One run per setting and seeds (`same`, base seed, run seed): the first results folder's, within a folder
+    the newest (`df` is in date order). Each run left out is one skipped line naming the run drawn instead, and
+    is listed in that run's `replaces`."""
+    df = df.iloc[::-1].sort_values("root", kind="stable")  # per key: the first folder, newest first
+    keys = ["same", "base_seed", "run_seed"]
+    kept = ~df.duplicated(keys, keep="first")
+    drawn = {tuple(row[k] for k in keys): row for _, row in df[kept].iterrows()}
+    gone: dict[Path, list[Path]] = {}
+    for _, row in df[~kept].iterrows():
+        winner = drawn[tuple(row[k] for k in keys)]
+        gone.setdefault(winner["dir"], []).append(row["dir"])
+        rule = "the first results folder's" if winner["root"] != row["root"] else "the newer"
+        plot.skip(row["dir"] / "result.json", f"{row['dir']}: the same setting and seeds (base {row['base_seed']}, "
+                  f"run {row['run_seed']}) as {winner['dir']}, which is drawn instead ({rule}; a setting and seeds "
+                  f"are drawn once)")
+    df = df[kept].sort_values("date", kind="stable")
+    return df.assign(replaces=[tuple(gone.get(d, ())) for d in df["dir"]])
 
 
 def _base_build(r: dict) -> str:
@@ -297,7 +338,7 @@ def _config_id(r: dict, spec: ReportSpec, pair: bool = False) -> str:
     ident = [r["experiment"], r["preset"], _config_rest(r, spec, pair)]
     if not pair:
         ident += [r["method"], used_options(r), r.get("lr")]
-        ident += [UNVERIFIED] if r.get(UNVERIFIED) else []  # never a replicate of runs that are proven
+        ident += marks(r)  # unverified, or from a later results folder: never a replicate of the first's proven runs
     text = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -386,7 +427,8 @@ def inputs_text(runs: pd.DataFrame, what: str) -> str:
         first = g.iloc[0]
         group = f" group {first['group']}" if first["group"] != str(first["dir"]) else ""
         lines.append(f"{first['preset']} {group_label(first)}{group}: n = {len(g)} (seeds {_seeds_text(g)})")
-        lines += [f"  {d}" for d in g["dir"]]
+        lines += [f"  {d}" + (f" (drawn instead of {', '.join(map(str, gone))}: the same setting and seeds)"
+                              if gone else "") for d, gone in zip(g["dir"], g["replaces"], strict=True)]
     return "\n".join(lines) + "\n"
 
 
