@@ -92,7 +92,7 @@ def evaluation_rows(spec: ReportSpec, group: pd.DataFrame) -> list[tuple[str, pd
     if how.nunique() <= 1:
         return [("", group)]
     rows = []
-    for text in dict.fromkeys(how):
+    for text in sorted(dict.fromkeys(how)):  # in the order of their titles, not of their runs' labels
         sub = group[how == text].copy()
         sub["setting"] = _settings(sub, spec)
         rows.append((text, sub))

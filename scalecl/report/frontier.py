@@ -44,6 +44,7 @@ from scalecl.report.runs import (
     marked,
     marks,
     one_build,
+    setting_parts,
     used_options,
 )
 from scalecl.report.spec import FrontierSpec, ReportSpec
@@ -128,10 +129,10 @@ def _frontier_settings(runs: pd.DataFrame, spec: ReportSpec, most: int = 4) -> p
         for _, row in g.iterrows():
             same = [_flat(used_options(r)) for r in g[g["method"] == row["method"]]["result"]]
             opts = _flat(used_options(row["result"]))
-            parts = [f"{k}={fronts[row['front']].get(k, 'unset')}" for k in keys]
-            parts += [f"{k}={opts.get(k, 'unset')}" for k in _varying(same)]
+            parts = setting_parts(fronts[row["front"]], keys)
+            parts += setting_parts(opts, _varying(same), options=True)
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
-            labels[row["line"]] = marked(label.replace('"', ""), row["result"])
+            labels[row["line"]] = marked(label, row["result"])
     return runs["line"].map(labels)
 
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +361,74 @@ def _varying(flats: list[dict[str, str]]) -> list[str]:
     return [k for k in keys if len({f.get(k) for f in flats}) > 1]
 
 
+def _steps(v: Any) -> str:
+    return "only at the start and end" if v == 0 else f"every {v:,} steps" if isinstance(v, int) else f"every {v} steps"
+
+
+def _final_docs(v: Any) -> str:
+    return {-1: "no whole-set evaluation", 0: "whole held-out sets"}.get(v, f"first {v:,} held-out docs")
+
+
+def _final_length(v: Any) -> str:
+    return "whole sets at the model's length" if v == 0 else f"whole sets also at {v:,} tokens"
+
+
+# config keys as a legend says them (noun when a run does not record it, the value in words): settings differ
+# there between runs made before a key existed and after, or by a user's --set
+READABLE_KEYS: dict[str, tuple[str, Any]] = {
+    "eval.every": ("evaluation interval", lambda v: f"evaluated {_steps(v)}"),
+    "eval.final_take": ("whole-set evaluation", _final_docs),
+    "eval.final_context": ("whole-set length", _final_length),
+    "eval.take": ("evaluation docs", lambda v: f"{v:,} evaluation docs"),
+    "checkpoint.every": ("checkpoint interval", lambda v: "no step checkpoints" if v == 0 else f"checkpoints {_steps(v)}"),
+}
+
+
+def setting_parts(flat: dict[str, str], keys: list[str], options: bool = False) -> list[str]:
+    """The parts of a legend that tell a setting apart, in words: `flat` a run's config (or, `options`, its method
+    options) as `_flat` gives it, `keys` those that vary. Method options keep their paper names ('tau=0.5';
+    an option a run does not set is its method's default), known config keys are said in words ('evaluated every
+    15 steps', 'whole held-out sets'), others by their words without dots ('train seq len 128'); config keys a
+    run does not record (made before they existed) are one part ('whole-set evaluation, whole-set length not
+    recorded'). Never a raw dotted key."""
+    parts, unrecorded = [], []
+    for k in keys:
+        name = k.removeprefix("options.")
+        text = flat.get(k)
+        value = json.loads(text) if text is not None else None
+        if options or name != k:
+            parts.append(f"{name}=default" if text is None else f"{name}={'auto' if value is None else _plain(value)}")
+        elif text is None:
+            unrecorded.append(READABLE_KEYS.get(k, (_words(k), None))[0])
+        else:
+            parts.append(_said(k, value))
+    return parts + ([f"{', '.join(unrecorded)} not recorded"] if unrecorded else [])
+
+
+def _said(key: str, value: Any) -> str:
+    """A config key and its value in words: READABLE_KEYS's, '10 stage-3 steps', else 'train seq len 128'."""
+    if key in READABLE_KEYS:
+        try:
+            return READABLE_KEYS[key][1](value)
+        except (TypeError, ValueError):
+            return f"{READABLE_KEYS[key][0]} {_plain(value)}"
+    if (m := re.fullmatch(r"stage(\d)\.steps", key)) and isinstance(value, int):
+        return f"{value:,} stage-{m[1]} steps"
+    return f"{_words(key)} {_plain(value)}"
+
+
+def _words(key: str) -> str:
+    """A dotted config key in words: 'train.seq_len' -> 'train seq len', 'stage3.lr' -> 'stage-3 lr'."""
+    return re.sub(r"^stage(\d)\.", r"stage-\1 ", key).replace(".", " ").replace("_", " ")
+
+
+def _plain(value: Any) -> str:
+    """A config value as a legend says it: lists joined with '+', others as written (no quotes)."""
+    if isinstance(value, list):
+        return "+".join(map(_plain, value))
+    return str(value).replace('"', "") if not isinstance(value, str) else value
+
+
 def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
     """Per run, what tells its replicate group from the others of its preset: the config keys that differ
     across the preset's groups and the method options that differ across the method's groups ('' if none)."""
@@ -371,10 +440,10 @@ def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
         keys = _varying(list(shared.values()))
         for _, row in g.iterrows():
             same = [opts[x] for x in g[g["method"] == row["method"]]["group"]]
-            parts = [f"{k}={shared[row['group']].get(k, 'unset')}" for k in keys]
-            parts += [f"{k}={opts[row['group']].get(k, 'unset')}" for k in _varying(same)]
+            parts = setting_parts(shared[row["group"]], keys)
+            parts += setting_parts(opts[row["group"]], _varying(same), options=True)
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
-            labels[row["group"]] = marked(label.replace('"', ""), row["result"])
+            labels[row["group"]] = marked(label, row["result"])
         for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their rates tell,
             rates = dict(zip(same["group"], (_lr_text(r) for r in same["result"]), strict=True))  # else hashes
             before = {x: labels[x] for x in same["group"]}
@@ -382,8 +451,9 @@ def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
                 twins = [y for y in same["group"] if before[y] == before[x]]
                 if len(twins) > 1 and len({rates[y] for y in twins}) == len(twins):
                     labels[x] = ", ".join(filter(None, (labels[x], f"lr={rates[x]}")))
-                elif len(twins) > 1:
-                    labels[x] = f"{labels[x]}, #{x}" if labels[x] else f"#{x}"
+                elif len(twins) > 1:  # told apart past the label's length: numbered in the preset's order
+                    n = f"variant {twins.index(x) + 1}"
+                    labels[x] = f"{labels[x]}, {n}" if labels[x] else n
     return df["group"].map(labels)
 
 

@@ -176,12 +176,12 @@ def test_other_configs_stay_separate_groups(tmp_path):
         bio_run(tmp_path, "fft", b, final0=0.9, steps3=20)
     table = summary_table(Plot.of(tmp_path), BIO_REPORT)
     fft = table[table["method"] == "fft"].set_index("setting")
-    assert sorted(fft.index) == ["stage3.steps=10", "stage3.steps=20"]
-    assert fft.loc["stage3.steps=10", "n"] == 3 and fft.loc["stage3.steps=10", "task0_full_end"] == pytest.approx(0.2)
-    assert fft.loc["stage3.steps=20", "n"] == 2 and fft.loc["stage3.steps=20", "task0_full_end"] == pytest.approx(0.9)
+    assert sorted(fft.index) == ["10 stage-3 steps", "20 stage-3 steps"]
+    assert fft.loc["10 stage-3 steps", "n"] == 3 and fft.loc["10 stage-3 steps", "task0_full_end"] == pytest.approx(0.2)
+    assert fft.loc["20 stage-3 steps", "n"] == 2 and fft.loc["20 stage-3 steps", "task0_full_end"] == pytest.approx(0.9)
     paired = paired_table(Plot.of(tmp_path), BIO_REPORT)  # Route is paired only with the FFT trained like it
-    assert paired["b"].unique().tolist() == ["FFT [stage3.steps=10]"]
-    assert paired["a"].unique().tolist() == ["SCALE-Route [stage3.steps=10]"]
+    assert paired["b"].unique().tolist() == ["FFT [10 stage-3 steps]"]
+    assert paired["a"].unique().tolist() == ["SCALE-Route [10 stage-3 steps]"]
     assert paired.set_index("metric").loc["task0_full_end", "diff_mean"] == pytest.approx(0.4)
 
 
@@ -192,8 +192,8 @@ def test_other_method_options_stay_separate(tmp_path):
     r["method_options"] = {"tau": 0.5}
     write_result(d, r)
     route = summary_table(Plot.of(tmp_path), BIO_REPORT).query("method == 'scale-route'").set_index("setting")
-    assert route.loc["tau=unset", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # not replacing seed 0/0
-    assert route.loc["tau=unset", "n"] == 3 and route.loc["tau=0.5", "n"] == 1  # n: base seeds
+    assert route.loc["tau=default", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # not replacing seed 0/0
+    assert route.loc["tau=default", "n"] == 3 and route.loc["tau=0.5", "n"] == 1  # n: base seeds
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -270,8 +270,8 @@ def build_route_results(tmp_path):
 # build_route_results' main bio runs differ in config (FFT/LoRA: 10 steps, no model.vocab; Route: 50 steps,
 # model.vocab=0, its default, which groups as the key's absence): separate replicate groups, each labelled with
 # what tells it from the others
-FFT_CPU = "FFT [stage3.steps=10]"
-ROUTE_CPU = "SCALE-Route [stage3.steps=50]"
+FFT_CPU = "FFT [10 stage-3 steps]"
+ROUTE_CPU = "SCALE-Route [50 stage-3 steps]"
 
 NEW_FIGURES = ("train_loss_bio_cpu", "lr_schedule_bio_cpu", "train_loss_cpt_cpu", "lr_schedule_cpt_cpu",
                "routing_bio_cpu", "routing_bio_old", "routing_cpt_cpu", "router_score_bio_cpu",
@@ -611,7 +611,7 @@ def test_training_log_figures_draw_each_logged_run(tmp_path, drawn):
     assert xs(raw) == list(range(1, 51)) and ys(raw) == pytest.approx(fake_loss())
     assert ys(smooth) == pytest.approx(pd.Series(fake_loss()).rolling(5, center=True, min_periods=1).mean())
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("Task 1 step", "training loss (per step)")
-    lora = "LoRA [stage3.steps=10]"
+    lora = "LoRA [10 stage-3 steps]"
     assert f"Not drawn (no train_log.jsonl; older runs): {lora}." in caption(figs["train_loss_bio_cpu"])
     (ax,) = figs["train_loss_study_tau"].axes
     assert labels(ax) == ["tau=-1", "tau=0.5", "tau=0.99"] and ax.get_legend().get_title().get_text() == "tau"
