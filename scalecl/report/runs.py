@@ -423,10 +423,24 @@ def _words(key: str) -> str:
 
 
 def _plain(value: Any) -> str:
-    """A config value as a legend says it: lists joined with '+', others as written (no quotes)."""
+    """A config value as a legend says it: lists joined with '+', a path without the machine's folders
+    (shown_path), others as written (no quotes)."""
     if isinstance(value, list):
         return "+".join(map(_plain, value))
-    return str(value).replace('"', "") if not isinstance(value, str) else value
+    return str(value).replace('"', "") if not isinstance(value, str) else shown_path(value)
+
+
+def shown_path(source: str) -> str:
+    """A model or data source as an output names it, never by a folder of the machine that made the run: a base in
+    a scalecl cache by its entry (base_name), an absolute path by its file or folder name ('.../corpus.txt'),
+    anything else (a hub name, 'builtin', a relative path) as given."""
+    name = base_name(source)
+    if name != str(source) or not (os.path.isabs(name) or re.match(r"^[A-Za-z]:[\\/]", name)):
+        return name
+    parts = Path(name).parts
+    if parts[-1] == "final" and len(parts) > 2:  # a checkpoint: its run's folder names it
+        return f".../{parts[-2]}/final"
+    return f".../{parts[-1]}" if len(parts) > 1 else name
 
 
 def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:

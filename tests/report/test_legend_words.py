@@ -64,3 +64,23 @@ def test_settings_alike_past_the_label_are_numbered_not_hashed(tmp_path):
     assert labels[:2] == ["a k1 1, a k2 1, a k3 1, a k4 1, +1 more, variant 1",
                           "a k1 1, a k2 1, a k3 1, a k4 1, +1 more, variant 2"], labels
     assert not any(re.search(r"#[0-9a-f]{8}", s) for s in labels)
+
+
+def test_outputs_name_no_folder_of_the_machine_that_made_the_run():
+    """A base or data path names its file, a checkpoint its run, a cached base its entry; never the folders of the
+    machine that made the run. Hub names and relative paths stay as given."""
+    from scalecl.report.cpt import cpt_caption
+    from scalecl.report.runs import shown_path
+
+    assert shown_path("/home/alice/corpora/ko.txt") == ".../ko.txt"
+    assert shown_path("/work/ck/cpt/real-fft-1e-4/final") == ".../real-fft-1e-4/final"
+    assert shown_path("/work/real/cache/gguf/b179c9523d0e6a0f") == "gguf:b179c9523d0e6a0f"
+    assert shown_path("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
+    assert shown_path("data/ko.txt") == "data/ko.txt" and shown_path("builtin") == "builtin"
+    r = {"preset": "real", "config": {"base": "/home/alice/models/smollm2-135m.gguf",
+                                      "data": {"path": "/home/alice/corpora/ko.txt"},
+                                      "train": {"steps": 2, "batch": 1, "seq_len": 128}}}
+    caption = cpt_caption(r)
+    assert "/home" not in caption and "alice" not in caption
+    assert "base .../smollm2-135m.gguf; new-domain data .../ko.txt" in caption
+    assert setting_parts({"base": '"/home/alice/models/a"'}, ["base"]) == ["base .../a"]
