@@ -26,8 +26,8 @@ if _note is not None:
 _LAZY = {
     "load_model": "scalecl.training.checkpoint", "save_model": "scalecl.training.checkpoint",
     "get_method": "scalecl.methods", "method_names": "scalecl.methods",
-    "ScaleConfig": "scalecl.methods.scale", "routing_fractions": "scalecl.methods.scale", "scale_path": "scalecl.methods.scale",
-    "upscale": "scalecl.methods.scale",
+    "ScaleConfig": "scalecl.methods.scale", "routing_fractions": "scalecl.modeling.scale_surgery",
+    "scale_path": "scalecl.modeling.scale_surgery", "upscale": "scalecl.methods.scale.upscale",
 }
 
 __all__ = [
@@ -37,7 +37,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from scalecl.methods import get_method, method_names
-    from scalecl.methods.scale import ScaleConfig, routing_fractions, scale_path, upscale
+    from scalecl.methods.scale import ScaleConfig
+    from scalecl.methods.scale.upscale import upscale
+    from scalecl.modeling.scale_surgery import routing_fractions, scale_path
     from scalecl.training.checkpoint import load_model, save_model
 
 

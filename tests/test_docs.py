@@ -198,3 +198,16 @@ def test_the_readme_install_reads_the_gguf_model_of_its_own_data_example():
     assert any(re.match(r"gguf\b", d) for d in deps), deps
     pins = (ROOT / "constraints.txt").read_text().splitlines()
     assert any(re.fullmatch(r"gguf==[\d.]+", p.strip()) for p in pins)
+
+
+def test_the_readmes_claims_table_says_its_terms():
+    """The claims table is read without the docs: every term its rows use is said in a few words above it."""
+    text = (ROOT / "README.md").read_text()
+    above = text[text.index("## Results at a glance"):text.index("| paper claim |")]
+    table = text[text.index("| paper claim |"):text.index("Generated tables with every number")]
+    for used, said in (("Task 0", "**Task 0**"), ("Task 1", "**Task 1**"), ("forgetting PPL", "**forgetting PPL**"),
+                       ("learning PPL", "**learning PPL**"), ("tau", "**tau**"), ("l_fp", "**l_fp**"),
+                       ("-row head", "**head rows**"), ("stand-in", "**stand-in**"), ("base seeds", "base seeds:"),
+                       ("run seeds", "run seeds:")):
+        assert used in table, used  # a term the table uses ...
+        assert said in above, f"the claims table's term {used!r} is not explained above it"  # ... said above it

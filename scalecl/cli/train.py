@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 
@@ -24,6 +24,7 @@ from scalecl.cli.options import (
     sets_option,
     stop_after_option,
 )
+from scalecl.experiments.args import Paths
 
 commands = typer.Typer()
 
@@ -59,15 +60,10 @@ def train_bio(
                                                "blocks, LoRA)")] = None,
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
-    from scalecl.experiments import EXPERIMENTS
-    from scalecl.experiments.base import Paths
-    from scalecl.experiments.sweep import SweepOptions, parse_methods, replicate_sets, sweep_replicates
-
-    opts = SweepOptions(force, resume, stop_after, report_to, device)
     extra = [f"tokenizer={tokenizer}"] if tokenizer else []
-    exps = [EXPERIMENTS["bio"].make(preset, rep + extra, Paths(out, cache, checkpoints))
-            for rep in replicate_sets(sets, seeds, run_seeds)]
-    results = sweep_replicates(exps, parse_methods(method), opts)
+    methods, opts, configs = checked_sweep("bio", method, preset, [rep + extra for rep in replicates(sets, seeds,
+                                           run_seeds)], SweepArgs(force, resume, stop_after, report_to, device))
+    results = sweep_configs("bio", configs, preset, Paths(out, cache, checkpoints), methods, opts)
     console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run; "
                   f"`scalecl plot --results {out}` draws them", highlight=False)
 
@@ -125,18 +121,53 @@ def train_cpt(
                                                "documents) and the method's random draws")] = None,
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
-    from scalecl.experiments import EXPERIMENTS
-    from scalecl.experiments.base import Paths
-    from scalecl.experiments.sweep import SweepOptions, parse_methods, replicate_sets, sweep_replicates
-
-    opts = SweepOptions(force, resume, stop_after, report_to, device)
     sets = own_sets({"base": model, "data.path": data, "old_eval.path": old_eval, "new_eval.path": new_eval},
                     text_unit, list(sets))
-    exps = [EXPERIMENTS["cpt"].make(preset, rep, Paths(out, cache, checkpoints))
-            for rep in replicate_sets(sets, seeds, run_seeds)]
-    results = sweep_replicates(exps, parse_methods(method), opts)
+    methods, opts, configs = checked_sweep("cpt", method, preset, replicates(sets, seeds, run_seeds),
+                                           SweepArgs(force, resume, stop_after, report_to, device))
+    results = sweep_configs("cpt", configs, preset, Paths(out, cache, checkpoints), methods, opts)
     if results:
         console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
+
+
+class SweepArgs(NamedTuple):
+    """The options of a sweep that every training command takes (scalecl.experiments.args.SweepOptions)."""
+
+    force: bool
+    resume: bool
+    stop_after: int | None
+    report_to: str
+    device: str | None
+
+
+def replicates(sets: list[str], seeds: str | None, run_seeds: str | None) -> list[list[str]]:
+    """The --set list of each replicate (--seeds x --run-seeds)."""
+    from scalecl.experiments.args import replicate_sets
+
+    return replicate_sets(list(sets), seeds, run_seeds)
+
+
+def checked_sweep(kind: str, method: str, preset: str, reps: list[list[str]], args: SweepArgs) -> tuple:
+    """(methods, options, one resolved config per replicate): every argument a user gives checked, each local
+    path named, before torch loads (scalecl.experiments.args), so a mistake is one line in well under a second."""
+    from scalecl.experiments import EXPERIMENTS
+    from scalecl.experiments.args import SweepOptions, check_device_name, check_sources, parse_methods
+
+    methods = parse_methods(method)
+    check_device_name(args.device)
+    opts = SweepOptions(args.force, args.resume, args.stop_after, args.report_to, args.device)
+    configs = [EXPERIMENTS[kind].load(preset, rep) for rep in reps]
+    for config in configs:
+        check_sources(config, kind)
+    return methods, opts, configs
+
+
+def sweep_configs(kind: str, configs: list, preset: str, paths: Paths, methods: list[str], opts) -> list[dict]:
+    """Train every replicate's config (the sweep, torch and the experiment's class load here)."""
+    from scalecl.experiments import EXPERIMENTS
+    from scalecl.experiments.sweep import sweep_replicates
+
+    return sweep_replicates([EXPERIMENTS[kind].build(c, preset, paths) for c in configs], methods, opts)
 
 
 def own_sets(named: dict[str, str | None], text_unit: str | None, sets: list[str]) -> list[str]:
@@ -193,12 +224,15 @@ def study(
     run_seeds: StudyRunSeeds = None,
 ) -> None:
     """Run a study as a sweep of ordinary train-cpt or train-bio runs (then `scalecl plot`)."""
-    from scalecl.experiments.base import Paths
-    from scalecl.experiments.study import run_study
-    from scalecl.experiments.sweep import SweepOptions, replicate_sets
+    from scalecl.experiments.args import SweepOptions, check_device_name, check_sources
+    from scalecl.experiments.study import STUDIES, run_study, study_configs
 
+    check_device_name(device)
     opts = SweepOptions(force, resume, None, report_to, device)
-    results = run_study(name, preset, values, replicate_sets(sets, seeds, run_seeds), Paths(out, cache, checkpoints),
-                        opts)
+    reps = replicates(sets, seeds, run_seeds)
+    for rep in reps:  # every value of every replicate, before torch loads
+        for config in study_configs(name, preset, values, rep)[2]:
+            check_sources(config, STUDIES[name].experiment)
+    results = run_study(name, preset, values, reps, Paths(out, cache, checkpoints), opts)
     console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot --results {out.parent}` draws the figure",
                   highlight=False)

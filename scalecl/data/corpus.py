@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from scalecl.common.errors import ScaleclError
+from scalecl.common.sources import HUB_ID as _HUB_ID
 from scalecl.data.packaged import is_packaged, load_packaged
 
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".text": "text", ".parquet": "parquet",
                   ".csv": "csv", ".arrow": "arrow"}
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,12 @@ class ExperimentSpec:
 
     def make(self, preset: str, sets: list[str], paths: Path | Any) -> Any:
         """An experiment of this kind: the preset's config with `sets`, writing where `paths` say."""
-        return self.experiment_class()(self.load(preset, sets), preset, paths)
+        return self.build(self.load(preset, sets), preset, paths)
+
+    def build(self, config: Any, preset: str, paths: Path | Any) -> Any:
+        """An experiment of this kind from a config `load` resolved (the command line resolves every replicate's
+        config, which loads no torch, before the experiment's class loads it)."""
+        return self.experiment_class()(config, preset, paths)
 
 
 EXPERIMENTS: dict[str, ExperimentSpec] = {}

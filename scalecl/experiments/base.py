@@ -23,6 +23,7 @@ from scalecl.common.files import set_aside
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, named_dict, numerics_key, seed_key, seed_tag
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.experiments.args import Paths  # noqa: F401  (where a sweep writes; light, for the command line)
 from scalecl.methods import Method
 from scalecl.training.checkpoint import damage, read_meta
 from scalecl.training.fit import Runtime
@@ -30,18 +31,6 @@ from scalecl.training.record import Envelope, fft_reference, params
 from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
-
-
-@dataclass(frozen=True)
-class Paths:
-    """Where a sweep writes: results (one folder per run), caches (data, stages, bases), checkpoints."""
-
-    out: Path
-    cache: Path = Path("cache")
-    checkpoints: Path = Path("checkpoints")
-    # folders of finished runs this sweep may compare with besides `out` (a study: the main runs, whose FFT run
-    # of the same base its end-of-run table shows)
-    shared: tuple[Path, ...] = ()
 
 
 def micro_split(batch: int, micro_batch: int, world: int) -> tuple[int, int]:

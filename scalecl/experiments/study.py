@@ -34,11 +34,12 @@ from typing import Any
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import int_span, show_text
-from scalecl.compute.processes import say
 from scalecl.experiments import load_preset
-from scalecl.experiments.base import Paths
-from scalecl.experiments.sweep import SweepOptions, check, check_ahead, sweep
+from scalecl.experiments.args import Paths, SweepOptions
 from scalecl.training.record import REFERENCE_WRITER
+
+# the study's name, values and configs load no torch (the command line checks them first); the sweep that trains
+# them does, and is imported where it runs
 
 REFERENCE = "reference.json"  # <out>/<study>/<name>/reference.json: the value's run lives elsewhere
 
@@ -129,6 +130,8 @@ def run_study(study: str, preset: str, values: str | None, sets: list[str] | lis
               opts: SweepOptions | None = None) -> list[dict[str, Any]]:
     """Run one run per swept value (after checking all of them); returns their result dicts. `sets` is one
     --set list, or one list per replicate (scalecl.experiments.sweep.replicate_sets): every value runs in every replicate."""
+    from scalecl.experiments.sweep import check, check_ahead, sweep
+
     opts = opts or SweepOptions()
     replicas = sets if sets and isinstance(sets[0], list) else [sets]
     s, exps = None, []
@@ -215,7 +218,7 @@ def refer(s: Study, exp: Any, method: Any, target: Path, result: dict[str, Any])
     """Write `<out>/<study>/<name>/reference.json` pointing at the finished run in `target` (once); its result."""
     from scalecl.common.files import OwnedFiles
     from scalecl.common.locks import locked
-    from scalecl.compute.processes import Dist
+    from scalecl.compute.processes import Dist, say
 
     run = exp.run_of(method, Dist())
     doc = {"reference": Path(os.path.relpath(target, run.out_dir)).as_posix(), "run": run.name,

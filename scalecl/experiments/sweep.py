@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -23,84 +23,17 @@ from scalecl.common.errors import ScaleclError
 from scalecl.common.files import check_writable_dir
 from scalecl.compute.machine import pick_device
 from scalecl.compute.processes import Dist, distributed, say
+from scalecl.experiments.args import (  # noqa: F401  (the arguments of a sweep, checked before torch loads)
+    MAX_REPLICATES,
+    SweepOptions,
+    parse_methods,
+    parse_seeds,
+    replicate_sets,
+)
 from scalecl.experiments.base import Paths, hold
 from scalecl.methods import Method, get_method, method_names
 from scalecl.training.fit import Fit, Runtime, TrainPlan, fit
 from scalecl.training.run import Run, WallClock
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """How a sweep treats existing runs and where it runs: --force, --resume, --stop-after, --report-to,
-    --device."""
-
-    force: bool = False
-    resume: bool = False
-    stop_after: int | None = None
-    report_to: tuple[str, ...] = ()
-    device: str | None = None
-
-    def __post_init__(self) -> None:
-        from scalecl.common.schema import MAX_STEPS
-        from scalecl.training.trackers import check_report_to
-
-        if self.stop_after is not None and not 1 <= self.stop_after <= MAX_STEPS:
-            raise ScaleclError(f"--stop-after must be a step in 1..{MAX_STEPS:,}, got {self.stop_after}")
-        object.__setattr__(self, "report_to", check_report_to(self.report_to))  # "a,b" or names; installed
-
-
-def parse_methods(text: str) -> list[str]:
-    """`--method`: 'all', or one or more method names separated by commas."""
-    if text.strip() == "all":
-        return method_names()
-    from scalecl.common.schema import split_items
-
-    if not text.strip():
-        raise ScaleclError(f"--method {text!r} names no method; choose from {', '.join(method_names())} or all")
-    names = split_items(text, "--method")
-    if not names:
-        raise ScaleclError(f"--method {text!r} names no method; choose from {', '.join(method_names())} or all")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:  # one run per method and setting: a repeat would train nothing more, and say nothing
-        raise ScaleclError(f"--method {text!r} names {', '.join(twice)} more than once; give each method once "
-                           f"(--seeds / --run-seeds replicate a method)")
-    return names
-
-
-MAX_REPLICATES = 1000
-
-
-def parse_seeds(text: str | None, key: str) -> list[int] | None:
-    """`--seeds` / `--run-seeds`: integers separated by commas, or a range a..b (both ends included); None
-    when not given. Each is checked like a config seed; repeats are dropped."""
-    if text is None:
-        return None
-    from scalecl.common.schema import check_seed, int_span, show_text, show_value, split_items
-
-    vals = int_span(text, key, MAX_REPLICATES, "seeds")  # its length checked before it is expanded
-    if vals is None:
-        try:
-            vals = [int(v) for v in split_items(text, key)]
-        except ValueError:
-            raise ScaleclError(f"{key} takes integers separated by commas or a range a..b, got "
-                               f"{show_text(text)}") from None
-    if not vals or len(vals) > MAX_REPLICATES:
-        raise ScaleclError(f"{key} {show_value(text)} gives {len(vals)} seeds; give 1..{MAX_REPLICATES}")
-    return list(dict.fromkeys(check_seed(v, key) for v in vals))
-
-
-def replicate_sets(sets: list[str], seeds: str | None, run_seeds: str | None) -> list[list[str]]:
-    """The --set lists of every replicate: each base seed (--seeds) with each run seed (--run-seeds); just
-    `sets` when neither is given. A seed given both ways is refused rather than silently overridden."""
-    base, run = parse_seeds(seeds, "--seeds"), parse_seeds(run_seeds, "--run-seeds")
-    for given, key in ((base, "seed"), (run, "run_seed")):
-        if given is not None and any(s.split("=", 1)[0].strip() == key for s in sets):
-            raise ScaleclError(f"the {key.replace('_', ' ')} is given twice (--set {key}=... and "
-                               f"--{key.replace('_', '-')}s); give it once")
-    if base is None and run is None:
-        return [list(sets)]
-    return [sets + ([f"seed={b}"] if base is not None else []) + ([f"run_seed={r}"] if run is not None else [])
-            for b in (base or [None]) for r in (run or [None])]
 
 
 class Experiment(Protocol):

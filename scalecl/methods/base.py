@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
-
-from torch import nn
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import coerce, show_text
+
+if TYPE_CHECKING:  # importing a method loads no torch: the CLI checks its options before torch loads
+    from torch import nn
+    from transformers import PreTrainedModel
 
 REGISTRY: dict[str, type[Method]] = {}
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING, ClassVar
 
 from scalecl.methods.base import Method, register
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @register

@@ -7,14 +7,14 @@ frozen too: freezing the embedding is the method's definition, and untying would
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-from transformers import PretrainedConfig, PreTrainedModel
+from typing import TYPE_CHECKING, ClassVar
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
-from scalecl.models.build import arch_of, decoder_layers
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 @register
@@ -33,12 +33,16 @@ class Freeze(Method):
                                f"the suite accepts; got {show_value(self.k)}")
 
     def check(self, config: PretrainedConfig) -> None:
+        from scalecl.models.build import arch_of
+
         arch_of(config)
         n_layers = config.num_hidden_layers
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 0 <= self.k <= n_layers:
             raise ScaleclError(f"freeze k must lie in 0..{n_layers} (the model's layers), got {self.k}")
 
     def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PreTrainedModel:
+        from scalecl.models.build import arch_of, decoder_layers
+
         self.check(model.config)
         for p in model.parameters():
             p.requires_grad_(True)

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from typing import TYPE_CHECKING, ClassVar
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
-from scalecl.models.build import arch_of, decoder_layers, set_submodule
+
+if TYPE_CHECKING:  # loaded where a model is changed: importing a method loads no torch
+    from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 @register
@@ -36,12 +35,18 @@ class LlamaPro(Method):
                                f"the suite accepts; got {show_value(self.n)}")
 
     def check(self, config: PretrainedConfig) -> None:
+        from scalecl.models.build import arch_of
+
         arch_of(config)
         n_layers = config.num_hidden_layers
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n <= 0 or n_layers % self.n:
             raise ScaleclError(f"llama-pro n must be a positive divisor of the model's {n_layers} layers, got {self.n}")
 
     def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PreTrainedModel:
+        from torch import nn
+
+        from scalecl.models.build import arch_of, decoder_layers, set_submodule
+
         self.check(model.config)
         if getattr(model, "scalecl_base_config", None) is not None:
             raise ScaleclError("llama-pro needs a plain base model; this one was already changed by a method")
@@ -72,6 +77,8 @@ class LlamaPro(Method):
     @staticmethod
     def _identity_copy(layer: nn.Module, zero_out: tuple[str, ...], init_weights: bool) -> nn.Module:
         """A trainable copy whose output projections are zero, so the residual block is the identity."""
+        import torch
+
         block = copy.deepcopy(layer)
         if init_weights:
             with torch.no_grad():

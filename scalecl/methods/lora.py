@@ -6,15 +6,15 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
-from typing import ClassVar
-
-from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import PretrainedConfig, PreTrainedModel
+from typing import TYPE_CHECKING, ClassVar
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import MAX_SIZE, show_bound, show_value
 from scalecl.methods.base import Method, register
-from scalecl.models.build import arch_of, head_dim, kv_heads
+
+if TYPE_CHECKING:  # peft and the model code load where a model is changed: importing a method loads no torch
+    from peft import PeftModel
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 def lora_target_regex(config: PretrainedConfig) -> str:
@@ -23,6 +23,8 @@ def lora_target_regex(config: PretrainedConfig) -> str:
     A full path avoids any suffix ambiguity: GPT-NeoX "dense" is attention.dense only, never
     mlp.dense_h_to_4h / dense_4h_to_h, which are targeted by their own names.
     """
+    from scalecl.models.build import arch_of
+
     arch = arch_of(config)
     paths = [p for p in arch.linears if p.rsplit(".", 1)[-1] in arch.lora_targets]
     return rf"{re.escape(arch.layers)}\.\d+\.({'|'.join(map(re.escape, paths))})"
@@ -52,6 +54,8 @@ class LoRA(Method):
             raise ScaleclError(f"lora alpha must be positive (the update is scaled by alpha/rank), got {self.alpha:g}")
 
     def check(self, config: PretrainedConfig) -> None:
+        from scalecl.models.build import arch_of, head_dim, kv_heads
+
         arch_of(config)
         self.__post_init__()
         # the targeted matrices' smaller sides: hidden, FFN, and the key/value projections' heads x head_dim
@@ -62,6 +66,8 @@ class LoRA(Method):
                                f"targeted matrix: an update of that matrix has at most rank {side}")
 
     def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PeftModel:
+        from peft import LoraConfig, get_peft_model
+
         self.check(model.config)
         base_config = model.config.to_dict()
         cfg = LoraConfig(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +17,7 @@ from scalecl.common.hub import before_hub_load, miss_reason
 from scalecl.common.readers import check_weights_folder, read_json
 from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
 from scalecl.common.schema import MAX_LAYERS
+from scalecl.common.sources import HUB_ID as _HUB_ID
 from scalecl.modeling.scale_arch import ARCHS, REFUSED, Arch, head_dim, kv_heads, set_submodule
 
 # the architecture table lives in scalecl.modeling (shipped in SCALE checkpoints): one copy, re-exported
@@ -111,7 +111,6 @@ def model_from_config(config: PretrainedConfig, seed: int = 0, dtype: torch.dtyp
     return model.eval()
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def check_model_source(name_or_path: str) -> None:

@@ -12,7 +12,6 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import pandas as pd
 
-from scalecl.models.gguf import base_name
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
     FIG_WIDTH_IN,
@@ -39,6 +38,7 @@ from scalecl.report.runs import (
     load_runs,
     rated_setting,
     replicate_groups,
+    shown_path,
 )
 from scalecl.report.settings import l_fp_text
 from scalecl.report.spec import ReportSpec
@@ -57,8 +57,8 @@ def cpt_caption(r: dict) -> str:
     c = r["config"]
     base = c.get("base", r.get("base", {}).get("source", "?"))
     train = c.get("data", {}).get("path", r.get("data", {}).get("train", "?"))
-    base = "a small Llama pre-trained on the stand-in's English (builtin)" if str(base) == "builtin" else base_name(base)
-    return (f"preset '{r['preset']}': base {base}; new-domain data {train}; {c['train']['steps']} steps x "
+    base = "a small Llama pre-trained on the stand-in's English (builtin)" if str(base) == "builtin" else shown_path(base)
+    return (f"preset '{r['preset']}': base {base}; new-domain data {shown_path(str(train))}; {c['train']['steps']} steps x "
             f"{c['train']['batch']} x {c['train']['seq_len']} tokens. Old = forgetting PPL, new = learning PPL.")
 
 
@@ -92,7 +92,7 @@ def evaluation_rows(spec: ReportSpec, group: pd.DataFrame) -> list[tuple[str, pd
     if how.nunique() <= 1:
         return [("", group)]
     rows = []
-    for text in dict.fromkeys(how):
+    for text in sorted(dict.fromkeys(how)):  # in the order of their titles, not of their runs' labels
         sub = group[how == text].copy()
         sub["setting"] = _settings(sub, spec)
         rows.append((text, sub))

@@ -32,7 +32,6 @@ from scalecl.report.draw import (
 from scalecl.report.registry import figure
 from scalecl.report.runs import (
     METHOD_KEYS,
-    UNVERIFIED,
     _config_rest,
     _flat,
     _get,
@@ -43,7 +42,9 @@ from scalecl.report.runs import (
     inputs_text,
     load_runs,
     marked,
+    marks,
     one_build,
+    setting_parts,
     used_options,
 )
 from scalecl.report.spec import FrontierSpec, ReportSpec
@@ -77,8 +78,9 @@ def _frontier_config(r: dict, spec: ReportSpec) -> dict:
 
 
 def _unverified_part(r: dict) -> list[str]:
-    """What keeps a line of runs drawn unverified apart from the proven runs' (nothing for a proven run)."""
-    return [UNVERIFIED] if r.get(UNVERIFIED) else []
+    """What keeps a line of runs drawn unverified, or from a later results folder, apart from the first folder's
+    proven runs' (nothing for those)."""
+    return marks(r)
 
 
 def _short_hash(obj) -> str:
@@ -127,10 +129,10 @@ def _frontier_settings(runs: pd.DataFrame, spec: ReportSpec, most: int = 4) -> p
         for _, row in g.iterrows():
             same = [_flat(used_options(r)) for r in g[g["method"] == row["method"]]["result"]]
             opts = _flat(used_options(row["result"]))
-            parts = [f"{k}={fronts[row['front']].get(k, 'unset')}" for k in keys]
-            parts += [f"{k}={opts.get(k, 'unset')}" for k in _varying(same)]
+            parts = setting_parts(fronts[row["front"]], keys)
+            parts += setting_parts(opts, _varying(same), options=True)
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
-            labels[row["line"]] = marked(label.replace('"', ""), row["result"])
+            labels[row["line"]] = marked(label, row["result"])
     return runs["line"].map(labels)
 
 

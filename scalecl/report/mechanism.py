@@ -28,7 +28,6 @@ from scalecl.report.draw import (
 from scalecl.report.registry import figure, table
 from scalecl.report.runs import (
     RUN_COLUMNS,
-    UNVERIFIED,
     _config_id,
     _lr_text,
     _metrics_or_none,
@@ -36,6 +35,7 @@ from scalecl.report.runs import (
     inputs_text,
     load_runs,
     marked,
+    marks,
     one_build,
     study_names,
 )
@@ -262,7 +262,7 @@ def route_mechanism_cpt(plot: Plot, spec: ReportSpec) -> tuple[pd.DataFrame, pd.
                 row = {"preset": r["preset"], "lr": r.get("lr"), "tau": _tau(r), "router": opts.get("router", "logit"),
                        "base_seed": run["base_seed"], "run_seed": run["run_seed"], "step": int(rec["step"]),
                        "set": split, "never_rows": f"{never.get('never_rows')} of {never.get('rows')}"}
-                row |= {UNVERIFIED: "yes"} if r.get(UNVERIFIED) else {}  # a column only when one is drawn so
+                row |= {m: "yes" for m in marks(r)}  # a column only when one is drawn so (unverified, yours)
                 for key, col in (("route_preserve", "preserve_share"), ("route_score/mean", "score_mean"),
                                  ("route_score/q05", "score_q05"), ("route_score/q50", "score_q50"),
                                  ("route_score/q95", "score_q95"), ("never_share_preserve/mean", "never_share_preserve"),

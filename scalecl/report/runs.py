@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +113,24 @@ def unproven(f: Path) -> str | None:
     return None
 
 
+# the key plot adds to a result read from a results folder after the first (`--results`, in order; plot's default
+# reads results/, the committed runs, first, then runs/): drawn as a setting of its own, marked '(yours)'
+YOURS = "yours"
+
+
+def marks(r: dict) -> list[str]:
+    """What keeps a result's runs apart from the others' and is said in its labels: 'unverified' (drawn with plot
+    --unverified), 'yours' (from a results folder after the first)."""
+    return [m for m in (UNVERIFIED, YOURS) if r.get(m)]
+
+
 def marked(label: str, r: dict) -> str:
-    """A label of a result drawn with plot --unverified, said so: '<label> (unverified)'."""
-    if not r.get(UNVERIFIED):
+    """A label of a result said to be unverified or from a later results folder: '<label> (unverified)',
+    '<label> (yours)'."""
+    tags = ", ".join(marks(r))
+    if not tags:
         return label
-    return f"{label} ({UNVERIFIED})" if label else UNVERIFIED
+    return f"{label} ({tags})" if label else tags
 
 
 def _result_or_none(plot: Plot, f: Path) -> dict | None:
@@ -128,6 +142,7 @@ def _result_or_none(plot: Plot, f: Path) -> dict | None:
         plot.skip(f, str(e))
         return None
     r.pop(UNVERIFIED, None)
+    r.pop(YOURS, None)
     why = unproven(f)
     if why is not None and not plot.unverified:
         plot.skip(f, f"{f}: {why}; not a finished run to training either (plot --unverified draws it, marked so)")
@@ -137,7 +152,8 @@ def _result_or_none(plot: Plot, f: Path) -> dict | None:
     return r
 
 
-RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build"]
+RUN_COLUMNS = ["dir", "preset", "method", "date", "result", "base_seed", "run_seed", "group", "pair", "base_build",
+               "replaces"]
 SEED_KEYS = ("seed", "run_seed")  # what replicates of one setting differ in
 # per-method tables of a config: runs of other methods differ there; and the biography's ensemble control, a
 # treatment of a method's run on the same base (runs that differ only there pair)
@@ -149,14 +165,16 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
 
     Main runs: replicates are kept. A replicate group is (experiment, preset, method, method options, config
     without its seeds) (`group`, a short hash, and `setting`, what tells it from the preset's other groups);
-    in a group one run per (base seed, run seed), the newest. `pair` names the runs that share a base: same
-    experiment, preset and config outside the seeds and the per-method tables.
-    Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and, with `study=`,
-    loaded alone (one row per run, each its own group, since their options differ). Every results folder of
-    the plot is read.
+    `pair` names the runs that share a base: same experiment, preset and config outside the seeds and the
+    per-method tables. Study sweeps live under `.../studies/<study>/`: they are left out of the main figures and,
+    with `study=`, loaded alone (one row per run, each its own group, since their options differ).
+    Every results folder of the plot is read, in order. A run from a folder after the first is marked 'yours'
+    (marked): a group of its own, never averaged with the first folder's runs. Of runs of one setting with the
+    same seeds one is drawn: the first folder's (within a folder, the newest); each run left out for it is
+    recorded as skipped (one line, naming the run drawn instead) and in `replaces` of the run kept (inputs_text).
     """
     rows, seen = [], set()
-    for root in plot.roots:
+    for index, root in enumerate(plot.roots):
         for f in _result_files(plot, root, study):
             if f.resolve() in seen:  # nested folders given twice, or a run referenced twice: each run once
                 continue
@@ -164,6 +182,8 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             r = _result_or_none(plot, f)
             if r is None or r.get("experiment") != spec.name:
                 continue
+            if index > 0:
+                r[YOURS] = True
             if _lacks(r, spec.required):
                 plot.skip(f, f"result {f} has no {_lacks(r, spec.required)!r}")
                 continue
@@ -180,16 +200,38 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
                          "run_seed": seeds[1], "group": _config_id(r, spec) if study is None else str(f.parent),
-                         "pair": _config_id(r, spec, pair=True), "base_build": _base_build(r)})
+                         "pair": _config_id(r, spec, pair=True), "base_build": _base_build(r), "replaces": (),
+                         "root": index, "same": _config_id(without(r, (YOURS,)), spec)})
     if not rows:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
-        df = df.drop_duplicates(["group", "base_seed", "run_seed"], keep="last")
+        df = _drawn_once(plot, df)
+    df = df.drop(columns=["root", "same"])
     df["setting"] = _settings(df, spec) if study is None else [marked("", r) for r in df["result"]]
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def _drawn_once(plot: Plot, df: pd.DataFrame) -> pd.DataFrame:
+    """One run per setting and seeds (`same`, base seed, run seed): the first results folder's, within a folder
+    the newest (`df` is in date order). Each run left out is one skipped line naming the run drawn instead, and
+    is listed in that run's `replaces`."""
+    df = df.iloc[::-1].sort_values("root", kind="stable")  # per key: the first folder, newest first
+    keys = ["same", "base_seed", "run_seed"]
+    kept = ~df.duplicated(keys, keep="first")
+    drawn = {tuple(row[k] for k in keys): row for _, row in df[kept].iterrows()}
+    gone: dict[Path, list[Path]] = {}
+    for _, row in df[~kept].iterrows():
+        winner = drawn[tuple(row[k] for k in keys)]
+        gone.setdefault(winner["dir"], []).append(row["dir"])
+        rule = "the first results folder's" if winner["root"] != row["root"] else "the newer"
+        plot.skip(row["dir"] / "result.json", f"{row['dir']}: the same setting and seeds (base {row['base_seed']}, "
+                  f"run {row['run_seed']}) as {winner['dir']}, which is drawn instead ({rule}; a setting and seeds "
+                  f"are drawn once)")
+    df = df[kept].sort_values("date", kind="stable")
+    return df.assign(replaces=[tuple(gone.get(d, ())) for d in df["dir"]])
 
 
 def _base_build(r: dict) -> str:
@@ -297,7 +339,7 @@ def _config_id(r: dict, spec: ReportSpec, pair: bool = False) -> str:
     ident = [r["experiment"], r["preset"], _config_rest(r, spec, pair)]
     if not pair:
         ident += [r["method"], used_options(r), r.get("lr")]
-        ident += [UNVERIFIED] if r.get(UNVERIFIED) else []  # never a replicate of runs that are proven
+        ident += marks(r)  # unverified, or from a later results folder: never a replicate of the first's proven runs
     text = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -319,6 +361,88 @@ def _varying(flats: list[dict[str, str]]) -> list[str]:
     return [k for k in keys if len({f.get(k) for f in flats}) > 1]
 
 
+def _steps(v: Any) -> str:
+    return "only at the start and end" if v == 0 else f"every {v:,} steps" if isinstance(v, int) else f"every {v} steps"
+
+
+def _final_docs(v: Any) -> str:
+    return {-1: "no whole-set evaluation", 0: "whole held-out sets"}.get(v, f"first {v:,} held-out docs")
+
+
+def _final_length(v: Any) -> str:
+    return "whole sets at the model's length" if v == 0 else f"whole sets also at {v:,} tokens"
+
+
+# config keys as a legend says them (noun when a run does not record it, the value in words): settings differ
+# there between runs made before a key existed and after, or by a user's --set
+READABLE_KEYS: dict[str, tuple[str, Any]] = {
+    "eval.every": ("evaluation interval", lambda v: f"evaluated {_steps(v)}"),
+    "eval.final_take": ("whole-set evaluation", _final_docs),
+    "eval.final_context": ("whole-set length", _final_length),
+    "eval.take": ("evaluation docs", lambda v: f"{v:,} evaluation docs"),
+    "checkpoint.every": ("checkpoint interval", lambda v: "no step checkpoints" if v == 0 else f"checkpoints {_steps(v)}"),
+}
+
+
+def setting_parts(flat: dict[str, str], keys: list[str], options: bool = False) -> list[str]:
+    """The parts of a legend that tell a setting apart, in words: `flat` a run's config (or, `options`, its method
+    options) as `_flat` gives it, `keys` those that vary. Method options keep their paper names ('tau=0.5';
+    an option a run does not set is its method's default), known config keys are said in words ('evaluated every
+    15 steps', 'whole held-out sets'), others by their words without dots ('train seq len 128'); config keys a
+    run does not record (made before they existed) are one part ('whole-set evaluation, whole-set length not
+    recorded'). Never a raw dotted key."""
+    parts, unrecorded = [], []
+    for k in keys:
+        name = k.removeprefix("options.")
+        text = flat.get(k)
+        value = json.loads(text) if text is not None else None
+        if options or name != k:
+            parts.append(f"{name}=default" if text is None else f"{name}={'auto' if value is None else _plain(value)}")
+        elif text is None:
+            unrecorded.append(READABLE_KEYS.get(k, (_words(k), None))[0])
+        else:
+            parts.append(_said(k, value))
+    return parts + ([f"{', '.join(unrecorded)} not recorded"] if unrecorded else [])
+
+
+def _said(key: str, value: Any) -> str:
+    """A config key and its value in words: READABLE_KEYS's, '10 stage-3 steps', else 'train seq len 128'."""
+    if key in READABLE_KEYS:
+        try:
+            return READABLE_KEYS[key][1](value)
+        except (TypeError, ValueError):
+            return f"{READABLE_KEYS[key][0]} {_plain(value)}"
+    if (m := re.fullmatch(r"stage(\d)\.steps", key)) and isinstance(value, int):
+        return f"{value:,} stage-{m[1]} steps"
+    return f"{_words(key)} {_plain(value)}"
+
+
+def _words(key: str) -> str:
+    """A dotted config key in words: 'train.seq_len' -> 'train seq len', 'stage3.lr' -> 'stage-3 lr'."""
+    return re.sub(r"^stage(\d)\.", r"stage-\1 ", key).replace(".", " ").replace("_", " ")
+
+
+def _plain(value: Any) -> str:
+    """A config value as a legend says it: lists joined with '+', a path without the machine's folders
+    (shown_path), others as written (no quotes)."""
+    if isinstance(value, list):
+        return "+".join(map(_plain, value))
+    return str(value).replace('"', "") if not isinstance(value, str) else shown_path(value)
+
+
+def shown_path(source: str) -> str:
+    """A model or data source as an output names it, never by a folder of the machine that made the run: a base in
+    a scalecl cache by its entry (base_name), an absolute path by its file or folder name ('.../corpus.txt'),
+    anything else (a hub name, 'builtin', a relative path) as given."""
+    name = base_name(source)
+    if name != str(source) or not (os.path.isabs(name) or re.match(r"^[A-Za-z]:[\\/]", name)):
+        return name
+    parts = Path(name).parts
+    if parts[-1] == "final" and len(parts) > 2:  # a checkpoint: its run's folder names it
+        return f".../{parts[-2]}/final"
+    return f".../{parts[-1]}" if len(parts) > 1 else name
+
+
 def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
     """Per run, what tells its replicate group from the others of its preset: the config keys that differ
     across the preset's groups and the method options that differ across the method's groups ('' if none)."""
@@ -330,10 +454,10 @@ def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
         keys = _varying(list(shared.values()))
         for _, row in g.iterrows():
             same = [opts[x] for x in g[g["method"] == row["method"]]["group"]]
-            parts = [f"{k}={shared[row['group']].get(k, 'unset')}" for k in keys]
-            parts += [f"{k}={opts[row['group']].get(k, 'unset')}" for k in _varying(same)]
+            parts = setting_parts(shared[row["group"]], keys)
+            parts += setting_parts(opts[row["group"]], _varying(same), options=True)
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
-            labels[row["group"]] = marked(label.replace('"', ""), row["result"])
+            labels[row["group"]] = marked(label, row["result"])
         for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their rates tell,
             rates = dict(zip(same["group"], (_lr_text(r) for r in same["result"]), strict=True))  # else hashes
             before = {x: labels[x] for x in same["group"]}
@@ -341,8 +465,9 @@ def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
                 twins = [y for y in same["group"] if before[y] == before[x]]
                 if len(twins) > 1 and len({rates[y] for y in twins}) == len(twins):
                     labels[x] = ", ".join(filter(None, (labels[x], f"lr={rates[x]}")))
-                elif len(twins) > 1:
-                    labels[x] = f"{labels[x]}, #{x}" if labels[x] else f"#{x}"
+                elif len(twins) > 1:  # told apart past the label's length: numbered in the preset's order
+                    n = f"variant {twins.index(x) + 1}"
+                    labels[x] = f"{labels[x]}, {n}" if labels[x] else n
     return df["group"].map(labels)
 
 
@@ -386,7 +511,8 @@ def inputs_text(runs: pd.DataFrame, what: str) -> str:
         first = g.iloc[0]
         group = f" group {first['group']}" if first["group"] != str(first["dir"]) else ""
         lines.append(f"{first['preset']} {group_label(first)}{group}: n = {len(g)} (seeds {_seeds_text(g)})")
-        lines += [f"  {d}" for d in g["dir"]]
+        lines += [f"  {d}" + (f" (drawn instead of {', '.join(map(str, gone))}: the same setting and seeds)"
+                              if gone else "") for d, gone in zip(g["dir"], g["replaces"], strict=True)]
     return "\n".join(lines) + "\n"
 
 

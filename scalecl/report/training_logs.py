@@ -25,7 +25,7 @@ from scalecl.report.draw import (
     unit_frames,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import _config_rest, _flat, _varying, load_train_log, replicate_groups
+from scalecl.report.runs import _config_rest, _flat, _varying, load_train_log, replicate_groups, setting_parts
 from scalecl.report.settings import _groups, _line_label
 from scalecl.report.spec import ReportSpec
 
@@ -115,7 +115,7 @@ def _train_log_lines(plot: Plot, spec: ReportSpec, runs: pd.DataFrame, study: st
                         "options": line[1].iloc[0]["result"].get("method_options") or {}}) for line in same]
         keys = _varying(flats)
         for line, flat in zip(same, flats, strict=True):
-            extra = ", ".join(f"{k}={flat.get(k, 'unset')}" for k in keys[:3]).replace('"', "")
+            extra = ", ".join(setting_parts(flat, keys[:3]))
             line[2] = f"{label} [{extra}]" if extra else f"{label} #{Path(str(line[1].iloc[0]['dir'])).name}"
     return lines, missing
 

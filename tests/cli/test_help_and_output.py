@@ -165,7 +165,7 @@ def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys
 
 def test_study_prints_one_table_labelled_by_value(monkeypatch, capsys, tmp_path):
     """One table for the whole study, a row per value (not one table per value, each labelled `scale-route`)."""
-    from scalecl.experiments import study
+    from scalecl.experiments import study, sweep
 
     class Exp:
         from scalecl.experiments.base import Paths
@@ -176,10 +176,10 @@ def test_study_prints_one_table_labelled_by_value(monkeypatch, capsys, tmp_path)
 
     values = ["-1", "0.9"]
     monkeypatch.setattr(study, "experiments", lambda *a: (study.STUDIES["tau"], [(v, Exp()) for v in values]))
-    monkeypatch.setattr(study, "check", lambda *a: (None, {"scale-route": None}))
+    monkeypatch.setattr(sweep, "check", lambda *a: (None, {"scale-route": None}))  # run_study imports them when it runs
     monkeypatch.setattr(study, "find_shared", lambda *a: None)
-    monkeypatch.setattr(study, "check_ahead", lambda *a: None)
-    monkeypatch.setattr(study, "sweep", lambda exp, methods, opts, summary=True: (
+    monkeypatch.setattr(sweep, "check_ahead", lambda *a: None)
+    monkeypatch.setattr(sweep, "sweep", lambda exp, methods, opts, summary=True: (
         [_bio_result("scale-route", "r", 0.5)] if not summary else exp.fail()))
     study.run_study("tau", "tiny", None, [], SimpleNamespace(out=tmp_path))
     out = capsys.readouterr().out

@@ -101,8 +101,9 @@ def test_a_self_contradicting_checkpoint_record_is_refused(ckpt, tmp_path, chang
     meta = json.loads((d / "scalecl.json").read_text())
     meta.pop("record_digest")  # a record that keeps no digest of itself (an earlier scalecl's): the checks behind it
     (d / "scalecl.json").write_text(json.dumps(meta | change))
+    (tmp_path / "text.txt").write_text("a document\n")  # the record is refused before the text is read
     for cmd in (["merge", "--model", str(d), "--out", str(tmp_path / "m")],
-                ["eval-ppl", "--model", str(d), "--dataset", str(tmp_path / "nothing.txt")]):
+                ["eval-ppl", "--model", str(d), "--dataset", str(tmp_path / "text.txt")]):
         assert phrase in one_error(runner.invoke(app, cmd))
     assert not (tmp_path / "m").exists()
 

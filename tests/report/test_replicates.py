@@ -176,12 +176,12 @@ def test_other_configs_stay_separate_groups(tmp_path):
         bio_run(tmp_path, "fft", b, final0=0.9, steps3=20)
     table = summary_table(Plot.of(tmp_path), BIO_REPORT)
     fft = table[table["method"] == "fft"].set_index("setting")
-    assert sorted(fft.index) == ["stage3.steps=10", "stage3.steps=20"]
-    assert fft.loc["stage3.steps=10", "n"] == 3 and fft.loc["stage3.steps=10", "task0_full_end"] == pytest.approx(0.2)
-    assert fft.loc["stage3.steps=20", "n"] == 2 and fft.loc["stage3.steps=20", "task0_full_end"] == pytest.approx(0.9)
+    assert sorted(fft.index) == ["10 stage-3 steps", "20 stage-3 steps"]
+    assert fft.loc["10 stage-3 steps", "n"] == 3 and fft.loc["10 stage-3 steps", "task0_full_end"] == pytest.approx(0.2)
+    assert fft.loc["20 stage-3 steps", "n"] == 2 and fft.loc["20 stage-3 steps", "task0_full_end"] == pytest.approx(0.9)
     paired = paired_table(Plot.of(tmp_path), BIO_REPORT)  # Route is paired only with the FFT trained like it
-    assert paired["b"].unique().tolist() == ["FFT [stage3.steps=10]"]
-    assert paired["a"].unique().tolist() == ["SCALE-Route [stage3.steps=10]"]
+    assert paired["b"].unique().tolist() == ["FFT [10 stage-3 steps]"]
+    assert paired["a"].unique().tolist() == ["SCALE-Route [10 stage-3 steps]"]
     assert paired.set_index("metric").loc["task0_full_end", "diff_mean"] == pytest.approx(0.4)
 
 
@@ -192,8 +192,8 @@ def test_other_method_options_stay_separate(tmp_path):
     r["method_options"] = {"tau": 0.5}
     write_result(d, r)
     route = summary_table(Plot.of(tmp_path), BIO_REPORT).query("method == 'scale-route'").set_index("setting")
-    assert route.loc["tau=unset", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # not replacing seed 0/0
-    assert route.loc["tau=unset", "n"] == 3 and route.loc["tau=0.5", "n"] == 1  # n: base seeds
+    assert route.loc["tau=default", "seeds"] == "0/0, 1/0, 2/0, 2/1"  # not replacing seed 0/0
+    assert route.loc["tau=default", "n"] == 3 and route.loc["tau=0.5", "n"] == 1  # n: base seeds
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -239,8 +239,8 @@ def test_plot_skips_what_training_would_not_count_as_a_finished_run(tmp_path):
     out = tmp_path / "figs"
     res = runner.invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(out)])
     assert res.exit_code == 0 and "Traceback" not in res.output, res.output
-    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
-    assert len(skipped) == len(runs), res.stderr
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:") and "drawn instead" not in ln]
+    assert len(skipped) == len(runs), res.stderr  # and three_bases' older FFT duplicate, named as one
     for name, d in runs.items():
         assert sum(ln.startswith(f"skipped: {d / 'result.json'}: {UNPROVEN_WHY[name]}") for ln in skipped) == 1, name
     table = pd.read_csv(out / "table_bio.csv").set_index("method")
@@ -251,11 +251,14 @@ def test_plot_skips_what_training_would_not_count_as_a_finished_run(tmp_path):
 
 def test_plot_unverified_draws_them_as_a_setting_of_their_own(tmp_path):
     """--unverified: the unproven runs are drawn, never as replicates of proven runs: a group of their own whose
-    setting says '(unverified)', in tables, paired rows and inputs; nothing skipped."""
+    setting says '(unverified)', in tables, paired rows and inputs; nothing skipped but the older duplicate
+    three_bases holds."""
     runs = unproven_runs(tmp_path / "res")
     out = tmp_path / "figs"
     res = runner.invoke(app, ["plot", "--results", str(tmp_path / "res"), "--out", str(out), "--unverified"])
-    assert res.exit_code == 0 and "skipped:" not in res.stderr, res.output
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
+    assert res.exit_code == 0 and len(skipped) == 1 and "2026-11-01: the same setting and seeds" in skipped[0], \
+        res.output  # only three_bases' older FFT duplicate, named as one
     table = pd.read_csv(out / "table_bio.csv", keep_default_na=False)
     route = table[table["method"] == "scale-route"].set_index("setting")
     assert sorted(route.index) == ["", "unverified"]
@@ -294,7 +297,9 @@ def test_plot_writes_interval_tables_paired_and_inputs(tmp_path):
             assert inputs is None  # no train_log.jsonl here: no figure
             continue
         assert "cpu FFT" in inputs and "n = 3 (seeds 0/0, 1/0, 2/0)" in inputs and "n = 4" in inputs, stem
-        assert inputs.count("cpu-fft-") == 3 and "2026-11-01" not in inputs  # the dropped duplicate is no input
+        drawn = [ln for ln in inputs.splitlines() if ln.startswith("  ") and "cpu-fft-" in ln]
+        assert len(drawn) == 3 and inputs.count("2026-11-01") == 1, stem  # the dropped duplicate: no input, named
+        assert "cpu-fft-s1-r0-10-2026-12-01 (drawn instead of " in inputs and "-2026-11-01: the same setting" in inputs
 
 
 def test_old_results_without_seeds_still_plot(tmp_path):

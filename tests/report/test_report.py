@@ -269,7 +269,8 @@ def fake_cpt_route_run(root):
 
 
 def build_route_results(tmp_path):
-    """Two results folders: new-style runs (train logs, answer keys) and older ones (neither)."""
+    """Two results folders: new-style runs (train logs, answer keys) and older ones (neither), read second: their
+    labels say '(yours)' (scalecl.report.runs.marked)."""
     new, old = tmp_path / "runs", tmp_path / "results"
     fake_route_bio_run(new / "bio", tag="new")
     fft = fake_bio_run(new, "fft")
@@ -297,8 +298,8 @@ def build_route_results(tmp_path):
 # build_route_results' main bio runs differ in config (FFT/LoRA: 10 steps, no model.vocab; Route: 50 steps,
 # model.vocab=0, its default, which groups as the key's absence): separate replicate groups, each labelled with
 # what tells it from the others
-FFT_CPU = "FFT [stage3.steps=10]"
-ROUTE_CPU = "SCALE-Route [stage3.steps=50]"
+FFT_CPU = "FFT [10 stage-3 steps]"
+ROUTE_CPU = "SCALE-Route [50 stage-3 steps]"
 
 NEW_FIGURES = ("train_loss_bio_cpu", "lr_schedule_bio_cpu", "train_loss_cpt_cpu", "lr_schedule_cpt_cpu",
                "routing_bio_cpu", "routing_bio_old", "routing_cpt_cpu", "router_score_bio_cpu",
@@ -638,11 +639,11 @@ def test_training_log_figures_draw_each_logged_run(tmp_path, drawn):
     assert xs(raw) == list(range(1, 51)) and ys(raw) == pytest.approx(fake_loss())
     assert ys(smooth) == pytest.approx(pd.Series(fake_loss()).rolling(5, center=True, min_periods=1).mean())
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("Task 1 step", "training loss (per step)")
-    lora = "LoRA [stage3.steps=10]"
+    lora = "LoRA [10 stage-3 steps]"
     assert f"Not drawn (no train_log.jsonl; older runs): {lora}." in caption(figs["train_loss_bio_cpu"])
     (ax,) = figs["train_loss_study_tau"].axes
     assert labels(ax) == ["tau=-1", "tau=0.5", "tau=0.99"] and ax.get_legend().get_title().get_text() == "tau"
-    assert "older runs): tau=0.9." in caption(figs["train_loss_study_tau"])
+    assert "older runs): tau=0.9 (yours)." in caption(figs["train_loss_study_tau"])
     assert figs["train_loss_cpt_cpu"].axes[0].get_xlabel() == "training step"
 
     figs = drawn(each_spec(draw_lr_schedule, roots))
@@ -673,7 +674,7 @@ def test_routing_figure_draws_each_route_run_per_path(tmp_path, drawn):
     assert all_tokens.get_ylabel() == "tokens routed (%)" and answer.get_xlabel() == "Task 1 step"
     assert len(figs["routing_bio_old"].axes) == 1  # an older run: no answer-position panel
     tau = figs["routing_study_tau"].axes
-    assert [ax.get_title() for ax in tau[::2]] == [f"tau={t}: all tokens" for t in ("-1", "0.5", "0.9", "0.99")]
+    assert [ax.get_title() for ax in tau[::2]] == [f"tau={t}: all tokens" for t in ("-1", "0.5", "0.9 (yours)", "0.99")]
     assert not tau[5].get_lines() and "no answer-position record" in tau[5].texts[0].get_text()
     (cpt,) = figs["routing_cpt_cpu"].axes
     assert cpt.get_title() == "SCALE-Route" and cpt.get_xlabel() == "training step"
@@ -701,7 +702,7 @@ def test_router_score_figure_draws_median_mean_and_tau(tmp_path, drawn):
     assert [ax.get_title() for ax in tau[::2]] == ["tau=-1: Task 0 (held-out)", "tau=0.5: Task 0 (held-out)",
                                                    "tau=0.99: Task 0 (held-out)"]
     assert [ys(ax.get_lines()[0])[0] for ax in tau[::2]] == [-1, 0.5, 0.99]  # each row its own tau
-    assert "older runs): tau=0.9." in caption(figs["router_score_study_tau"])
+    assert "older runs): tau=0.9 (yours)." in caption(figs["router_score_study_tau"])
 
 
 def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
@@ -710,7 +711,7 @@ def test_route_study_figure_draws_a_line_per_setting(tmp_path, drawn):
     acc0, acc1, routed = fig.axes
     assert [ax.get_title() for ax in fig.axes] == ["(a) Task 0 (held-out) accuracy", "(b) Task 1 accuracy",
                                                    "(c) routed to preserve at the answer position"]
-    settings = ["tau=-1", "tau=0.5", "tau=0.9", "tau=0.99"]
+    settings = ["tau=-1", "tau=0.5", "tau=0.9 (yours)", "tau=0.99"]  # tau=0.9: from the second results folder
     assert labels(acc0) == [*settings, "Task 0 chance floor"] and labels(acc1) == settings
     f = [i / 10 for i in range(11)]
     for setting, end in zip(settings, (0.2, 0.4, 0.5, 0.8), strict=True):

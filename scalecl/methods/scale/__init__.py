@@ -1,18 +1,35 @@
-"""SCALE-Preserve, SCALE-Adapt and SCALE-Route behind the common method interface (paper Sec. 4)."""
+"""SCALE-Preserve, SCALE-Adapt and SCALE-Route behind the common method interface (paper Sec. 4).
+
+Importing this package loads no torch (the command line checks a method's options before torch loads): the
+model surgery (scalecl.methods.scale.upscale, scalecl.modeling.scale_surgery) loads where a model is changed or
+read, and `scale_path` / `routing_fractions` load on first use. The function `upscale` is `scalecl.upscale`.
+"""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scalecl.methods.base import Method, register
 from scalecl.methods.scale.config import ScaleConfig
-from scalecl.methods.scale.upscale import check_sizes, upscale
-from scalecl.modeling.scale_surgery import routing_fractions, scale_path
 
-__all__ = ["ScaleConfig", "ScaleMethod", "upscale", "scale_path", "routing_fractions"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from scalecl.modeling.scale_surgery import routing_fractions, scale_path
+
+__all__ = ["ScaleConfig", "ScaleMethod", "scale_path", "routing_fractions"]
+_LAZY = {"scale_path": "scalecl.modeling.scale_surgery", "routing_fractions": "scalecl.modeling.scale_surgery"}
+
+
+def __getattr__(name: str) -> Any:
+    """`scale_path` and `routing_fractions`, imported on first use (PEP 562)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
 
 def never_shares(model: PreTrainedModel, st, mask) -> dict[str, Any]:
@@ -55,9 +72,13 @@ class ScaleMethod(Method):
         )
 
     def check(self, config) -> None:
+        from scalecl.methods.scale.upscale import check_sizes
+
         check_sizes(config, self.config)
 
     def apply(self, model: PreTrainedModel, init_weights: bool = True) -> PreTrainedModel:
+        from scalecl.methods.scale.upscale import upscale
+
         return upscale(model, self.config, inplace=True, init_weights=init_weights)
 
     def describe(self) -> str:
@@ -84,6 +105,8 @@ class ScaleMethod(Method):
         return {"route_preserve": routed[mask], "route_score": score[mask], **never_shares(model, st, mask)}
 
     def metrics(self, model: PreTrainedModel, mask=None) -> dict[str, float]:
+        from scalecl.modeling.scale_surgery import routing_fractions
+
         return routing_fractions(model, mask)
 
     def options(self) -> dict[str, Any]:
