@@ -11,6 +11,7 @@ from scalecl.cli.errors import console, err_console, user_errors
 from scalecl.common.errors import ScaleclError
 
 commands = typer.Typer()
+SAVE_FORMATS = ("png", "pdf", "svg")  # what --formats accepts (scalecl.report.draw saves each; checked before it loads)
 
 
 @commands.command()
@@ -71,8 +72,6 @@ def plot(
 
 def _formats(text: str | None) -> tuple[str, ...] | None:
     """--formats as a tuple of known figure formats (None: the default)."""
-    from scalecl.report.draw import SAVE_FORMATS
-
     if text is None:
         return None
     formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))

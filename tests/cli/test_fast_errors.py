@@ -60,6 +60,7 @@ CASES = [
     (["eval-ppl", "--model", "{tmp}", "--data", "builtin:en", "--device", "tpu"], "unknown device 'tpu'"),
     (["eval-harness", "--model", "{tmp}/missing-model"], "model path"),
     (["plot", "--results", "{tmp}/missing-results"], "results folder"),
+    (["plot", "--formats", "bmp"], "--formats"),
 ]
 
 
@@ -109,3 +110,11 @@ def test_help_loads_no_torch(tmp_path):
     for command, proc in [(c, run_probe([c, "--help"], tmp_path)) for c in commands]:
         code, _, heavy = finish(proc)
         assert code == 0 and heavy == [], (command, heavy)
+
+
+def test_plot_checks_the_formats_the_report_saves():
+    """`plot --formats` is checked before the report loads, against its own list: the report's, the same."""
+    from scalecl.cli.plot import SAVE_FORMATS
+    from scalecl.report.draw import SAVE_FORMATS as saved
+
+    assert SAVE_FORMATS == saved
