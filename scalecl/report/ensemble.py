@@ -23,8 +23,9 @@ from matplotlib.colors import to_rgb
 from scalecl.report.context import Plot
 from scalecl.report.draw import (
     COLORS,
+    READ_WIDTH_IN,
     Drawn,
-    _figure_legend,
+    _legend_below,
     _save_all,
     _with_inputs,
     mean_curve,
@@ -39,6 +40,7 @@ from scalecl.report.tables import write_study_means
 FAMILIES = ("fft", "lora", "llama-pro", "scale-adapt")  # a column each
 STYLE = {"none": "--", "train": "-", "eval": ":"}  # how a variant is averaged with its base
 MARKERS = {"none": "o", "train": "D", "eval": "D"}  # the frontier's points by how they are averaged (eval: open)
+LEGEND_COLUMNS = 3  # fig8_ensemble's legend, under its panels
 SHADES = (1.0, 0.65, 0.4)  # a variant's colour at its lowest rate, then darker for each higher rate
 
 
@@ -113,8 +115,10 @@ def draw_ensemble(plot: Plot, spec: ReportSpec) -> Drawn:
 def _curves_figure(variants: list[Variant], families: list[str], styles: dict, spec: ReportSpec,
                    runs: pd.DataFrame, caption: str):
     """Task 0 (top) and Task 1 (bottom) per Task 1 step, one column per method with the Route lines in each."""
-    fig, axes = plt.subplots(2, len(families), figsize=(2.9 * len(families) + 2.6, 5.2), squeeze=False,
-                             sharex=True, sharey=True)
+    labels = {v.label for v in variants if v.method in (*families, "scale-route")}
+    rows = -(-len(labels) // LEGEND_COLUMNS)  # the legend's rows under the panels (the figure keeps READ_WIDTH_IN)
+    fig, axes = plt.subplots(2, len(families), figsize=(min(READ_WIDTH_IN - 0.5, 2.6 * len(families) + 0.9),
+                                                         5.0 + 0.2 * rows), squeeze=False, sharex=True, sharey=True)
     for col, family in enumerate(families):
         shown = [v for v in variants if v.method in (family, "scale-route")]
         for row, task in enumerate(("task0", "task1")):
@@ -128,7 +132,6 @@ def _curves_figure(variants: list[Variant], families: list[str], styles: dict, s
         axes[1, col].set_xlabel(spec.step_label)
     axes[0, 0].set_ylabel("Task 0 held-out acc. (%)")
     axes[1, 0].set_ylabel("Task 1 acc. (%)")
-    _figure_legend(fig, axes.flat)
     n = runs["base_seed"].nunique()
     fig.text(0.5, -0.01, (f"Each method as trained (dashed), averaged with its frozen stage-2 model in training "
                           f"(solid) or only when scored (dotted), darker at higher rates, and at another size (olive, "
@@ -136,7 +139,7 @@ def _curves_figure(variants: list[Variant], families: list[str], styles: dict, s
                           f"averaged branch). Lines: means over {n} base seeds, without bands (they overlap): the "
                           f"intervals are in table_fig8_ensemble_means and, paired with Route, paired_bio_ensemble.\n"
                           + caption), ha="center", va="top", fontsize=7, wrap=True)
-    fig.tight_layout()
+    _legend_below(fig, axes.flat, ncol=LEGEND_COLUMNS, fontsize=7.5)
     return fig
 
 
@@ -166,6 +169,7 @@ def _frontier_figure(variants: list[Variant], styles: dict, runs: pd.DataFrame, 
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=7, frameon=False)
     n = runs["base_seed"].nunique()
+    ax.set_title(f"Means over {n} base seeds, 95% t intervals", fontsize=9)
     fig.text(0.5, -0.01, (f"Upper right is better. A point per setting: the mean over {n} base seeds with 95% t "
                           f"intervals over them as bars; a method's rates joined. Circles: the method as it is; "
                           f"diamonds: averaged with its frozen stage-2 model in training (filled) or when scored "

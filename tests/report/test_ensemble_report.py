@@ -41,7 +41,7 @@ def study(tmp_path_factory):
 
 def test_ensemble_figure_and_tables(study):
     _, figs, names = study
-    assert {"fig8_ensemble.png", "fig8_ensemble.pdf", "frontier_ensemble.png", "table_fig8_ensemble_means.md",
+    assert {"fig8_ensemble.png", "frontier_ensemble.png", "table_fig8_ensemble_means.md",
             "paired_bio_ensemble.csv"} <= names
     assert not any(n.startswith("fig8_route_ensemble") for n in names)  # not also drawn as a Route study
     means = pd.read_csv(figs / "table_fig8_ensemble_means.csv")

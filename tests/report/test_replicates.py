@@ -466,6 +466,8 @@ def test_committed_results_still_plot(tmp_path, monkeypatch):
     assert sorted(p.name for p in committed.iterdir() if p.suffix != ".pdf") == sorted(p.name for p in out.iterdir())
     assert {p.stem for p in committed.glob("*.pdf")} == {p.stem for p in committed.glob("*.png")}
     for f in sorted(out.iterdir()):
+        if f.name.startswith("."):  # plot's manifest of its own files: their digests, the PNGs' differ at 50 dpi
+            continue
         if f.suffix in (".csv", ".md", ".tex", ".txt"):
             assert f.read_text() == (committed / f.name).read_text(), f"paper_figures/{f.name} is stale: rerun plot"
         else:
