@@ -100,8 +100,9 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
     """Refuse, in one line and before any work, an output folder whose writing could lose the user's data.
 
     Refused: the current folder or one of its ancestors, a file, a path under a file, a symbolic link to
-    nothing or to a file, a non-empty folder that is not a scalecl checkpoint, and an existing checkpoint
-    unless overwrite=True (and then still if it holds files the suite did not write). An empty folder is
+    nothing or to a file, a non-empty folder that is not a scalecl checkpoint, a cached stage (a checkpoint whose
+    record holds `stage`, in a cache that later runs read), and an existing checkpoint unless overwrite=True (and
+    then still if it holds files the suite did not write). An empty folder is
     filled. A symbolic link to a folder means that folder, as for every `--out` of the suite (the link
     itself is never replaced). Stale temporary siblings of earlier crashed saves are cleaned up here.
     """
@@ -133,6 +134,9 @@ def check_checkpoint_dest(out_dir: str | os.PathLike, overwrite: bool = False) -
         if meta is None:
             raise ScaleclError(f"output folder {out_dir} is not empty and holds no scalecl checkpoint{why}; nothing "
                                f"was written (give a new or empty folder)")
+        if "stage" in meta:  # a cached stage (train-cpt's base, train-bio's stages): every later run reads it
+            raise ScaleclError(f"output folder {out_dir} is a cache entry (a cached stage, which later runs read "
+                               f"as it is); writing there would replace it for them: give a folder outside the cache")
         if not overwrite:
             held = f"output folder {out_dir} holds a scalecl checkpoint"
             raise ScaleclError(f"{held}; pass overwrite=True to replace it", cli=f"{held}; pass --overwrite to replace it")

@@ -2,7 +2,7 @@
 
 Text that is not text (JSON numbers, lists, objects), folders of mixed formats or with a loading script, a
 container's memory limit, SCALE's product setting as part of a run's name, an output inside a cache entry or a
-checkpoint, a run finished by another process while this one waited, WORLD_SIZE set by hand or to garbage,
+checkpoint (or a cached stage itself), a run finished by another process while this one waited, WORLD_SIZE set by hand or to garbage,
 repeated study values, and a short write while an encoding is cached.
 """
 
@@ -161,6 +161,26 @@ def test_an_output_inside_a_cache_entry_or_a_checkpoint_is_refused(local, tmp_pa
         _one_error(runner.invoke(app, args), "lies inside", phrase, "verifies on read")
     assert sorted(p.name for p in entry.iterdir()) == ["scalecl-cache.json"]
     assert not inside_ck.exists()
+
+
+def test_a_cached_stage_is_never_a_writers_destination(local, tmp_path):
+    """A cached stage (train-cpt's base, train-bio's stages) is a checkpoint of the suite, but one that later runs
+    read as their base: upscale, prepare, merge and save_model never replace it, --overwrite or not."""
+    from scalecl import load_model, save_model
+    from scalecl.common.errors import ScaleclError
+
+    entry = tmp_path / "cache" / "cpt" / "base-0123456789"
+    save_model(load_model(local / "llama"), entry, base_model="builtin", extra={"stage": {"steps": 0}})
+    before = {p.name: p.read_bytes() for p in entry.iterdir()}
+    for args in (["upscale", "--random-config", "llama", "--hidden-up", "32", "--out", str(entry)],
+                 ["prepare", "--method", "fft", "--model", str(local / "llama"), "--out", str(entry)],
+                 ["merge", "--model", str(local / "llama"), "--out", str(entry)]):
+        for more in ([], ["--overwrite"]):
+            line = _one_error(runner.invoke(app, args + more), "is a cache entry", "outside the cache")
+            assert "--overwrite" not in line
+    with pytest.raises(ScaleclError, match="is a cache entry"):
+        save_model(load_model(local / "llama"), entry, overwrite=True)
+    assert {p.name: p.read_bytes() for p in entry.iterdir()} == before
 
 
 def test_a_run_finished_by_another_process_meanwhile_is_taken_as_finished(tmp_path):
