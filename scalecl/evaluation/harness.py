@@ -503,8 +503,9 @@ def run_harness(
 
     from scalecl.compute.machine import pick_device
     from scalecl.compute.processes import say
-    from scalecl.training.checkpoint import load_model, read_meta
+    from scalecl.training.checkpoint import check_not_step, load_model, read_meta
 
+    check_not_step(Path(path))  # before its tokenizer is looked for
     meta = read_meta(path)
     method = meta.get("method") if meta else None
     tok, tok_src, note = load_eval_tokenizer(path, tokenizer, meta, cache)

@@ -523,6 +523,17 @@ def damage(path: str | os.PathLike, meta: dict[str, Any] | None = None) -> str |
     return changed_file(p, written, meta.get("digests"), skip=(META_FILE,)) if isinstance(written, dict) else None
 
 
+STEP_RECORD = "scalecl-checkpoint.json"  # a training checkpoint's record (training/run.py: CKPT_MANIFEST)
+
+
+def check_not_step(p: Path) -> None:
+    """A training checkpoint (a run's step folder: its record, training state and the model in `model/`) given
+    as a model folder: one line naming the model inside it."""
+    if (p / STEP_RECORD).is_file() and (p / "model" / META_FILE).is_file():
+        raise ScaleclError(f"{p} is a training checkpoint (its model, optimizer and data state): its model is "
+                           f"{p / 'model'}; give that folder")
+
+
 def check_model_files(path: str | os.PathLike, *, verify: bool = True) -> dict[str, Any] | None:
     """Check a model folder's record and weight files (headers only, nothing loaded); its scalecl.json or None.
 
@@ -535,6 +546,7 @@ def check_model_files(path: str | os.PathLike, *, verify: bool = True) -> dict[s
     p = Path(path)
     if not p.is_dir():
         raise ScaleclError(f"model path {path} does not exist or is not a directory")
+    check_not_step(p)
     meta = read_meta(p)
     how = damage(p, meta) if verify and meta is not None else None
     if how is not None:

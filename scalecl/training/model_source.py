@@ -24,7 +24,14 @@ from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import read_json
 from scalecl.methods import get_method
 from scalecl.models.build import BaseModel, arch_of, check_config_sizes, resolve_base
-from scalecl.training.checkpoint import META_FILE, _base_config, check_model_files, load_model, read_meta
+from scalecl.training.checkpoint import (
+    META_FILE,
+    _base_config,
+    check_model_files,
+    check_not_step,
+    load_model,
+    read_meta,
+)
 
 SAVED_BY_TRANSFORMERS = "transformers"  # a derived record's `saved_by`: no scalecl.json, nothing to verify
 
@@ -107,6 +114,7 @@ def open_base(model: str | None, random_config: str | None = None, seed: int = 0
     folder = Path(model).expanduser() if model is not None else None
     meta = None
     if folder is not None and folder.is_dir() and random_config is None:
+        check_not_step(folder)
         meta = read_meta(folder) or saved_scale_record(folder)
     if meta is None:
         return resolve_base(model, random_config, seed)

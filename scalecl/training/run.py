@@ -68,7 +68,7 @@ STEP_DIR = re.compile(r"^step-(\d{7,})$")
 RUN_WRITER = "scalecl run"  # the run folder's manifest: out_dir/.scalecl-run-files.json
 PARTIALS = ("metrics.jsonl.partial", "train_log.jsonl.partial")
 FINALS = ("metrics.jsonl", "train_log.jsonl", RESULT_FILE)
-CKPT_MANIFEST = "scalecl-checkpoint.json"  # in every step folder: the fingerprint of each file in it
+CKPT_MANIFEST = "scalecl-checkpoint.json"  # (checkpoint.STEP_RECORD) in every step folder: the fingerprint of each file in it
 
 
 def check_stop(name: str, step: int, stop_at: int | None) -> None:

@@ -183,6 +183,28 @@ def test_a_cached_stage_is_never_a_writers_destination(local, tmp_path):
     assert {p.name: p.read_bytes() for p in entry.iterdir()} == before
 
 
+def test_a_training_checkpoint_given_as_a_model_names_the_model_inside_it(local, tmp_path):
+    """A run's step folder (its record, training state, and the model in model/) given as --model: one line in
+    every command that takes one, naming step-N/model, which each takes."""
+    import shutil
+
+    step = tmp_path / "ck" / "step-0000002"
+    shutil.copytree(local / "llama", step / "model")
+    (step / "scalecl-checkpoint.json").write_text("{}")
+    (tmp_path / "tasks.yaml").write_text("task: none\n")
+    for args in (_ppl(local, local / "corpus" / "en", tmp_path, "--split", "test")[:2] + [str(step)]
+                 + _ppl(local, local / "corpus" / "en", tmp_path, "--split", "test")[3:],
+                 ["eval-harness", "--model", str(step), "--tasks", str(tmp_path / "tasks.yaml"), "--out",
+                  str(tmp_path / "h")],
+                 ["merge", "--model", str(step), "--out", str(tmp_path / "m")],
+                 ["upscale", "--model", str(step), "--hidden-up", "32", "--out", str(tmp_path / "u")],
+                 ["prepare", "--method", "fft", "--model", str(step), "--out", str(tmp_path / "p")],
+                 _cpt(local, local / "corpus" / "ko", tmp_path)[:6] + [str(step)]
+                 + _cpt(local, local / "corpus" / "ko", tmp_path)[7:]):
+        _one_error(runner.invoke(app, args), "is a training checkpoint", f"its model is {step / 'model'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "tasks.yaml"]
+
+
 def test_a_run_finished_by_another_process_meanwhile_is_taken_as_finished(tmp_path):
     """Two `--resume` of one run: the one that waited finds the other's result.json as a finished run (the
     manifest read again), not as a file it did not write."""
