@@ -121,7 +121,7 @@ def test_finished_run_is_skipped_unless_forced(dirs, calls):
     (["--set", "stage1.stepz=3"], "unknown config key stage1.stepz"),
     (["--set", "stage1.steps"], "--set expects key=value"),
     (["--method", "sgd"], "unknown method 'sgd'"),
-    (["--tokenizer", "/no/such/tokenizer"], "cannot load tokenizer"),
+    (["--tokenizer", "/no/such/tokenizer"], "tokenizer path /no/such/tokenizer does not exist"),
     (["--tokenizer", "/no/such/tokenizer"], "--tokenizer local"),
     (["--set", "methods.llama-pro.n=3"], "positive divisor"),
 ])

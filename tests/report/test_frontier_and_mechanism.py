@@ -114,10 +114,10 @@ def closing():
 def test_frontier_table_means_intervals_and_thresholds(tmp_path):
     table = frontier_table(Plot.of(frontier_results(tmp_path)), BIO_REPORT)
     rows = {(r["line"], round(r["lr"], 9)): r for _, r in table.iterrows()}
-    fft = "FFT [stage3.steps=10]"
-    assert sorted(rows) == sorted([(fft, 1e-4), (fft, 3e-4), (fft, 1e-3), ("FFT [stage3.steps=20]", 1e-4),
-                                   ("LoRA [stage3.steps=10]", 1e-3), ("SCALE-Route [stage3.steps=10]", 1e-3),
-                                   ("SCALE-Route [stage3.steps=10]", 3e-3)])
+    fft = "FFT [10 stage-3 steps]"
+    assert sorted(rows) == sorted([(fft, 1e-4), (fft, 3e-4), (fft, 1e-3), ("FFT [20 stage-3 steps]", 1e-4),
+                                   ("LoRA [10 stage-3 steps]", 1e-3), ("SCALE-Route [10 stage-3 steps]", 1e-3),
+                                   ("SCALE-Route [10 stage-3 steps]", 3e-3)])
     a = rows[(fft, 1e-4)]
     assert (a["n"], a["seeds"], a["interval"], a["unit"]) == (3, "0/0, 1/0, 2/0", "t over 3 base seeds", "3 base seeds")
     assert a["task1_full"] == pytest.approx(0.72) and a["task0_full"] == pytest.approx(0.4)
@@ -141,16 +141,16 @@ def test_frontier_table_means_intervals_and_thresholds(tmp_path):
     c = rows[(fft, 1e-3)]
     assert c["task1_full"] == 1.0 and c["task1_full_ci_lo"] == pytest.approx(1.0)  # sd 0: a zero-width interval
     assert c["task0_at_task1_50"] == pytest.approx(0.3) == c["task0_at_task1_80"]  # both at step 5: 0.2, 0.3, 0.4
-    route = rows[("SCALE-Route [stage3.steps=10]", 1e-3)]
+    route = rows[("SCALE-Route [10 stage-3 steps]", 1e-3)]
     assert route["n"] == 2 and route["task1_full"] == pytest.approx(0.85)
     assert route["task1_full_ci_hi"] - 0.85 == pytest.approx(half(math.sqrt(0.005), 2, T1), rel=1e-6)
     # base 0 reaches 0.5 at step 10 (Task 0 there 0.85), base 1 at step 15 (0.45 at 10; Task 0 0.8); 0.8 never
     assert route["task0_at_task1_50_reached"] == 2 and route["task0_at_task1_50"] == pytest.approx(0.825)
     assert route["task0_at_task1_80_reached"] == 0
-    fast = rows[("SCALE-Route [stage3.steps=10]", 3e-3)]
+    fast = rows[("SCALE-Route [10 stage-3 steps]", 3e-3)]
     # two replicate groups reach lr 3e-3 with seeds 0/0: the newer (lr_scale 30) replaces the older
     assert fast["n"] == 2 and fast["task0_full"] == pytest.approx(0.55) and fast["seeds"] == "0/0, 1/0"
-    one = rows[("FFT [stage3.steps=20]", 1e-4)]
+    one = rows[("FFT [20 stage-3 steps]", 1e-4)]
     assert one["n"] == 1 and one["task0_full"] == 0.01 and pd.isna(one["task0_full_ci_lo"])
     assert one["interval"] == "n=1 (no interval)" and one["unit"] == "1 run"
 
@@ -179,9 +179,9 @@ def test_frontier_figure_lines_points_and_error_bars(tmp_path, closing):
     assert ax.get_xlabel() == "Task 1 learned: full-range final accuracy (%)"
     assert ax.get_ylabel() == "Task 0 retained: held-out full-range final accuracy (%)"
     bars = {c.get_label(): c for c in ax.containers}
-    assert sorted(bars) == ["FFT [stage3.steps=10]", "FFT [stage3.steps=20]", "LoRA [stage3.steps=10]",
-                            "SCALE-Route [stage3.steps=10]"]
-    data, _, (xbars, ybars) = bars["FFT [stage3.steps=10]"].lines
+    assert sorted(bars) == ["FFT [10 stage-3 steps]", "FFT [20 stage-3 steps]", "LoRA [10 stage-3 steps]",
+                            "SCALE-Route [10 stage-3 steps]"]
+    data, _, (xbars, ybars) = bars["FFT [10 stage-3 steps]"].lines
     assert data.get_linestyle() == "-"  # three rates: joined in lr order
     assert [float(v) for v in data.get_xdata()] == pytest.approx([72, 88, 100])
     assert [float(v) for v in data.get_ydata()] == pytest.approx([40, 30, 20])
@@ -189,21 +189,21 @@ def test_frontier_figure_lines_points_and_error_bars(tmp_path, closing):
     assert xbars.get_segments()[0].ravel().tolist() == pytest.approx([72 - h, 40, 72 + h, 40])
     h = 100 * half(0.1, 3, T2)
     assert ybars.get_segments()[0].ravel().tolist() == pytest.approx([72, 40 - h, 72, 40 + h])
-    for single in ("LoRA [stage3.steps=10]", "FFT [stage3.steps=20]"):  # one rate: a point, no line
+    for single in ("LoRA [10 stage-3 steps]", "FFT [20 stage-3 steps]"):  # one rate: a point, no line
         data = bars[single].lines[0]
         assert data.get_linestyle() == "None" and len(data.get_xdata()) == 1
-    route = bars["SCALE-Route [stage3.steps=10]"].lines
+    route = bars["SCALE-Route [10 stage-3 steps]"].lines
     assert route[0].get_linestyle() == "-"
     h = 100 * half(math.sqrt(0.005), 2, T1)  # 85 ± 63.5: the bar is cut at 100%, an accuracy's end
     assert route[2][0].get_segments()[0].ravel().tolist() == pytest.approx([85 - h, 75, 100, 75])
-    assert not bars["FFT [stage3.steps=20]"].lines[2][0].get_segments()[0].size  # n = 1: no error bar
+    assert not bars["FFT [20 stage-3 steps]"].lines[2][0].get_segments()[0].size  # n = 1: no error bar
     notes = [t.get_text() for t in ax.texts]  # the panel's points have no unit in common: each label names its own
     assert {"0.0001 (3 base seeds)", "0.0003 (3 base seeds)", "0.001 (3 base seeds)", "0.003 (2 base seeds)",
             "0.0001"} <= set(notes)
     assert ax.get_title() == "preset 'cpu'"
     assert "joined in learning-rate order" in fig.texts[-1].get_text()
     # FFT's two lines: the one with most rates keeps FFT's colour, the other a shade of it and another style
-    main, other = (bars[f"FFT [stage3.steps={s}]"].lines[0] for s in (10, 20))
+    main, other = (bars[f"FFT [{s} stage-3 steps]"].lines[0] for s in (10, 20))
     assert to_rgb(main.get_color()) == to_rgb(COLORS["fft"]) and to_rgb(other.get_color()) != to_rgb(COLORS["fft"])
     assert other.get_marker() != main.get_marker()
 
@@ -408,8 +408,8 @@ def test_route_mechanism_lines_name_rate_and_unit_and_keep_one_build_per_base(tm
     rows = _rows(fig)
     small = [ln.get_label() for ln in rows["1,045 vocab rows (tokenizer's size); 600 never a target"][0].get_lines()
              if not ln.get_label().startswith("_")]
-    assert sorted(small) == sorted(["tau=0.9, lr=0.001 [stage3.steps=10]; preserve 10.0%",
-                                    "tau=0.9, lr=0.001 [stage3.steps=20]; preserve 10.0%",
+    assert sorted(small) == sorted(["tau=0.9, lr=0.001 [10 stage-3 steps]; preserve 10.0%",
+                                    "tau=0.9, lr=0.001 [20 stage-3 steps]; preserve 10.0%",
                                     "tau=0.9, lr=0.003; preserve 10.0%"])
     big = rows["50,304 vocab rows; 49,859 never a target"]
     (gap,) = [ln for ln in big[0].get_lines() if not ln.get_label().startswith("_")]

@@ -118,7 +118,7 @@ def test_table2_rows_averages_and_paired_differences(results):
     assert math.isnan(t.loc["base"].get("english_avg_diff", math.nan))
 
 
-def test_plot_writes_table2_per_protocol_with_a_figure(results, tmp_path):
+def test_plot_writes_table2_per_protocol_with_a_figure(results, tmp_path, all_figure_formats):
     res = results[0]
     out = tmp_path / "figs"
     r = runner.invoke(app, ["plot", "--results", str(res), "--out", str(out)])
