@@ -35,15 +35,17 @@ def claims_table() -> str:
 
 
 def table_intervals() -> list[tuple[float, float, float, str]]:
-    """(mean, lo, hi, file) of every interval in the committed tables: a mean column beside its _ci_lo/_ci_hi,
-    and the paired tables' diff_mean."""
+    """(mean, lo, hi, file) of every interval in the committed tables: a mean column beside its _ci_lo/_ci_hi (or,
+    in Table 2, _lo/_hi), and the paired tables' diff_mean (Table 2's: diff, ci_lo, ci_hi)."""
     out = []
     for f in sorted((REPO / "paper_figures").glob("*.csv")):
         df = pd.read_csv(f)
-        means = [c for c in df.columns if f"{c}_ci_lo" in df.columns and f"{c}_ci_hi" in df.columns]
-        means += ["diff_mean"] if "diff_mean" in df.columns else []
-        for c in means:
-            lo, hi = ("diff_ci_lo", "diff_ci_hi") if c == "diff_mean" else (f"{c}_ci_lo", f"{c}_ci_hi")
+        cols = [(c, f"{c}_ci_lo", f"{c}_ci_hi") for c in df.columns]  # a mean beside its interval
+        cols += [(c, f"{c}_lo", f"{c}_hi") for c in df.columns]  # Table 2: <average>_diff, _diff_lo, _diff_hi
+        cols += [("diff_mean", "diff_ci_lo", "diff_ci_hi"), ("diff", "ci_lo", "ci_hi")]  # paired tables
+        for c, lo, hi in cols:
+            if not {c, lo, hi} <= set(df.columns):
+                continue
             out += [(m, a, b, f.name) for m, a, b in zip(df[c], df[lo], df[hi], strict=True)
                     if all(isinstance(v, float | int) for v in (m, a, b))]
     return out
