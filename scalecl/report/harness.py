@@ -3,6 +3,7 @@ the paper's language averages beside them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -15,19 +16,25 @@ from scalecl.report.runs import find_files
 from scalecl.report.tables import write_table
 
 
-def table2(plot: Plot) -> pd.DataFrame:
-    """Harness scores per evaluated checkpoint, with the language averages and the paper's averages beside."""
-    from scalecl.evaluation.harness_scores import PAPER_ROWS
-
-    rows = []
+def harness_runs(plot: Plot) -> Iterator[tuple[Path, dict]]:
+    """(path, record) of every run.json under the roots that holds scores (an eval-harness result); one that cannot
+    be read is skipped with why."""
     for f in sorted(f for root in plot.roots for f in find_files(root, "run.json")):
         try:
             run = read_json(f, "harness result")
         except ScaleclError as e:
             plot.skip(f, str(e))
             continue
-        if "scores" not in run:
-            continue
+        if "scores" in run:
+            yield f, run
+
+
+def table2(plot: Plot) -> pd.DataFrame:
+    """Harness scores per evaluated checkpoint, with the language averages and the paper's averages beside."""
+    from scalecl.evaluation.harness_scores import PAPER_ROWS
+
+    rows = []
+    for f, run in harness_runs(plot):
         if not (isinstance(run["scores"], list) and isinstance(run.get("model"), str) and all(
                 isinstance(sc, dict) and isinstance(sc.get("task"), str) and "score" in sc for sc in run["scores"])):
             plot.skip(f, f"harness result {f} is malformed (its model or scores)")

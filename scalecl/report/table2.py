@@ -24,10 +24,10 @@ from typing import Any
 import pandas as pd
 
 from scalecl.common.errors import ScaleclError
-from scalecl.common.readers import read_json, read_text
+from scalecl.common.readers import read_text
 from scalecl.report.context import Plot
+from scalecl.report.harness import harness_runs
 from scalecl.report.registry import figure
-from scalecl.report.runs import find_files
 
 ENGLISH_COLUMNS = (("arc_challenge", "ARC-C"), ("hellaswag", "HellaSwag"), ("mmlu", "MMLU"),
                    ("truthfulqa_mc2", "TruthfulQA"), ("winogrande", "Winogrande"))
@@ -62,14 +62,9 @@ def harness_results(plot: Plot) -> list[Scored]:
     from scalecl.evaluation.harness_items import ITEMS_FILE, parse_items
 
     found = []
-    for f in sorted(f for root in plot.roots for f in find_files(root, "run.json")):
-        try:
-            run = read_json(f, "harness result")
-        except ScaleclError as e:
-            plot.skip(f, str(e))
-            continue
-        if "scores" not in run or "settings" not in run:
-            continue  # not an eval-harness result, or one from before items were written
+    for f, run in harness_runs(plot):
+        if "settings" not in run:
+            continue  # a result from before items were written
         if not isinstance(run["settings"], dict) or not isinstance(run["scores"], list):
             plot.skip(f, f"harness result {f} is malformed (its settings or scores)")
             continue
