@@ -15,6 +15,7 @@ order; the table gives the median over rounds. Raw JSON goes to benchmarks/resul
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -65,10 +66,10 @@ def worker(a: argparse.Namespace) -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if a.order == "torch-first":
-            import torch  # noqa: F401
-        import scalecl  # noqa: F401
-        import torch  # noqa: F401,F811
+        # import_module, so that no import sorter can change the order this setting is about
+        for name in (["torch", "scalecl"] if a.order == "torch-first" else ["scalecl", "torch"]):
+            importlib.import_module(name)
+    import torch
     seen = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "warned": any("too late for scalecl's CPU default" in str(w.message) for w in caught),
             "threads": torch.get_num_threads()}

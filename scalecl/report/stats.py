@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 
 LEVEL = 0.95
 
 
+@cache  # a figure asks for the same few quantiles at every step of every curve
 def t_quantile(p: float, df: int) -> float:
     """The p-quantile of Student's t with `df` degrees of freedom (scipy.stats.t.ppf)."""
     from scipy.stats import t
