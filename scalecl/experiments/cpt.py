@@ -37,6 +37,7 @@ from rich.markup import escape
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import config_hash, named_dict, numerics_key, run_stream_seed
+from scalecl.common.sources import HUB_ID
 from scalecl.compute.machine import run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
@@ -80,7 +81,6 @@ from scalecl.experiments.corpora import (
     max_positions,
 )
 from scalecl.methods import Method
-from scalecl.models.build import _HUB_ID as HUB_ID
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
