@@ -84,7 +84,6 @@ from scalecl.methods import Method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
-from scalecl.training.loop import eval_progress
 from scalecl.training.model_source import (
     model_record,
     open_base,
@@ -93,6 +92,7 @@ from scalecl.training.model_source import (
     trains_as_own,
 )
 from scalecl.training.optim import OptimConfig
+from scalecl.training.progress import eval_progress
 from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
