@@ -2,9 +2,10 @@
 
 The layers below are the architecture the code is written to (docs/architecture.md). Every import of a
 scalecl module from another must point to a strictly lower layer, or stay inside one subpackage of the
-same layer (e.g. methods.scale -> methods.base); the graph must have no circle. Functions stay under 80
-lines and 8 parameters, except typer commands (one parameter per flag) and torch.autograd.Function's
-forward/backward, whose signatures torch dictates (one tensor per argument).
+same layer (e.g. methods.scale -> methods.base); the graph must have no circle. No module imports another
+module's underscore name: what modules share is public. Functions stay under 80 lines and 8 parameters, except
+typer commands (one parameter per flag) and torch.autograd.Function's forward/backward, whose signatures torch
+dictates (one tensor per argument).
 """
 
 from __future__ import annotations
@@ -113,6 +114,18 @@ def test_no_import_circle():
         if node not in state:
             visit(node, [node])
     assert cycles == []
+
+
+def test_no_private_imports():
+    """`from a.b import _x` couples a module to another's internals: a name two modules share is public."""
+    private = []
+    for name, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                source = "." * node.level + (node.module or "")
+                private += [f"{name}:{node.lineno} from {source} import {a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not private, "underscore names imported from another module:\n" + "\n".join(private)
 
 
 def _exempt(fn: ast.FunctionDef, parents: list[ast.AST]) -> bool:

@@ -49,7 +49,7 @@ def perplexity(
     routing fractions) and its numbers are averaged weighted by scored tokens. Under torch.distributed each
     process scores every world-th batch and the sums are all-reduced, so every process returns the same.
     progress(n) is called after every batch with its number of chunks, the batches other processes score
-    included (so one process's count is the job's; scalecl.training.loop.eval_progress makes one); it reads nothing
+    included (so one process's count is the job's; scalecl.training.progress.eval_progress makes one); it reads nothing
     back and changes no number. logit_block: score by blocks of positions holding about this many logits each
     (chunked_logits; None: the whole batch's logits at once).
     """

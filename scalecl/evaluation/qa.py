@@ -205,7 +205,7 @@ def qa_accuracy(
     per-row values are put back in the QA set's order before they are summarised.
 
     progress(n) is called after every forward with the number of questions it scored (every question is
-    counted once; scalecl.training.loop.eval_progress makes one); it reads nothing back and changes no number.
+    counted once; scalecl.training.progress.eval_progress makes one); it reads nothing back and changes no number.
 
     fast="fixed" (the fast path as it runs where the model is compiled, scalecl.compute.perf.compiled): every
     forward has one shape, `batch_size` rows of `fixed_width(qa)` tokens, right-padded (mask) where a row is shorter and

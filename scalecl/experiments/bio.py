@@ -67,8 +67,8 @@ from scalecl.methods.average import BaseAverage
 from scalecl.models.build import model_from_config, shape_config
 from scalecl.training.checkpoint import load_model
 from scalecl.training.fit import Runtime, TrainPlan, fit
-from scalecl.training.loop import eval_progress
 from scalecl.training.optim import OptimConfig
+from scalecl.training.progress import eval_progress
 from scalecl.training.record import chance_floor
 from scalecl.training.run import Run
 
@@ -268,7 +268,7 @@ def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
 def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, desc: str, *, exact: bool = False,
                method: Method | None = None, quiet: bool = False) -> dict[str, dict[str, float]]:
     """qa_accuracy on each named QA set, shown as one evaluation (`desc`, counted in questions) on the progress
-    display in use (scalecl.training.loop.eval_progress); the numbers are qa_accuracy's."""
+    display in use (scalecl.training.progress.eval_progress); the numbers are qa_accuracy's."""
     with eval_progress(desc, sum(len(qa) for qa in sets.values()), "questions", quiet=quiet) as advance:
         return {name: qa_accuracy(model, qa, batch, exact=exact, method=method, progress=advance)
                 for name, qa in sets.items()}

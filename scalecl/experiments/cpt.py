@@ -37,6 +37,7 @@ from rich.markup import escape
 from scalecl.common.consoles import make_console
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import config_hash, named_dict, numerics_key, run_stream_seed
+from scalecl.common.sources import HUB_ID
 from scalecl.compute.machine import run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
@@ -80,11 +81,9 @@ from scalecl.experiments.corpora import (
     max_positions,
 )
 from scalecl.methods import Method
-from scalecl.models.build import _HUB_ID as HUB_ID
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
-from scalecl.training.loop import eval_progress
 from scalecl.training.model_source import (
     model_record,
     open_base,
@@ -93,6 +92,7 @@ from scalecl.training.model_source import (
     trains_as_own,
 )
 from scalecl.training.optim import OptimConfig
+from scalecl.training.progress import eval_progress
 from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns

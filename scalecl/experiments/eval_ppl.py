@@ -121,7 +121,7 @@ def eval_ppl(
     model = load_model(model_path, verify=False).to(dev)  # verified by check_model_files above
     method = get_method(meta["method"], **meta["options"]) if meta and meta.get("method") else None
     stats = (lambda mask: method.metrics(model, mask)) if method is not None else None
-    from scalecl.training.loop import eval_progress, progress_bar
+    from scalecl.training.progress import eval_progress, progress_bar
 
     # a log or a pipe: progress lines on stderr, so stdout keeps the record (--json) or the summary line
     with progress_bar(stderr=True), eval_progress("eval-ppl", len(chunks), "sequences") as advance:

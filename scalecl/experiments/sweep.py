@@ -243,7 +243,7 @@ def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOpti
 def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
                opts: SweepOptions, dev: torch.device, d: Dist,
                clock: WallClock | None = None) -> list[dict[str, Any]]:
-    from scalecl.training.loop import progress_bar
+    from scalecl.training.progress import progress_bar
 
     enter_device(dev, exp.rc.compute)
     clock = clock or WallClock.begin()

@@ -14,15 +14,15 @@ from scalecl.report.draw import (
     FIG_WIDTH_IN,
     UNIT_NOTE,
     Drawn,
-    _draw_mean,
-    _save_all,
-    _with_inputs,
+    draw_mean,
     group_units,
     mean_curve,
+    save_figures,
     unit_label,
+    with_inputs,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import _get, group_label, load_runs, replicate_groups
+from scalecl.report.runs import group_label, load_runs, replicate_groups, value_at
 from scalecl.report.spec import ReportSpec
 from scalecl.report.stats import t_interval
 
@@ -45,15 +45,15 @@ def bio_caption(r: dict) -> str:
 def slice_questions(r: dict) -> int | None:
     """Questions in one evaluation slice: slice_people x the attributes asked per person (the keys of
     priors.task0_heldout besides 'pooled'); None when the result does not say."""
-    attrs = [k for k in (_get(r, "priors.task0_heldout") or {}) if k != "pooled"]
-    people = _get(r, "config.eval.slice_people")
+    attrs = [k for k in (value_at(r, "priors.task0_heldout") or {}) if k != "pooled"]
+    people = value_at(r, "config.eval.slice_people")
     return people * len(attrs) if attrs and isinstance(people, int) else None
 
 
 @figure("fig8")
 def fig8(plot: Plot, spec: ReportSpec) -> list[Path]:
     """Task 0 / Task 1 first-token accuracy vs Task 1 steps, one panel per method (paper Fig. 8)."""
-    return _save_all(plot, draw_fig8(plot, spec))
+    return save_figures(plot, draw_fig8(plot, spec))
 
 
 def draw_fig8(plot: Plot, spec: ReportSpec) -> Drawn:
@@ -83,7 +83,7 @@ def draw_fig8(plot: Plot, spec: ReportSpec) -> Drawn:
                  wrap=True)
         fig.tight_layout(rect=(0, 0, 1, 0.96))
         stem = f"fig8_{spec.name}_{preset}"
-        yield stem, _with_inputs(fig, group, f"{stem}: Task 0 / Task 1 accuracy per step")
+        yield stem, with_inputs(fig, group, f"{stem}: Task 0 / Task 1 accuracy per step")
 
 
 def _fig8_panel(ax, g: pd.DataFrame, units: list[pd.DataFrame], spec: ReportSpec) -> None:
@@ -91,7 +91,7 @@ def _fig8_panel(ax, g: pd.DataFrame, units: list[pd.DataFrame], spec: ReportSpec
     base seeds, else run seeds), the chance floor."""
     prior = t_interval(r["priors"]["task0_heldout"]["pooled"] for r in g["result"]).mean
     for task, label, color in spec.eval_sets:
-        _draw_mean(ax, mean_curve(units, f"{task}/acc"), 100, marker=".", ms=2, color=color, label=label)
+        draw_mean(ax, mean_curve(units, f"{task}/acc"), 100, marker=".", ms=2, color=color, label=label)
     ax.axhline(100 * prior, color="grey", ls=":", lw=1, label="Task 0 chance floor")
     name, unit = group_label(g.iloc[0]), unit_label("", g).strip()
     ax.set_title(f"{name}\n{unit}" if unit else name, fontsize=8.5)

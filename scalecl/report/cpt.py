@@ -19,26 +19,26 @@ from scalecl.report.draw import (
     SHADE_NOTE,
     UNIT_NOTE,
     Drawn,
-    _draw_mean,
-    _legend_below,
-    _save_all,
-    _with_inputs,
+    draw_mean,
     group_units,
+    legend_below,
     mean_curve,
     method_colors,
     rate_styles,
+    save_figures,
     unit_label,
+    with_inputs,
 )
 from scalecl.report.registry import figure
 from scalecl.report.runs import (
     METHOD_KEYS,
-    _get,
-    _settings,
     group_label,
+    group_settings,
     load_runs,
     rated_setting,
     replicate_groups,
     shown_path,
+    value_at,
 )
 from scalecl.report.settings import l_fp_text
 from scalecl.report.spec import ReportSpec
@@ -66,8 +66,8 @@ def cpt_evaluation(r: dict) -> str:
     """How a CPT run was evaluated, in words (what tells apart runs of one preset evaluated differently): how
     often its evaluation slices were scored (the curves of fig9 and fig4), and whether the whole held-out sets
     were scored at the end (result.json heldout; their numbers are in heldout_cpt and frontier_cpt)."""
-    every = _get(r, "config.eval.every")
-    steps = _get(r, "config.train.steps")
+    every = value_at(r, "config.eval.every")
+    steps = value_at(r, "config.train.steps")
     when = (f"slices every {every} steps" if isinstance(every, int) and every > 0
             else f"slices at steps 0 and {steps}")
     return when + ("; whole held-out sets at the end (heldout_cpt)" if isinstance(r.get("heldout"), dict) else "")
@@ -84,7 +84,7 @@ def embedding_variant(r: dict) -> str:
 
 def evaluation_rows(spec: ReportSpec, group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """A preset's runs split by how they were evaluated (spec.evaluation), a row of panels each (one row, titled
-    '', when they were all evaluated alike); each row's settings named among its own runs (runs._settings), so
+    '', when they were all evaluated alike); each row's settings named among its own runs (runs.group_settings), so
     that what is the same in a row is not repeated in every label."""
     if spec.evaluation is None:
         return [("", group)]
@@ -94,7 +94,7 @@ def evaluation_rows(spec: ReportSpec, group: pd.DataFrame) -> list[tuple[str, pd
     rows = []
     for text in sorted(dict.fromkeys(how)):  # in the order of their titles, not of their runs' labels
         sub = group[how == text].copy()
-        sub["setting"] = _settings(sub, spec)
+        sub["setting"] = group_settings(sub, spec)
         rows.append((text, sub))
     return rows
 
@@ -117,7 +117,7 @@ def preset_rates(reps: list[pd.DataFrame]) -> list[pd.DataFrame]:
 @figure("fig9")
 def fig9(plot: Plot, spec: ReportSpec) -> list[Path]:
     """Forgetting (old-domain) and learning (new-domain) perplexity vs steps, all methods (paper Fig. 9)."""
-    return _save_all(plot, draw_fig9(plot, spec))
+    return save_figures(plot, draw_fig9(plot, spec))
 
 
 FIG9_NOTE = ("A line per method at the rate and options its preset gives it (the per-method rate and option tables "
@@ -144,9 +144,9 @@ def draw_fig9(plot: Plot, spec: ReportSpec) -> Drawn:
         fig.text(0.5, -0.01, spec.caption(group.iloc[0]["result"]) + fft + note + "\n" + RATE_NOTE + " "
                  + SHADE_NOTE + "\n" + UNIT_NOTE,
                  ha="center", va="top", fontsize=8, wrap=True)
-        _legend_below(fig, axes.flat, ncol=3)
+        legend_below(fig, axes.flat, ncol=3)
         stem = f"fig9_{spec.name}_{preset}"
-        yield stem, _with_inputs(fig, group, f"{stem}: old/new-domain perplexity")
+        yield stem, with_inputs(fig, group, f"{stem}: old/new-domain perplexity")
 
 
 def _fig9_row(plot: Plot, ax_row, reps: list[pd.DataFrame], title: str) -> None:
@@ -160,7 +160,7 @@ def _fig9_row(plot: Plot, ax_row, reps: list[pd.DataFrame], title: str) -> None:
         style = FFT_STYLE if first["method"] == "fft" else {"marker": ".", "ms": 3}
         label = unit_label(group_label({**first, "setting": rated_setting(first)}), g)
         for ax, key in zip(ax_row, ("old/ppl", "new/ppl"), strict=True):
-            _draw_mean(ax, mean_curve(units, key), color=colours[first["group"]], ls=rate_ls[first["group"]],
+            draw_mean(ax, mean_curve(units, key), color=colours[first["group"]], ls=rate_ls[first["group"]],
                        label=label, **style)
     for ax, what in zip(ax_row, ("(a) forgetting: old-domain perplexity", "(b) learning: new-domain perplexity"),
                         strict=True):
@@ -176,7 +176,7 @@ def _fig9_row(plot: Plot, ax_row, reps: list[pd.DataFrame], title: str) -> None:
 @figure("fig4")
 def fig4(plot: Plot, spec: ReportSpec) -> list[Path]:
     """Representation cosine (original channels, step 0 vs now) and forgetting PPL: width vs depth (Fig. 4)."""
-    return _save_all(plot, draw_fig4(plot, spec))
+    return save_figures(plot, draw_fig4(plot, spec))
 
 
 FIG4_NAMES = {"scale-preserve": "Width (Preserve)", "scale-adapt": "Width (Adapt)", "llama-pro": "Depth (LLaMA Pro)"}
@@ -198,8 +198,8 @@ def draw_fig4(plot: Plot, spec: ReportSpec) -> Drawn:
             ax.set_xlabel(spec.step_label)
         fig.text(0.5, -0.01, spec.caption(group.iloc[0]["result"]) + "\n" + RATE_NOTE + " " + SHADE_NOTE + "\n"
                  + UNIT_NOTE, ha="center", va="top", fontsize=8, wrap=True)
-        _legend_below(fig, axes.flat, ncol=2)
-        yield f"fig4_width_vs_depth_{preset}", _with_inputs(fig, group, f"fig4_width_vs_depth_{preset}")
+        legend_below(fig, axes.flat, ncol=2)
+        yield f"fig4_width_vs_depth_{preset}", with_inputs(fig, group, f"fig4_width_vs_depth_{preset}")
 
 
 def _fig4_row(plot: Plot, ax_row, reps: list[pd.DataFrame], title: str) -> None:
@@ -216,7 +216,7 @@ def _fig4_row(plot: Plot, ax_row, reps: list[pd.DataFrame], title: str) -> None:
         setting = ", ".join(p for p in rated_setting(row).split(", ") if p and not p.startswith("l_fp="))
         label = unit_label(label + (f" [{setting}]" if setting else ""), g)
         for ax, key in zip(ax_row, ("rep_cos", "old/ppl"), strict=True):
-            _draw_mean(ax, mean_curve(units, key), marker=".", ms=3, color=colours[row["group"]],
+            draw_mean(ax, mean_curve(units, key), marker=".", ms=3, color=colours[row["group"]],
                        ls=rate_ls[row["group"]], label=label)
     suffix = f"\n{title}" if title else ""
     ax_row[0].set_title("(a) representation forgetting" + suffix, fontsize=9)

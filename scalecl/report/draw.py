@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from scalecl.methods.base import METHOD_ORDER
 from scalecl.report.context import Plot
-from scalecl.report.runs import _metrics_with, inputs_text
+from scalecl.report.runs import inputs_text, metrics_with
 from scalecl.report.stats import LEVEL, t_quantile
 from scalecl.report.tables import replicate_unit
 
@@ -28,7 +28,7 @@ Drawn = Iterator[tuple[str, Figure]]
 COLORS = {m: c for m, c in zip(METHOD_ORDER, ("tab:red", "tab:purple", "tab:brown", "tab:orange", "tab:green",
                                                "tab:olive", "tab:blue"), strict=True)}
 LINESTYLES = ("-", "--", "-.", ":")
-INPUTS_ATTR = "scalecl_inputs"  # a drawn figure's inputs (inputs_text), saved beside it by _save
+INPUTS_ATTR = "scalecl_inputs"  # a drawn figure's inputs (inputs_text), saved beside it by save_figure
 BAND_ALPHA = 0.2
 # how figures are saved unless the plot says otherwise (`scalecl plot --formats/--dpi`, Plot.formats/dpi)
 FIGURE_FORMATS = ("png", "pdf")
@@ -50,13 +50,13 @@ READ_FONT_PT = 7.0
 FIG_WIDTH_IN = 11.5  # a figure drawn as wide as that allows: the saved image adds its margin (0.1 in a side)
 
 
-def _with_inputs(fig: Figure, runs: pd.DataFrame, what: str) -> Figure:
-    """Attach the figure's inputs (run folders and replicates per group) for _save to write beside it."""
+def with_inputs(fig: Figure, runs: pd.DataFrame, what: str) -> Figure:
+    """Attach the figure's inputs (run folders and replicates per group) for save_figure to write beside it."""
     setattr(fig, INPUTS_ATTR, inputs_text(runs, what))
     return fig
 
 
-def _save(plot: Plot, fig: Figure, stem: str) -> list[Path]:
+def save_figure(plot: Plot, fig: Figure, stem: str) -> list[Path]:
     """Save a figure in the plot's formats (default PNG and PDF), and its inputs (the runs it draws) as
     `<stem>.inputs.txt` when it has them."""
     owned = plot.writer()
@@ -79,9 +79,9 @@ def _save(plot: Plot, fig: Figure, stem: str) -> list[Path]:
     return paths
 
 
-def _save_all(plot: Plot, figures: Iterable[tuple[str, Figure]]) -> list[Path]:
+def save_figures(plot: Plot, figures: Iterable[tuple[str, Figure]]) -> list[Path]:
     """Save (and close) each drawn figure as it is built: one figure open at a time."""
-    return [p for stem, fig in figures for p in _save(plot, fig, stem)]
+    return [p for stem, fig in figures for p in save_figure(plot, fig, stem)]
 
 
 def mean_curve(frames: Sequence[pd.DataFrame], column: str) -> pd.DataFrame | None:
@@ -101,7 +101,7 @@ def mean_curve(frames: Sequence[pd.DataFrame], column: str) -> pd.DataFrame | No
     return out
 
 
-def _draw_mean(ax, curve: pd.DataFrame, scale: float = 1.0, alpha: float = BAND_ALPHA, **style):
+def draw_mean(ax, curve: pd.DataFrame, scale: float = 1.0, alpha: float = BAND_ALPHA, **style):
     """The mean line of a mean_curve, and its interval shaded (`alpha`) where >= 2 units were evaluated."""
     (ln,) = ax.plot(curve["step"], scale * curve["mean"], **style)
     if (curve["n"] >= 2).any():
@@ -147,7 +147,7 @@ def group_units(plot: Plot, g: pd.DataFrame, *columns: str) -> tuple[pd.DataFram
     """A replicate group's runs whose metrics have `columns` (the others recorded as skipped), and those metrics
     as the units its band is over (unit_frames: its base seeds, each base's run seeds averaged, else its run
     seeds); ([], []) when no run has them."""
-    ms = [_metrics_with(plot, d, *columns) for d in g["dir"]]
+    ms = [metrics_with(plot, d, *columns) for d in g["dir"]]
     kept = g[[m is not None for m in ms]]
     if kept.empty:
         return kept, []
@@ -199,10 +199,10 @@ def unit_frames(g: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> tuple[list[p
     one base), and what they are ('t over 3 base seeds')."""
     of = dict(zip(g.index, frames, strict=True))
     units, note = replicate_unit(g)
-    return [_mean_frame([of[i] for i in u.index]) for u in units], note
+    return [mean_frame([of[i] for i in u.index]) for u in units], note
 
 
-def _band(ax, m: pd.DataFrame, x: str, col: str, color, scale: float = 1.0) -> None:
+def draw_band(ax, m: pd.DataFrame, x: str, col: str, color, scale: float = 1.0) -> None:
     """The interval a pooled metrics frame carries for `col` (pool_replicates), shaded; nothing for one run."""
     if f"{col}:lo" in m and m[f"{col}:lo"].notna().any():
         ax.fill_between(m[x], scale * m[f"{col}:lo"], scale * m[f"{col}:hi"], color=color, alpha=BAND_ALPHA, lw=0)
@@ -218,7 +218,7 @@ def _figure_legend(fig, axes) -> None:
                frameon=False)
 
 
-def _legend_below(fig, axes, ncol: int = 3, fontsize: float = 8, **kw) -> None:
+def legend_below(fig, axes, ncol: int = 3, fontsize: float = 8, **kw) -> None:
     """One legend under the panels with every label of `axes` once (in order of first appearance), inside the
     figure's width (a legend beside the panels would widen it past READ_WIDTH_IN); lays the figure out."""
     entries: dict = {}
@@ -233,14 +233,14 @@ def _legend_below(fig, axes, ncol: int = 3, fontsize: float = 8, **kw) -> None:
     fig.tight_layout(rect=(0, below, 1, 1))
 
 
-def _colors(n: int) -> list:
+def ordered_colors(n: int) -> list:
     """Ordered settings get ordered colours; one run gets the default blue."""
     if n <= 1:
         return ["tab:blue"]
     return [plt.cm.viridis(0.85 * i / (n - 1)) for i in range(n)]
 
 
-def _missing_note(names: list[str], what: str) -> str:
+def missing_note(names: list[str], what: str) -> str:
     return f"\nNot drawn (no {what}; older runs): {', '.join(names)}." if names else ""
 
 
@@ -263,14 +263,14 @@ def pool_replicates(rows: list[tuple[pd.Series, pd.DataFrame]], setting_of) -> l
             unit = f"{len(units)} base seeds" if bases > 1 else f"{len(units)} run seeds of base {row['base_seed']}"
             row = row.copy()
             row["setting"] = f"{row['setting']} (mean of {unit})"
-            m = _pooled_metrics(units)
+            m = pooled_metrics(units)
         out.append((row, m))
     return out
 
 
-def _pooled_metrics(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def pooled_metrics(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Per step, each numeric metric's mean over the frames (mean_curve) and its interval as `:lo` / `:hi`."""
-    out = _mean_frame(frames)
+    out = mean_frame(frames)
     for c in [c for c in out.columns if c != "step"]:
         curve = mean_curve(frames, c)
         if curve is not None:
@@ -279,7 +279,7 @@ def _pooled_metrics(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
-def _mean_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def mean_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Replicates' metrics averaged per step (numeric columns; over the runs that have a value there)."""
     if len(frames) == 1:
         return frames[0]
@@ -287,5 +287,5 @@ def _mean_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return long.select_dtypes("number").groupby("step").mean().reset_index()
 
 
-def _has(m: pd.DataFrame, key: str) -> bool:
+def has_values(m: pd.DataFrame, key: str) -> bool:
     return key in m and m[key].notna().any()

@@ -25,13 +25,13 @@ from scalecl.report.draw import (
     COLORS,
     READ_WIDTH_IN,
     Drawn,
-    _legend_below,
-    _save_all,
-    _with_inputs,
+    legend_below,
     mean_curve,
+    save_figures,
+    with_inputs,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import LABELS, _get, _metrics_with, load_runs, study_names
+from scalecl.report.runs import LABELS, load_runs, metrics_with, study_names, value_at
 from scalecl.report.settings import ENSEMBLE_STUDY, control_label, ensemble_mode
 from scalecl.report.spec import ReportSpec
 from scalecl.report.stats import t_interval
@@ -61,7 +61,7 @@ def _variants(plot: Plot, runs: pd.DataFrame) -> list[Variant]:
     """The study's settings (control_label) with their mean curves over the base seeds (runs with metrics)."""
     out = []
     for label, g in runs.groupby(runs["result"].map(control_label), sort=False):
-        frames = [m for m in (_metrics_with(plot, d, "task0/acc", "task1/acc") for d in g["dir"]) if m is not None]
+        frames = [m for m in (metrics_with(plot, d, "task0/acc", "task1/acc") for d in g["dir"]) if m is not None]
         if not frames:
             continue
         r = g.iloc[0]["result"]
@@ -106,9 +106,9 @@ def draw_ensemble(plot: Plot, spec: ReportSpec) -> Drawn:
         return
     styles = _styles(variants)
     caption = spec.caption(runs.iloc[0]["result"])
-    yield "fig8_ensemble", _with_inputs(_curves_figure(variants, families, styles, spec, runs, caption), runs,
+    yield "fig8_ensemble", with_inputs(_curves_figure(variants, families, styles, spec, runs, caption), runs,
                                         f"fig8_ensemble: the runs of study '{ENSEMBLE_STUDY}'")
-    yield "frontier_ensemble", _with_inputs(_frontier_figure(variants, styles, runs, caption), runs,
+    yield "frontier_ensemble", with_inputs(_frontier_figure(variants, styles, runs, caption), runs,
                                             f"frontier_ensemble: the runs of study '{ENSEMBLE_STUDY}'")
 
 
@@ -139,7 +139,7 @@ def _curves_figure(variants: list[Variant], families: list[str], styles: dict, s
                           f"averaged branch). Lines: means over {n} base seeds, without bands (they overlap): the "
                           f"intervals are in table_fig8_ensemble_means and, paired with Route, paired_bio_ensemble.\n"
                           + caption), ha="center", va="top", fontsize=7, wrap=True)
-    _legend_below(fig, axes.flat, ncol=LEGEND_COLUMNS, fontsize=7.5)
+    legend_below(fig, axes.flat, ncol=LEGEND_COLUMNS, fontsize=7.5)
     return fig
 
 
@@ -149,8 +149,8 @@ def _frontier_figure(variants: list[Variant], styles: dict, runs: pd.DataFrame, 
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     lines: dict[tuple, list] = {}
     for v in variants:
-        xs = t_interval(_get(r, "final.task1.acc") for r in v.runs["result"])
-        ys = t_interval(_get(r, "final.task0_heldout.acc") for r in v.runs["result"])
+        xs = t_interval(value_at(r, "final.task1.acc") for r in v.runs["result"])
+        ys = t_interval(value_at(r, "final.task0_heldout.acc") for r in v.runs["result"])
         st = styles[v.label]
         bars = [[100 * (iv.mean - iv.lo)] if iv.n >= 2 else None for iv in (xs, ys)]
         marker = "*" if v.method == "scale-route" else MARKERS[v.mode]
@@ -183,7 +183,7 @@ def _frontier_figure(variants: list[Variant], styles: dict, runs: pd.DataFrame, 
 def fig_ensemble(plot: Plot, spec: ReportSpec) -> list[Path]:
     """fig8_ensemble, frontier_ensemble and the study's table of means (its paired differences come with the
     summary tables)."""
-    paths = _save_all(plot, draw_ensemble(plot, spec))
+    paths = save_figures(plot, draw_ensemble(plot, spec))
     if not paths:
         return []
     return paths + write_study_means(plot, spec, ENSEMBLE_STUDY, "table_fig8_ensemble")

@@ -23,33 +23,33 @@ from scalecl.report.draw import (
     FIG_WIDTH_IN,
     LINESTYLES,
     Drawn,
-    _legend_below,
-    _save_all,
-    _with_inputs,
+    legend_below,
+    save_figures,
     shades,
     unit_name,
+    with_inputs,
 )
 from scalecl.report.registry import figure
 from scalecl.report.runs import (
     METHOD_KEYS,
-    _config_rest,
-    _flat,
-    _get,
-    _metrics_or_none,
-    _seeds_text,
-    _varying,
+    config_rest,
+    dotted_json,
     group_label,
     inputs_text,
     load_runs,
     marked,
     marks,
+    metrics_or_none,
     one_build,
+    seeds_text,
     setting_parts,
     used_options,
+    value_at,
+    varying_keys,
 )
 from scalecl.report.spec import FrontierSpec, ReportSpec
 from scalecl.report.stats import t_interval
-from scalecl.report.tables import _cell, replicate_unit, write_table
+from scalecl.report.tables import replicate_unit, table_cell, write_table
 
 FRONTIER_CAPTION = (
     "Each point: one method at one learning rate (result.json `lr`, the rate its Task 1 / new-domain training "
@@ -68,7 +68,7 @@ def _threshold_column(threshold: float) -> str:
 def _frontier_config(r: dict, spec: ReportSpec) -> dict:
     """What a frontier line's runs share: the config without seeds, what run names leave out (spec.not_named),
     method tables and the stage-3 rate."""
-    rest = {k: v for k, v in _config_rest(r, spec, pair=True).items() if k not in METHOD_KEYS}
+    rest = {k: v for k, v in config_rest(r, spec, pair=True).items() if k not in METHOD_KEYS}
     ensemble = (r.get("config") or {}).get("ensemble")
     if ensemble is not None and named_dict({"ensemble": ensemble}, (), spec.named_when_set):
         rest["ensemble"] = ensemble  # averaged with the base: another line, not a point of the method's own
@@ -124,13 +124,13 @@ def _frontier_settings(runs: pd.DataFrame, spec: ReportSpec, most: int = 4) -> p
     none)."""
     labels = {}
     for _, g in runs.drop_duplicates("line").groupby(["preset", "measure"], sort=False):
-        fronts = {row["front"]: _flat(_frontier_config(row["result"], spec)) for _, row in g.iterrows()}
-        keys = _varying(list(fronts.values()))
+        fronts = {row["front"]: dotted_json(_frontier_config(row["result"], spec)) for _, row in g.iterrows()}
+        keys = varying_keys(list(fronts.values()))
         for _, row in g.iterrows():
-            same = [_flat(used_options(r)) for r in g[g["method"] == row["method"]]["result"]]
-            opts = _flat(used_options(row["result"]))
+            same = [dotted_json(used_options(r)) for r in g[g["method"] == row["method"]]["result"]]
+            opts = dotted_json(used_options(row["result"]))
             parts = setting_parts(fronts[row["front"]], keys)
-            parts += setting_parts(opts, _varying(same), options=True)
+            parts += setting_parts(opts, varying_keys(same), options=True)
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
             labels[row["line"]] = marked(label, row["result"])
     return runs["line"].map(labels)
@@ -150,7 +150,7 @@ def _task0_when(m: pd.DataFrame | None, threshold: float) -> tuple[float, float]
 def _threshold_columns(plot: Plot, g: pd.DataFrame, thresholds: tuple[float, ...]) -> dict:
     """Per threshold: Task 0 when Task 1 first reaches it, mean and t interval over the runs that reached it
     (`_reached` of `curves`, the runs with Task 0 and Task 1 curves), and the mean step it happened at."""
-    curves = [m for m in (_metrics_or_none(plot, d) for d in g["dir"])
+    curves = [m for m in (metrics_or_none(plot, d) for d in g["dir"])
               if m is not None and "task1/acc" in m and "task0/acc" in m]
     rec: dict = {"curves": len(curves)}
     for threshold in thresholds:
@@ -173,7 +173,7 @@ def frontier_table(plot: Plot, spec: ReportSpec, runs: pd.DataFrame | None = Non
         units, note = replicate_unit(g)
         rec = {"preset": first["preset"], "measure": first["measure"], "method": first["method"],
                "setting": first["setting"], "line": first["line_label"], "lr": first["lr"], "n": len(units),
-               "interval": note, "unit": unit_name(g), "seeds": _seeds_text(g)}
+               "interval": note, "unit": unit_name(g), "seeds": seeds_text(g)}
         for col, path, _ in (spec.frontier.x, spec.frontier.y):
             iv = t_interval(t_interval(_point_value(spec.frontier, r, col, path) for r in u["result"]).mean
                             for u in units)
@@ -187,7 +187,7 @@ def frontier_table(plot: Plot, spec: ReportSpec, runs: pd.DataFrame | None = Non
 def _point_value(frontier: FrontierSpec, r: dict, col: str, path: str) -> float | None:
     """A run's x or y: on the whole held-out sets where it has them (FrontierSpec.whole), else at `path`."""
     whole = frontier.whole(r) if frontier.whole is not None else None
-    return whole[col] if whole is not None else _get(r, path)
+    return whole[col] if whole is not None else value_at(r, path)
 
 
 def _shown_frontier(df: pd.DataFrame, frontier: FrontierSpec) -> pd.DataFrame:
@@ -200,11 +200,11 @@ def _shown_frontier(df: pd.DataFrame, frontier: FrontierSpec) -> pd.DataFrame:
     shown["lr"] = df["lr"].map(lambda v: f"{v:g}")
     shown[["n", "interval", "seeds"]] = df[["n", "interval", "seeds"]]
     for col, _, _ in (frontier.x, frontier.y):
-        shown[col] = [_cell(row, col, fmt) for _, row in df.iterrows()]
+        shown[col] = [table_cell(row, col, fmt) for _, row in df.iterrows()]
     for threshold in frontier.thresholds:
         col = _threshold_column(threshold)
         shown[f"Task 0 when Task 1 first reaches {threshold:g}"] = [
-            (f"{_cell(row, col, fmt)} ({row[f'{col}_reached']} of {row['curves']} runs reached it; mean step "
+            (f"{table_cell(row, col, fmt)} ({row[f'{col}_reached']} of {row['curves']} runs reached it; mean step "
              f"{row[f'{col}_step']:.0f})" if row[f"{col}_reached"] else f"never (0 of {row['curves']} runs)")
             for _, row in df.iterrows()]
     return shown
@@ -217,7 +217,7 @@ def fig_frontier(plot: Plot, spec: ReportSpec) -> list[Path]:
     table = frontier_table(plot, spec, runs)
     if table.empty:
         return []
-    written = _save_all(plot, draw_frontier(plot, spec, table, runs))
+    written = save_figures(plot, draw_frontier(plot, spec, table, runs))
     return written + write_table(plot, table, f"frontier_{spec.name}", shown=_shown_frontier(table, spec.frontier),
                                  caption=f"{FRONTIER_CAPTION} {spec.frontier.note}",
                                  inputs=inputs_text(_as_groups(runs), f"frontier_{spec.name}: one row per point"))
@@ -261,11 +261,11 @@ def draw_frontier(plot: Plot, spec: ReportSpec, table: pd.DataFrame | None = Non
         legend_ax.legend(list(entries.values()), list(entries), loc="center", fontsize=8, frameon=False)
         fig.tight_layout()
     else:
-        _legend_below(fig, used, ncol=2 if ncols == 1 else 3)
+        legend_below(fig, used, ncol=2 if ncols == 1 else 3)
     for ax, panel_notes in zip(used, notes, strict=True):  # where the points lie once the layout is final
         _place_labels(ax, panel_notes)
     stem = f"frontier_{spec.name}"
-    yield stem, _with_inputs(fig, _as_groups(runs), f"{stem}: a point per rate")
+    yield stem, with_inputs(fig, _as_groups(runs), f"{stem}: a point per rate")
 
 
 def _frontier_panel(ax, table: pd.DataFrame, frontier: FrontierSpec) -> list[tuple[float, float, str, str]]:

@@ -17,29 +17,29 @@ from scalecl.report.draw import (
     FIG_WIDTH_IN,
     UNIT_NOTE,
     Drawn,
-    _draw_mean,
-    _has,
-    _save_all,
-    _with_inputs,
+    draw_mean,
+    has_values,
     mean_curve,
+    save_figures,
     unit_frames,
     unit_label,
+    with_inputs,
 )
 from scalecl.report.registry import figure, table
 from scalecl.report.runs import (
     RUN_COLUMNS,
-    _config_id,
-    _lr_text,
-    _metrics_or_none,
-    _settings,
+    config_id,
+    group_settings,
     inputs_text,
     load_runs,
+    lr_text,
     marked,
     marks,
+    metrics_or_none,
     one_build,
     study_names,
 )
-from scalecl.report.settings import ROUTER_ORDER, _tau, _vocab_key, _vocab_text
+from scalecl.report.settings import ROUTER_ORDER, route_tau, vocab_key, vocab_text
 from scalecl.report.spec import EvalSet, ReportSpec
 from scalecl.report.tables import write_table
 
@@ -62,7 +62,7 @@ MECHANISM_CAPTION = (
 
 def _has_never_share(m: pd.DataFrame, sets: tuple[EvalSet, ...]) -> bool:
     """Whether a run's metrics record the never-target share at the answer positions of some set and path."""
-    return any(_has(m, NEVER_KEY.format(task=t, path=p)) for t, _, _ in sets for p in ("preserve", "adapt"))
+    return any(has_values(m, NEVER_KEY.format(task=t, path=p)) for t, _, _ in sets for p in ("preserve", "adapt"))
 
 
 def route_runs(plot: Plot, spec: ReportSpec) -> pd.DataFrame:
@@ -79,12 +79,12 @@ def _mechanism_groups(plot: Plot, spec: ReportSpec) -> list[tuple[pd.DataFrame, 
     runs = route_runs(plot, spec)
     if runs.empty:
         return []
-    runs["group"] = [_config_id(r, spec) for r in runs["result"]]
+    runs["group"] = [config_id(r, spec) for r in runs["result"]]
     runs = runs.sort_values("date", kind="stable").drop_duplicates(["group", "base_build", "base_seed", "run_seed"],
                                                                    keep="last")
     out = []
     for _, g in runs.groupby("group", sort=False):
-        picked = [(i, m) for i, m in zip(g.index, (_metrics_or_none(plot, d) for d in g["dir"]), strict=True)
+        picked = [(i, m) for i, m in zip(g.index, (metrics_or_none(plot, d) for d in g["dir"]), strict=True)
                   if m is not None and _has_never_share(m, spec.eval_sets)]
         if picked:
             kept = one_build(g.loc[[i for i, _ in picked]])
@@ -95,33 +95,33 @@ def _mechanism_groups(plot: Plot, spec: ReportSpec) -> list[tuple[pd.DataFrame, 
 
 def _mechanism_key(r: dict) -> tuple:
     """Route settings in order: preset, vocabulary rows (the tokenizer's size first), router, tau, rate."""
-    key = _vocab_key(r)
+    key = vocab_key(r)
     router = (r.get("method_options") or {}).get("router", "logit")
     lr = r.get("lr") if isinstance(r.get("lr"), int | float) else math.inf
     return (r["preset"], 0 if key == "tokenizer" else key,
             ROUTER_ORDER.index(router) if router in ROUTER_ORDER else len(ROUTER_ORDER), str(router),
-            _tau(r) if _tau(r) is not None else -math.inf, lr)
+            route_tau(r) if route_tau(r) is not None else -math.inf, lr)
 
 
 def _mechanism_label(r: dict) -> str:
     """A Route setting's name within its vocabulary size: tau, the router when not the paper's (logit), and the
     learning rate."""
-    tau, router = _tau(r), (r.get("method_options") or {}).get("router", "logit")
+    tau, router = route_tau(r), (r.get("method_options") or {}).get("router", "logit")
     parts = [f"tau={tau:g}" if tau is not None else "", f"{router} router" if router != "logit" else "",
-             f"lr={_lr_text(r)}" if _lr_text(r) else ""]
+             f"lr={lr_text(r)}" if lr_text(r) else ""]
     return marked(", ".join(p for p in parts if p), r)
 
 
 def _mechanism_labels(groups: list[tuple[pd.DataFrame, list[pd.DataFrame]]], spec: ReportSpec) -> list[str]:
     """Each group's _mechanism_label; groups of one label and vocabulary (settings that differ elsewhere) add
-    what tells them apart, the setting label of the other figures (runs._settings) among them."""
+    what tells them apart, the setting label of the other figures (runs.group_settings) among them."""
     labels = [_mechanism_label(g.iloc[0]["result"]) for g, _ in groups]
     rows = [_row_key(g) for g, _ in groups]
     out = list(labels)
     for i, label in enumerate(labels):
         twins = [j for j, x in enumerate(labels) if x == label and rows[j] == rows[i]]
         if len(twins) > 1:
-            settings = _settings(pd.concat([groups[j][0] for j in twins]), spec)
+            settings = group_settings(pd.concat([groups[j][0] for j in twins]), spec)
             setting = settings[groups[i][0].index[0]]
             out[i] += f" [{setting}]" if setting else ""
     return out
@@ -129,7 +129,7 @@ def _mechanism_labels(groups: list[tuple[pd.DataFrame, list[pd.DataFrame]]], spe
 
 def _row_key(g: pd.DataFrame) -> tuple:
     r = g.iloc[0]["result"]
-    return r["preset"], _vocab_key(r)
+    return r["preset"], vocab_key(r)
 
 
 def _mechanism_rows(groups: list, labels: list[str]) -> list[tuple[str, list[tuple[pd.DataFrame, list, str]]]]:
@@ -143,7 +143,7 @@ def _mechanism_rows(groups: list, labels: list[str]) -> list[tuple[str, list[tup
     for (preset, key), members in keyed.items():
         results = [r for g, _, _ in members for r in g["result"]]
         never = sorted({r["never_target_rows"] for r in results if isinstance(r.get("never_target_rows"), int)})
-        title = _vocab_text(key, *results) + (f"; {never[0]:,}" + (f"-{never[-1]:,}" if len(never) > 1 else "")
+        title = vocab_text(key, *results) + (f"; {never[0]:,}" + (f"-{never[-1]:,}" if len(never) > 1 else "")
                                               + " never a target" if never else "")
         title = (f"preset '{preset}': " if presets > 1 else "") + title
         k = math.ceil(len(members) / MECHANISM_PER_ROW)
@@ -156,7 +156,7 @@ def _mechanism_rows(groups: list, labels: list[str]) -> list[tuple[str, list[tup
 def fig_route_mechanism(plot: Plot, spec: ReportSpec) -> list[Path]:
     """route_mechanism: never-target logit share per path, answer routing and router score (skipped when no run
     recorded the never-target share)."""
-    return _save_all(plot, draw_route_mechanism(plot, spec))
+    return save_figures(plot, draw_route_mechanism(plot, spec))
 
 
 def draw_route_mechanism(plot: Plot, spec: ReportSpec) -> Drawn:
@@ -167,7 +167,7 @@ def draw_route_mechanism(plot: Plot, spec: ReportSpec) -> Drawn:
         return
     rows = _mechanism_rows(groups, _mechanism_labels(groups, spec))
     task = spec.eval_sets[0][0]
-    scored = any(_has(m, f"{task}/answer/route_score/mean") for _, ms in groups for m in ms)
+    scored = any(has_values(m, f"{task}/answer/route_score/mean") for _, ms in groups for m in ms)
     ncols = 3 if scored else 2
     fig = plt.figure(figsize=(FIG_WIDTH_IN, 2.75 * len(rows) + 1.6))
     grid = fig.add_gridspec(len(rows), ncols + 1, width_ratios=[1.0] * ncols + [1.3])
@@ -192,7 +192,7 @@ def draw_route_mechanism(plot: Plot, spec: ReportSpec) -> Drawn:
              + spec.caption(groups[0][0].iloc[0]["result"]), ha="center", va="top", fontsize=7, wrap=True)
     fig.tight_layout()
     runs = pd.concat([g for g, _ in groups])
-    yield "route_mechanism", _with_inputs(fig, runs, "route_mechanism: a line per Route setting group")
+    yield "route_mechanism", with_inputs(fig, runs, "route_mechanism: a line per Route setting group")
 
 
 NEVER_GAP = "{task}/answer/never_gap"  # adapt minus preserve share, per run and step (added by _mechanism_row)
@@ -214,8 +214,8 @@ def _mechanism_row(ax_row, task: str, members: list[tuple[pd.DataFrame, list[pd.
                                (ax_row[2] if len(ax_row) > 2 else None, f"{task}/answer/route_score/mean", 1)):
             curve = mean_curve(units, key) if ax is not None else None
             if curve is not None:  # bands lighter where several lines share the panel
-                _draw_mean(ax, curve, scale, color=color, lw=1.4, label=name, alpha=BAND_ALPHA / 2)
-        tau = _tau(g.iloc[0]["result"])
+                draw_mean(ax, curve, scale, color=color, lw=1.4, label=name, alpha=BAND_ALPHA / 2)
+        tau = route_tau(g.iloc[0]["result"])
         if len(ax_row) > 2 and tau is not None:
             ax_row[2].axhline(tau, color=color, ls=":", lw=1.0)
     ax_row[0].axhline(0, color="black", lw=0.8)
@@ -251,15 +251,15 @@ def route_mechanism_cpt(plot: Plot, spec: ReportSpec) -> tuple[pd.DataFrame, pd.
     runs = runs[~runs["dir"].map(lambda d: Path(d).resolve()).duplicated()]  # a referenced run counts once
     rows, used = [], []
     for i, run in runs.iterrows():
-        r, m = run["result"], _metrics_or_none(plot, run["dir"])
+        r, m = run["result"], metrics_or_none(plot, run["dir"])
         never = (r.get("data") or {}).get("never_rows")
-        if m is None or not isinstance(never, dict) or not _has(m, "new/never_share_preserve/mean"):
+        if m is None or not isinstance(never, dict) or not has_values(m, "new/never_share_preserve/mean"):
             continue
         used.append(i)
         opts = r.get("method_options") or {}
         for _, rec in m.iterrows():
             for split, _, _ in spec.eval_sets:
-                row = {"preset": r["preset"], "lr": r.get("lr"), "tau": _tau(r), "router": opts.get("router", "logit"),
+                row = {"preset": r["preset"], "lr": r.get("lr"), "tau": route_tau(r), "router": opts.get("router", "logit"),
                        "base_seed": run["base_seed"], "run_seed": run["run_seed"], "step": int(rec["step"]),
                        "set": split, "never_rows": f"{never.get('never_rows')} of {never.get('rows')}"}
                 row |= {m: "yes" for m in marks(r)}  # a column only when one is drawn so (unverified, yours)

@@ -14,44 +14,44 @@ from scalecl.report.context import Plot
 from scalecl.report.draw import (
     FIG_WIDTH_IN,
     Drawn,
-    _band,
-    _colors,
-    _draw_mean,
-    _has,
-    _legend_below,
-    _save_all,
-    _with_inputs,
+    draw_band,
+    draw_mean,
+    has_values,
+    legend_below,
     mean_curve,
+    ordered_colors,
     pool_replicates,
+    save_figures,
     unit_frames,
     unit_label,
     unit_name,
+    with_inputs,
 )
 from scalecl.report.registry import figure
-from scalecl.report.routing import _answer_preserve, _route_series
+from scalecl.report.routing import answer_preserve, route_series
 from scalecl.report.runs import (
     LABELS,
-    _config_id,
-    _get,
-    _metrics_or_none,
-    _metrics_with,
-    _seeds_text,
+    config_id,
     inputs_text,
     load_runs,
+    metrics_or_none,
+    metrics_with,
     one_build,
+    seeds_text,
     study_names,
+    value_at,
 )
 from scalecl.report.settings import (
     ENSEMBLE_STUDY,
     ROUTE_STUDIES,
-    _fmt_option,
-    _setting,
-    _study_sort_key,
-    _tau,
-    _vocab_key,
-    _vocab_rows,
-    _vocab_text,
     l_fp_text,
+    option_text,
+    recorded_vocab_rows,
+    route_tau,
+    setting_label,
+    study_sort_key,
+    vocab_key,
+    vocab_text,
 )
 from scalecl.report.spec import ReportSpec
 from scalecl.report.tables import write_study_means, write_table
@@ -82,19 +82,19 @@ def route_study_table(plot: Plot, spec: ReportSpec, study: str) -> pd.DataFrame:
     for _, row in runs.iterrows():
         r = row["result"]
         s, opts = r["summary"], r.get("method_options") or {}
-        model_rows, tok = _vocab_rows(r)
-        m = _metrics_or_none(plot, row["dir"])
+        model_rows, tok = recorded_vocab_rows(r)
+        m = metrics_or_none(plot, row["dir"])
         rec = {"study": study, "preset": row["preset"], "method": row["method"], "base_seed": row["base_seed"],
-               "run_seed": row["run_seed"], "setting": _setting(spec, study, r), "tau": _tau(r), "router": opts.get("router", "logit"),
+               "run_seed": row["run_seed"], "setting": setting_label(spec, study, r), "tau": route_tau(r), "router": opts.get("router", "logit"),
                "vocab_model": model_rows, "vocab_tokenizer": tok, "steps": r["config"]["stage3"]["steps"],
                "task0_start": s["task0_start"], "task0_min": s["task0_min"], "task0_end": s["task0_end"],
                "task1_end": s["task1_end"], "task0_full_end": r["final"]["task0_heldout"]["acc"],
                "task1_full_end": r["final"]["task1"]["acc"]}
         for task, _, _ in spec.eval_sets:
-            y = _answer_preserve(m, task) if m is not None else None
+            y = answer_preserve(m, task) if m is not None else None
             rec[f"{task}_answer_preserve_end"] = _end(y)
             rec[f"{task}_answer_preserve_{early}"] = _early_mean(m, y) if m is not None else math.nan
-        rec["_key"] = _study_sort_key(study, r)
+        rec["_key"] = study_sort_key(study, r)
         rec["dir"] = str(row["dir"])
         rows.append(rec)
     if not rows:
@@ -114,8 +114,8 @@ def _trained_like(r: dict, r0: dict) -> bool:
     def data(x: dict) -> dict:
         return {k: v for k, v in (x.get("data") or {}).items() if k != "seed"}
 
-    return (r["preset"] == r0["preset"] and data(r) == data(r0) and _vocab_key(r) == _vocab_key(r0)
-            and _get(r, "config.stage3.steps") == _get(r0, "config.stage3.steps"))
+    return (r["preset"] == r0["preset"] and data(r) == data(r0) and vocab_key(r) == vocab_key(r0)
+            and value_at(r, "config.stage3.steps") == value_at(r0, "config.stage3.steps"))
 
 
 def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict, bases: set[int] | None = None) -> tuple[dict | None, str]:
@@ -131,7 +131,7 @@ def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict, bases: set[int] | Non
             ffts = ffts[ffts["base_seed"].isin(bases)]
         for _, row in ffts.iterrows():
             (found if _trained_like(row["result"], r0) else other).append({**row, "where": where,
-                                                                           "group": _config_id(row["result"], spec)})
+                                                                           "group": config_id(row["result"], spec)})
     if not found:
         return None, (f" The FFT runs of preset '{r0['preset']}' ({', '.join(Path(x['dir']).name for x in other)}) "
                       f"trained on other data, steps or vocabulary rows; no reference drawn." if other else
@@ -139,15 +139,15 @@ def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict, bases: set[int] | Non
     runs = pd.DataFrame(found)
     runs = runs[runs["group"] == runs["group"].iloc[0]].sort_values("date", kind="stable")
     runs = one_build(runs.drop_duplicates(["base_build", "base_seed", "run_seed"], keep="last"))
-    frames = [_metrics_with(plot, d, "task0/acc", "task1/acc") for d in runs["dir"]]
+    frames = [metrics_with(plot, d, "task0/acc", "task1/acc") for d in runs["dir"]]
     runs, frames = runs[[m is not None for m in frames]], [m for m in frames if m is not None]
     if not frames:
         return None, " The matching FFT runs have no readable metrics; no reference drawn."
     units, _ = unit_frames(runs, frames)
     where = runs["where"].iloc[0]
     names = ", ".join(Path(d).name for d in runs["dir"])
-    vocab = _vocab_text(_vocab_key(r0), *runs["result"])
-    what = (f"the mean of {unit_name(runs)}, {where} runs ({names}; seeds {_seeds_text(runs)})" if len(runs) >= 2
+    vocab = vocab_text(vocab_key(r0), *runs["result"])
+    what = (f"the mean of {unit_name(runs)}, {where} runs ({names}; seeds {seeds_text(runs)})" if len(runs) >= 2
             else f"{where} run {names}")
     label = unit_label(("FFT, main runs" if len(runs) > 1 else "FFT, main run") if where == "main" else "FFT reference",
                        runs)
@@ -158,7 +158,7 @@ def _fft_reference(plot: Plot, spec: ReportSpec, r0: dict, bases: set[int] | Non
 def fig_route_study(plot: Plot, spec: ReportSpec, study: str) -> list[Path]:
     """Paper Fig. 8 for one Route study: Task 0 / Task 1 accuracy and answer routing, a line per setting."""
     df = route_study_table(plot, spec, study)
-    paths = _save_all(plot, draw_route_study(plot, spec, study, df))
+    paths = save_figures(plot, draw_route_study(plot, spec, study, df))
     if not paths:
         return []
     stem = ROUTE_STUDIES.get(study, f"fig8_route_{study}")
@@ -174,25 +174,25 @@ def draw_route_study(plot: Plot, spec: ReportSpec, study: str, table: pd.DataFra
     df = route_study_table(plot, spec, study) if table is None else table
     if df.empty:
         return
-    runs = [(row, _metrics_or_none(plot, Path(row["dir"]))) for _, row in df.iterrows()]
+    runs = [(row, metrics_or_none(plot, Path(row["dir"]))) for _, row in df.iterrows()]
     runs = pool_replicates([(row, m) for row, m in runs if m is not None],
                            lambda row: f"{row['method']} {row['setting']}")
     if not runs:
         return
     # panel (c): routing at the answer position; runs older than those records show routing over all tokens
-    answers = any(_answer_preserve(m, t) is not None for _, m in runs for t, _, _ in spec.eval_sets)
-    route = _answer_preserve if answers else (lambda m, task: _route_series(m, task, "preserve"))
+    answers = any(answer_preserve(m, t) is not None for _, m in runs for t, _, _ in spec.eval_sets)
+    route = answer_preserve if answers else (lambda m, task: route_series(m, task, "preserve"))
     routed = any(route(m, t) is not None for _, m in runs for t, _, _ in spec.eval_sets)
     study_runs = load_runs(plot, spec, study=study)
     result_of = {str(d): r for d, r in zip(study_runs["dir"], study_runs["result"], strict=True)}
-    key_of = {str(row["dir"]): _vocab_key(result_of[str(row["dir"])]) for row, _ in runs}
+    key_of = {str(row["dir"]): vocab_key(result_of[str(row["dir"])]) for row, _ in runs}
     keys = list(dict.fromkeys(key_of[str(row["dir"])] for row, _ in runs if row["method"] == "scale-route"))
     panel_keys = keys if study != "vocab" and len(keys) > 1 else [None]
     ncols = 3 if routed else 2
     fig, axes = plt.subplots(len(panel_keys), ncols, figsize=(FIG_WIDTH_IN, 3.5 * len(panel_keys) + 1.2),
                              squeeze=False)
-    vocab_of = {k: _vocab_text(k, *(r for r in study_runs["result"] if _vocab_key(r) == k)) for k in keys}
-    colors = dict(zip((str(row["dir"]) for row, _ in runs), _colors(len(runs)), strict=True))
+    vocab_of = {k: vocab_text(k, *(r for r in study_runs["result"] if vocab_key(r) == k)) for k in keys}
+    colors = dict(zip((str(row["dir"]) for row, _ in runs), ordered_colors(len(runs)), strict=True))
     notes = []
     for ax_row, key in zip(axes, panel_keys, strict=True):
         mine = [(row, m) for row, m in runs if key is None or key_of[str(row["dir"])] == key]
@@ -203,7 +203,7 @@ def draw_route_study(plot: Plot, spec: ReportSpec, study: str, table: pd.DataFra
             r0 = next(result_of[str(row["dir"])] for row, _ in mine if key_of[str(row["dir"])] == k
                       and row["method"] == "scale-route")
             bases = {int(b) for r, b in zip(study_runs["result"], study_runs["base_seed"], strict=True)
-                     if r["method"] == "scale-route" and _vocab_key(r) == k}
+                     if r["method"] == "scale-route" and vocab_key(r) == k}
             notes.append(_route_study_reference(ax_row, plot, spec, r0, {str(row["dir"]) for row, _ in mine},
                                                 ("--", ":", "-.")[i % 3], vocab_of[k] if len(refs) > 1 else "",
                                                 bases))
@@ -211,19 +211,19 @@ def draw_route_study(plot: Plot, spec: ReportSpec, study: str, table: pd.DataFra
                           f"\n{vocab_of[key]}" if key is not None else "")
     fig.text(0.5, -0.01, _route_study_caption(spec, study, study_runs, "".join(notes), len(panel_keys) > 1),
              ha="center", va="top", fontsize=7.5, wrap=True)
-    _legend_below(fig, axes.flat, ncol=3)
+    legend_below(fig, axes.flat, ncol=3)
     stem = ROUTE_STUDIES.get(study, f"fig8_route_{study}")
-    yield stem, _with_inputs(fig, study_runs, f"{stem}: one line per run of study '{study}'")
+    yield stem, with_inputs(fig, study_runs, f"{stem}: one line per run of study '{study}'")
 
 
 def _route_study_run(ax_row, spec: ReportSpec, row: pd.Series, m: pd.DataFrame, color, route) -> None:
     """One run of a Route study: its Task 0 / Task 1 accuracy (another method's reference run: dashed) and,
     with `route`, its share routed to preserve (Task 0 solid, Task 1 dashed)."""
     for ax, (task, _, _) in zip(ax_row, spec.eval_sets, strict=False):
-        if _has(m, f"{task}/acc"):
+        if has_values(m, f"{task}/acc"):
             ax.plot(m["step"], 100 * m[f"{task}/acc"], color=color, marker=".", ms=2, lw=1.3,
                     ls="-" if row["method"] == "scale-route" else "--", label=row["setting"])
-            _band(ax, m, "step", f"{task}/acc", color, 100)
+            draw_band(ax, m, "step", f"{task}/acc", color, 100)
     if route is not None:
         for task, ls in (("task0", "-"), ("task1", "--")):
             y = route(m, task)
@@ -246,7 +246,7 @@ def _route_study_reference(ax_row, plot: Plot, spec: ReportSpec, r0: dict, drawn
     for ax, (task, _, _) in zip(ax_row, spec.eval_sets, strict=False):
         curve = ref["curves"][f"{task}/acc"]
         if curve is not None:  # the mean, and its t band where >= 2 replicates were evaluated
-            _draw_mean(ax, curve, 100, color="black", ls=ls, lw=1, label=label)
+            draw_mean(ax, curve, 100, color="black", ls=ls, lw=1, label=label)
     return note
 
 
@@ -277,9 +277,9 @@ def _route_study_caption(spec: ReportSpec, study: str, study_runs: pd.DataFrame,
     swept = {"tau": "the router threshold tau", "router": "what the router compares",
              "vocab": "the embedding/head rows"}.get(study, study)
     fixed = {k: v for k, v in (r0.get("method_options") or {}).items() if k != study}
-    if study != "tau" and len({_tau(r) for r in routes["result"]}) > 1:
+    if study != "tau" and len({route_tau(r) for r in routes["result"]}) > 1:
         fixed.pop("tau", None)  # not one value across the runs: the table has each
-    options = "; options " + ", ".join(l_fp_text(v, r0) if k == "l_fp" else f"{k}={_fmt_option(v)}"
+    options = "; options " + ", ".join(l_fp_text(v, r0) if k == "l_fp" else f"{k}={option_text(v)}"
                                         for k, v in fixed.items()) if fixed else ""
     others = sorted({LABELS.get(m, m) for m in study_runs["method"] if m != "scale-route"})
     refs = f" Dashed coloured lines: {', '.join(others)} runs trained like the study's runs." if others else ""

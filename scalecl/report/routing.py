@@ -14,17 +14,17 @@ from scalecl.report.draw import (
     BAND_ALPHA,
     UNIT_NOTE,
     Drawn,
-    _has,
-    _mean_frame,
-    _missing_note,
-    _save_all,
-    _with_inputs,
+    has_values,
     mean_curve,
+    mean_frame,
+    missing_note,
+    save_figures,
     unit_frames,
+    with_inputs,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import _metrics_or_none, replicate_groups
-from scalecl.report.settings import _groups, _line_label, _tau
+from scalecl.report.runs import metrics_or_none, replicate_groups
+from scalecl.report.settings import figure_groups, line_label, route_tau
 from scalecl.report.spec import ReportSpec
 
 QUANTILE_BANDS = (("q05", "q95", 0.15), ("q25", "q75", 0.3))  # (low, high, alpha): the router-score bands
@@ -35,20 +35,20 @@ def _route_key(m: pd.DataFrame, prefix: str, path: str) -> str | None:
     """The column holding the share of a slice's tokens routed to a path (`prefix/route_<path>`; Task 0 also
     reads legacy keys), or None."""
     for key in (f"{prefix}/route_{path}",) + ((f"route_{path}",) if prefix == "task0" else ()):
-        if _has(m, key):
+        if has_values(m, key):
             return key
     return None
 
 
-def _route_series(m: pd.DataFrame, prefix: str, path: str) -> pd.Series | None:
+def route_series(m: pd.DataFrame, prefix: str, path: str) -> pd.Series | None:
     """Share of a slice's tokens routed to a path, or None."""
     key = _route_key(m, prefix, path)
     return m[key] if key is not None else None
 
 
-def _answer_preserve(m: pd.DataFrame, task: str) -> pd.Series | None:
+def answer_preserve(m: pd.DataFrame, task: str) -> pd.Series | None:
     key = f"{task}/answer/route_preserve"
-    return m[key] if _has(m, key) else None
+    return m[key] if has_values(m, key) else None
 
 
 def _route_runs(plot: Plot, runs: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]]:
@@ -57,11 +57,11 @@ def _route_runs(plot: Plot, runs: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.D
     seeds; draw.unit_frames). Runs without a metrics file are left out."""
     picked = []
     for g in replicate_groups(runs[runs["method"] == "scale-route"]):
-        ms = [_metrics_or_none(plot, d) for d in g["dir"]]
+        ms = [metrics_or_none(plot, d) for d in g["dir"]]
         g = g[[m is not None for m in ms]]
         if len(g):
             units, _ = unit_frames(g, [m for m in ms if m is not None])
-            picked.append((g, _mean_frame(units), units))
+            picked.append((g, mean_frame(units), units))
     return picked
 
 
@@ -75,7 +75,7 @@ def _route_band(ax, frames: list[pd.DataFrame], key: str | None, flip: bool, col
 
 def _score(m: pd.DataFrame, task: str, stat: str) -> pd.Series | None:
     key = f"{task}/answer/route_score/{stat}"
-    return m[key] if _has(m, key) else None
+    return m[key] if has_values(m, key) else None
 
 
 @figure("routing")
@@ -86,30 +86,30 @@ def fig_routing(plot: Plot, spec: ReportSpec) -> list[Path]:
     where the experiment records it, the scored answer position (adapt = 1 - preserve there). One row per Route
     run of a group.
     """
-    return _save_all(plot, draw_routing(plot, spec))
+    return save_figures(plot, draw_routing(plot, spec))
 
 
 def draw_routing(plot: Plot, spec: ReportSpec) -> Drawn:
     """The routing figures: a row of panels per Route run (all tokens; the answer position where recorded)."""
-    for tag, study, runs in _groups(plot, spec):
+    for tag, study, runs in figure_groups(plot, spec):
         picked = [(row, m, frames) for row, m, frames in _route_runs(plot, runs)
-                  if any(_route_series(m, p, "preserve") is not None for p, _, _ in spec.eval_sets)]
+                  if any(route_series(m, p, "preserve") is not None for p, _, _ in spec.eval_sets)]
         if not picked:
             continue
-        answers = spec.answer_positions and any(_answer_preserve(m, t) is not None for _, m, _ in picked
+        answers = spec.answer_positions and any(answer_preserve(m, t) is not None for _, m, _ in picked
                                                 for t, _, _ in spec.eval_sets)
         ncols = 2 if answers else 1
         fig, axes = plt.subplots(len(picked), ncols, figsize=(5.6 * ncols + 1.6, 2.7 * len(picked) + 0.6),
                                  squeeze=False, sharey=True)
         for pick, ax_row in zip(picked, axes, strict=True):
-            _routing_row(ax_row, pick, _line_label(spec, study, pick[0]), spec, answers)
+            _routing_row(ax_row, pick, line_label(spec, study, pick[0]), spec, answers)
         for ax in axes[-1]:
             ax.set_xlabel(spec.step_label)
         handles, labels = max((ax.get_legend_handles_labels() for ax in axes.flat), key=lambda h: len(h[0]))
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
         r0 = picked[0][0].iloc[0]["result"]
         what = spec.routing_what + (spec.routing_answers_what if answers else "")
-        tau = _tau(r0)
+        tau = route_tau(r0)
         if study == "tau":
             what += "; tau per row"
         elif tau is not None:
@@ -118,7 +118,7 @@ def draw_routing(plot: Plot, spec: ReportSpec) -> Drawn:
         fig.text(0.5, -0.01, what + (f"; study '{study}'." if study else ".") + band + "\n" + spec.caption(r0),
                  ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        yield f"routing_{tag}", _with_inputs(fig, runs[runs["method"] == "scale-route"], f"routing_{tag}")
+        yield f"routing_{tag}", with_inputs(fig, runs[runs["method"] == "scale-route"], f"routing_{tag}")
 
 
 def _routing_row(ax_row, pick: tuple, name: str, spec: ReportSpec, answers: bool) -> None:
@@ -131,7 +131,7 @@ def _routing_row(ax_row, pick: tuple, name: str, spec: ReportSpec, answers: bool
             if key is not None:
                 ax_row[0].plot(m["step"], 100 * m[key], ls=ls, lw=lw, color=color, label=f"{set_label}, {path}")
                 _route_band(ax_row[0], frames, key, False, color)
-        y = _answer_preserve(m, prefix) if answers else None
+        y = answer_preserve(m, prefix) if answers else None
         if y is not None:
             for path, ls in PATHS:
                 ax_row[1].plot(m["step"], 100 * (y if path == "preserve" else 1 - y), ls=ls,
@@ -156,7 +156,7 @@ def fig_router_score(plot: Plot, spec: ReportSpec) -> list[Path]:
 
     Per Route run and task: median line, q25-q75 and q05-q95 bands, the mean dashed, tau dotted.
     """
-    return _save_all(plot, draw_router_score(plot, spec))
+    return save_figures(plot, draw_router_score(plot, spec))
 
 
 def draw_router_score(plot: Plot, spec: ReportSpec) -> Drawn:
@@ -164,20 +164,20 @@ def draw_router_score(plot: Plot, spec: ReportSpec) -> Drawn:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    for tag, study, runs in _groups(plot, spec):
+    for tag, study, runs in figure_groups(plot, spec):
         picked, missing = [], []
         for g, m, frames in _route_runs(plot, runs):
             if any(_score(m, t, "q50") is not None for t, _, _ in spec.eval_sets):
                 picked.append((g, m, len(frames)))
             else:
-                missing.append(_line_label(spec, study, g))
+                missing.append(line_label(spec, study, g))
         if not picked:
             continue
         fig, axes = plt.subplots(len(picked), 2, figsize=(11.5, 2.7 * len(picked) + 0.6), squeeze=False,
                                  sharey=True)
         for (g, m, _), ax_row in zip(picked, axes, strict=True):
-            name = _line_label(spec, study, g)
-            tau = _tau(g.iloc[0]["result"])
+            name = line_label(spec, study, g)
+            tau = route_tau(g.iloc[0]["result"])
             for ax, (task, task_label, color) in zip(ax_row, spec.eval_sets, strict=True):
                 ax.set_title(f"{name}: {task_label}", fontsize=9)
                 ax.grid(alpha=0.3)
@@ -206,7 +206,7 @@ def draw_router_score(plot: Plot, spec: ReportSpec) -> Drawn:
                   Line2D([], [], color="tab:red", ls=":", lw=1.2, label="tau (preserve above)")]
         fig.legend(handles=legend, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
         r0 = picked[0][0].iloc[0]["result"]
-        tau = _tau(r0)
+        tau = route_tau(r0)
         tau_note = "" if study == "tau" or tau is None else f" (tau={tau})"
         fig.text(0.5, -0.01, "SCALE-Route: the router's score (the cosine it compares, per its 'router' "
                  "option) at the scored answer position (the last prompt token) of the Task 0 (held-out, "
@@ -215,7 +215,7 @@ def draw_router_score(plot: Plot, spec: ReportSpec) -> Drawn:
                  + spec.caption(r0) + ("\nA group with replicates: each statistic averaged over the units its title names "
                                        "per step (base seeds, each base's run seeds averaged first, else run "
                                        "seeds)." if any(n >= 2 for _, _, n in picked) else "")
-                 + _missing_note(missing, "answer-position record"), ha="center", va="top", fontsize=8,
+                 + missing_note(missing, "answer-position record"), ha="center", va="top", fontsize=8,
                  wrap=True)
         fig.tight_layout()
-        yield f"router_score_{tag}", _with_inputs(fig, runs[runs["method"] == "scale-route"], f"router_score_{tag}")
+        yield f"router_score_{tag}", with_inputs(fig, runs[runs["method"] == "scale-route"], f"router_score_{tag}")

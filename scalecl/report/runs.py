@@ -87,7 +87,7 @@ def spec_fields(spec: ReportSpec) -> dict:
 
 def _lacks(r: dict, keys: tuple[str, ...]) -> str | None:
     """The first of `keys` (dotted paths) that the result lacks, or None."""
-    return next((path for path in keys if _get(r, path) is None), None)
+    return next((path for path in keys if value_at(r, path) is None), None)
 
 
 UNVERIFIED = "unverified"  # the key plot --unverified adds to a result its run's manifest does not prove: why
@@ -199,16 +199,16 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
                 r = with_cl(r, f.parent, spec.cl)
             rows.append({"dir": f.parent, "preset": r["preset"], "method": r["method"],
                          "date": r.get("provenance", {}).get("date", ""), "result": r, "base_seed": seeds[0],
-                         "run_seed": seeds[1], "group": _config_id(r, spec) if study is None else str(f.parent),
-                         "pair": _config_id(r, spec, pair=True), "base_build": _base_build(r), "replaces": (),
-                         "root": index, "same": _config_id(without(r, (YOURS,)), spec)})
+                         "run_seed": seeds[1], "group": config_id(r, spec) if study is None else str(f.parent),
+                         "pair": config_id(r, spec, pair=True), "base_build": _base_build(r), "replaces": (),
+                         "root": index, "same": config_id(without(r, (YOURS,)), spec)})
     if not rows:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "setting", "order"])
     df = pd.DataFrame(rows).sort_values("date", kind="stable")
     if study is None:
         df = _drawn_once(plot, df)
     df = df.drop(columns=["root", "same"])
-    df["setting"] = _settings(df, spec) if study is None else [marked("", r) for r in df["result"]]
+    df["setting"] = group_settings(df, spec) if study is None else [marked("", r) for r in df["result"]]
     df["order"] = df["method"].map({m: i for i, m in enumerate(METHOD_ORDER)}).fillna(len(METHOD_ORDER))
     keys = ["preset", "order"] + (["setting", "group", "base_seed", "run_seed"] if study is None else [])
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
@@ -310,10 +310,10 @@ def seeds_of(r: dict) -> tuple[int, int] | None:
     return seeds if all(isinstance(v, int) and not isinstance(v, bool) for v in seeds) else None
 
 
-def _config_rest(r: dict, spec: ReportSpec, pair: bool = False) -> dict:
+def config_rest(r: dict, spec: ReportSpec, pair: bool = False) -> dict:
     """The config a replicate group shares: without its seeds and without the keys a run's name leaves out
     (spec.not_named: checkpointing and the compute options, which cannot change its numbers beyond float
-    rounding, and the per-method tables, whose entry for the run _config_id adds as its options and rate), nor
+    rounding, and the per-method tables, whose entry for the run config_id adds as its options and rate), nor
     a key added later that holds its default (spec.named_when_set). pair=True: also without any per-method
     table."""
     cfg = r.get("config") if isinstance(r.get("config"), dict) else {}
@@ -333,10 +333,10 @@ def used_options(r: dict) -> dict:
     return opts if r.get("method") == "scale-route" else {k: v for k, v in opts.items() if k not in ROUTE_ONLY}
 
 
-def _config_id(r: dict, spec: ReportSpec, pair: bool = False) -> str:
+def config_id(r: dict, spec: ReportSpec, pair: bool = False) -> str:
     """A short hash of a run's replicate group (pair=False: its run name without seeds and numerics) or of the
     base it shares with other methods (pair=True)."""
-    ident = [r["experiment"], r["preset"], _config_rest(r, spec, pair)]
+    ident = [r["experiment"], r["preset"], config_rest(r, spec, pair)]
     if not pair:
         ident += [r["method"], used_options(r), r.get("lr")]
         ident += marks(r)  # unverified, or from a later results folder: never a replicate of the first's proven runs
@@ -344,18 +344,18 @@ def _config_id(r: dict, spec: ReportSpec, pair: bool = False) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, str]:
+def dotted_json(d: dict, prefix: str = "") -> dict[str, str]:
     """A nested dict as dotted keys -> JSON values."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out |= _flat(v, f"{prefix}{k}.")
+            out |= dotted_json(v, f"{prefix}{k}.")
         else:
             out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
     return out
 
 
-def _varying(flats: list[dict[str, str]]) -> list[str]:
+def varying_keys(flats: list[dict[str, str]]) -> list[str]:
     """The keys whose values (or presence) differ among the dicts."""
     keys = sorted(set().union(*flats)) if flats else []
     return [k for k in keys if len({f.get(k) for f in flats}) > 1]
@@ -386,7 +386,7 @@ READABLE_KEYS: dict[str, tuple[str, Any]] = {
 
 def setting_parts(flat: dict[str, str], keys: list[str], options: bool = False) -> list[str]:
     """The parts of a legend that tell a setting apart, in words: `flat` a run's config (or, `options`, its method
-    options) as `_flat` gives it, `keys` those that vary. Method options keep their paper names ('tau=0.5';
+    options) as `dotted_json` gives it, `keys` those that vary. Method options keep their paper names ('tau=0.5';
     an option a run does not set is its method's default), known config keys are said in words ('evaluated every
     15 steps', 'whole held-out sets'), others by their words without dots ('train seq len 128'); config keys a
     run does not record (made before they existed) are one part ('whole-set evaluation, whole-set length not
@@ -443,23 +443,23 @@ def shown_path(source: str) -> str:
     return f".../{parts[-1]}" if len(parts) > 1 else name
 
 
-def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
+def group_settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
     """Per run, what tells its replicate group from the others of its preset: the config keys that differ
     across the preset's groups and the method options that differ across the method's groups ('' if none)."""
     labels: dict[str, str] = {}
     firsts = df.drop_duplicates("group")
     for _, g in firsts.groupby("preset", sort=False):
-        shared = {row["group"]: _flat(_config_rest(row["result"], spec, pair=True)) for _, row in g.iterrows()}
-        opts = {row["group"]: _flat(used_options(row["result"])) for _, row in g.iterrows()}
-        keys = _varying(list(shared.values()))
+        shared = {row["group"]: dotted_json(config_rest(row["result"], spec, pair=True)) for _, row in g.iterrows()}
+        opts = {row["group"]: dotted_json(used_options(row["result"])) for _, row in g.iterrows()}
+        keys = varying_keys(list(shared.values()))
         for _, row in g.iterrows():
             same = [opts[x] for x in g[g["method"] == row["method"]]["group"]]
             parts = setting_parts(shared[row["group"]], keys)
-            parts += setting_parts(opts[row["group"]], _varying(same), options=True)
+            parts += setting_parts(opts[row["group"]], varying_keys(same), options=True)
             label = ", ".join(parts[:most]) + (f", +{len(parts) - most} more" if len(parts) > most else "")
             labels[row["group"]] = marked(label, row["result"])
         for _, same in g.groupby("method", sort=False):  # equal labels of different groups: their rates tell,
-            rates = dict(zip(same["group"], (_lr_text(r) for r in same["result"]), strict=True))  # else hashes
+            rates = dict(zip(same["group"], (lr_text(r) for r in same["result"]), strict=True))  # else hashes
             before = {x: labels[x] for x in same["group"]}
             for x in same["group"]:
                 twins = [y for y in same["group"] if before[y] == before[x]]
@@ -471,7 +471,7 @@ def _settings(df: pd.DataFrame, spec: ReportSpec, most: int = 4) -> pd.Series:
     return df["group"].map(labels)
 
 
-def _lr_text(r: dict) -> str:
+def lr_text(r: dict) -> str:
     """A run's own learning rate (result.json `lr`) as a label, '' when it has none."""
     lr = r.get("lr")
     return f"{lr:g}" if isinstance(lr, int | float) and not isinstance(lr, bool) else ""
@@ -494,13 +494,13 @@ def group_label(row: pd.Series | dict) -> str:
 def rated_setting(row: pd.Series | dict) -> str:
     """A replicate group's setting that names its learning rate (result.json `lr`): its setting, with
     'lr=<rate>' added unless it has one (figures that draw a method at several rates)."""
-    setting, lr = row.get("setting") or "", _lr_text(row["result"])
+    setting, lr = row.get("setting") or "", lr_text(row["result"])
     if not lr or any(part.startswith("lr=") for part in setting.split(", ")):
         return setting
     return ", ".join(filter(None, (setting, f"lr={lr}")))
 
 
-def _seeds_text(g: pd.DataFrame) -> str:
+def seeds_text(g: pd.DataFrame) -> str:
     return ", ".join(f"{b}/{r}" for b, r in zip(g["base_seed"], g["run_seed"], strict=True))
 
 
@@ -510,13 +510,13 @@ def inputs_text(runs: pd.DataFrame, what: str) -> str:
     for g in replicate_groups(runs):
         first = g.iloc[0]
         group = f" group {first['group']}" if first["group"] != str(first["dir"]) else ""
-        lines.append(f"{first['preset']} {group_label(first)}{group}: n = {len(g)} (seeds {_seeds_text(g)})")
+        lines.append(f"{first['preset']} {group_label(first)}{group}: n = {len(g)} (seeds {seeds_text(g)})")
         lines += [f"  {d}" + (f" (drawn instead of {', '.join(map(str, gone))}: the same setting and seeds)"
                               if gone else "") for d, gone in zip(g["dir"], g["replaces"], strict=True)]
     return "\n".join(lines) + "\n"
 
 
-def _get(r: dict, path: str):
+def value_at(r: dict, path: str):
     """A dotted path of a result (None where it is missing)."""
     v = r
     for k in path.split("."):
@@ -530,7 +530,7 @@ def load_metrics(plot: Plot, run_dir: Path) -> pd.DataFrame | None:
     return _read_jsonl(plot, Path(run_dir) / "metrics.jsonl", required=True)
 
 
-def _metrics_with(plot: Plot, run_dir: Path, *columns: str) -> pd.DataFrame | None:
+def metrics_with(plot: Plot, run_dir: Path, *columns: str) -> pd.DataFrame | None:
     """load_metrics, and None (recorded as skipped) when it lacks one of `columns`."""
     m = load_metrics(plot, run_dir)
     lacking = [c for c in columns if m is not None and c not in m]
@@ -575,7 +575,7 @@ def load_train_log(plot: Plot, run_dir: Path) -> pd.DataFrame | None:
     return _read_jsonl(plot, Path(run_dir) / "train_log.jsonl")
 
 
-def _metrics_or_none(plot: Plot, run_dir: Path) -> pd.DataFrame | None:
+def metrics_or_none(plot: Plot, run_dir: Path) -> pd.DataFrame | None:
     """A run's metrics.jsonl, or None when it has none (a malformed one recorded as skipped)."""
     return _read_jsonl(plot, Path(run_dir) / "metrics.jsonl")
 

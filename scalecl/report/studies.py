@@ -17,19 +17,19 @@ from scalecl.report.cpt import embedding_variant
 from scalecl.report.draw import (
     FIG_WIDTH_IN,
     Drawn,
-    _band,
-    _draw_mean,
-    _legend_below,
-    _mean_frame,
-    _pooled_metrics,
-    _save_all,
-    _with_inputs,
+    draw_band,
+    draw_mean,
+    legend_below,
     mean_curve,
+    mean_frame,
     pool_replicates,
+    pooled_metrics,
+    save_figures,
     unit_frames,
+    with_inputs,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import _metrics_with, inputs_text, load_runs, marked
+from scalecl.report.runs import inputs_text, load_runs, marked, metrics_with
 from scalecl.report.settings import l_fp_text
 from scalecl.report.spec import ReportSpec
 from scalecl.report.stats import t_interval
@@ -75,12 +75,12 @@ def _study_caption(fig: Figure, plot: Plot, spec: ReportSpec, study: str, df: pd
     fig.text(0.5, -0.01, f"{df['method'].iloc[0]}{note}; " + spec.caption(r0) + (f"\n{more}" if more else ""),
              ha="center", va="top", fontsize=8, wrap=True)
     fig.tight_layout()
-    return _with_inputs(fig, runs, f"study '{study}': one line or point per run")
+    return with_inputs(fig, runs, f"study '{study}': one line or point per run")
 
 
 def _save_study(plot: Plot, spec: ReportSpec, figures: Drawn, study: str) -> list[Path]:
     """Save a study's figure and write the study's table beside it (nothing when there is no figure)."""
-    paths = _save_all(plot, figures)
+    paths = save_figures(plot, figures)
     if not paths:
         return []
     stem = STUDY_TABLES[study]
@@ -153,7 +153,7 @@ def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
     color_of = {setting: f"C{i % 10}" for i, setting in enumerate(settings)}  # categorical: matplotlib's cycle
     fig, axes = plt.subplots(len(variants), 4, figsize=(FIG_WIDTH_IN, 3.2 * len(variants) + 1.0), squeeze=False)
     for (ax_old, ax_new, *ax_diff), variant in zip(axes, variants, strict=True):
-        rows = [(row, _metrics_with(plot, row["dir"], "old/ppl", "new/ppl")) for _, row in
+        rows = [(row, metrics_with(plot, row["dir"], "old/ppl", "new/ppl")) for _, row in
                 df[df["variant"] == variant].iterrows()]
         rows = sorted([(r, m) for r, m in rows if m is not None], key=lambda rm: settings.index(rm[0]["setting"]))
         pooled = pool_replicates(rows, lambda r: r["setting"])  # in the order of `settings`
@@ -161,7 +161,7 @@ def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
             for ax, col in ((ax_old, "old/ppl"), (ax_new, "new/ppl")):
                 color = color_of[setting]
                 ax.plot(m["step"], m[col], marker=".", ms=3, label=row["setting"], color=color)
-                _band(ax, m, "step", col, color)
+                draw_band(ax, m, "step", col, color)
         _paired_panels(ax_diff, runs[runs["variant"] == variant], {r["dir"]: m for r, m in rows}, color_of)
         suffix = f"\n{variant}" if len(variants) > 1 else ""
         ax_old.set_title("(a) forgetting PPL" + suffix, fontsize=8)
@@ -174,7 +174,7 @@ def draw_fig5(plot: Plot, spec: ReportSpec) -> Drawn:
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
     _study_caption(fig, plot, spec, "init", df, more=FIG5_PAIRED.format(ref=INIT_REFERENCE))
-    _legend_below(fig, [ax for row in axes for ax in row], ncol=3, title="W21,W22 (a, b: mean of its runs' units; c, "
+    legend_below(fig, [ax for row in axes for ax in row], ncol=3, title="W21,W22 (a, b: mean of its runs' units; c, "
                   "d: paired, t over base seeds)")
     yield "fig5_init_pairs", fig
 
@@ -195,7 +195,7 @@ def _paired_panels(axes, runs: pd.DataFrame, metrics: dict, color_of: dict[str, 
     runs = runs[runs["dir"].map(lambda d: str(d) in metrics)]
 
     def per_base(g: pd.DataFrame) -> dict:  # (base seed, build) -> its runs' metrics, run seeds averaged
-        return {key: _mean_frame([metrics[str(d)] for d in sub["dir"]])
+        return {key: mean_frame([metrics[str(d)] for d in sub["dir"]])
                 for key, sub in g.groupby(["base_seed", "base_build"])}
 
     ref = per_base(runs[runs["setting"] == INIT_REFERENCE])
@@ -210,7 +210,7 @@ def _paired_panels(axes, runs: pd.DataFrame, metrics: dict, color_of: dict[str, 
                 ax.plot(d["step"], d[col], color=color_of[setting], lw=0.7, alpha=0.5)
             if diffs:
                 unit = f"t over {len(bases)} base seeds" if len(bases) >= 2 else "1 base"
-                _draw_mean(ax, mean_curve(diffs, col), color=color_of[setting], lw=1.8, marker=".", ms=3,
+                draw_mean(ax, mean_curve(diffs, col), color=color_of[setting], lw=1.8, marker=".", ms=3,
                            label=f"{setting} ({unit})")
     for ax in axes:
         ax.axhline(0, color="black", lw=0.8)
@@ -315,16 +315,16 @@ def draw_fig7(plot: Plot, spec: ReportSpec) -> Drawn:
     runs = _with_table(load_runs(plot, spec, study="collab"), df, "setting")
     banded = False
     for setting, g in runs.groupby("setting", sort=False):
-        ms = [_metrics_with(plot, d, "old/ppl") for d in g["dir"]]
+        ms = [metrics_with(plot, d, "old/ppl") for d in g["dir"]]
         g, ms = g[[m is not None for m in ms]], [m for m in ms if m is not None]
         if not ms:
             continue
         units, note = unit_frames(g, ms)
-        m = _pooled_metrics(units) if len(units) > 1 else units[0]
+        m = pooled_metrics(units) if len(units) > 1 else units[0]
         if "up_norm" in m:
             (ln,) = ax.plot(m["up_norm"], m["old/ppl"], marker=".", ms=4,
                             label=f"W12 trains in {setting}" + (f" ({note})" if len(units) > 1 else ""))
-            _band(ax, m, "up_norm", "old/ppl", ln.get_color())
+            draw_band(ax, m, "up_norm", "old/ppl", ln.get_color())
             banded |= len(units) > 1
     ax.set_xlabel("average norm of upscaled weights (W12, W21, W22)")
     ax.set_ylabel("forgetting PPL (old domain)")

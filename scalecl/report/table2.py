@@ -334,7 +334,7 @@ def _draw(plot: Plot, paired: pd.DataFrame, tag: str, inputs: str) -> list[Path]
     """The differences from the base per task (rows) and method (colour), with their 95% intervals."""
     import matplotlib.pyplot as plt
 
-    from scalecl.report.draw import COLORS, INPUTS_ATTR, _save
+    from scalecl.report.draw import COLORS, INPUTS_ATTR, save_figure
 
     final = paired.groupby(["method", "task"], sort=False).tail(1)  # over checkpoints where there are several
     tasks = [t for t in [c for c, _ in ENGLISH_COLUMNS] + ["english_avg"] + [c for c, _ in KOREAN_COLUMNS]
@@ -359,7 +359,7 @@ def _draw(plot: Plot, paired: pd.DataFrame, tag: str, inputs: str) -> list[Path]
     ax.set_title(f"Table 2, paired with the base ({tag})", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     setattr(fig, INPUTS_ATTR, inputs)
-    return _save(plot, fig, f"table2_{tag}")
+    return save_figure(plot, fig, f"table2_{tag}")
 
 
 def _paper_labels() -> dict[str, str]:

@@ -12,16 +12,16 @@ import pandas as pd
 from scalecl.report.context import Plot
 from scalecl.report.registry import table
 from scalecl.report.runs import (
-    _config_id,
-    _get,
-    _seeds_text,
+    config_id,
     group_label,
     inputs_text,
     load_runs,
     replicate_groups,
+    seeds_text,
     study_names,
+    value_at,
 )
-from scalecl.report.settings import _study_setting, _study_sort_key
+from scalecl.report.settings import study_setting, study_sort_key
 from scalecl.report.spec import Metric, ReportSpec
 from scalecl.report.stats import MAX_UNITS, binomial_se, interval_note, t_interval, units_needed
 
@@ -49,9 +49,9 @@ def aggregate_table(runs: pd.DataFrame, metrics: tuple[Metric, ...], head) -> pd
         units, note = replicate_unit(g)
         rec = {"preset": first["preset"], "method": first["method"], "setting": first["setting"],
                "group": first["group"], "n": len(units), "interval": note,
-               "seeds": _seeds_text(g), **head(first["result"])}
+               "seeds": seeds_text(g), **head(first["result"])}
         for col, path, questions in metrics:
-            iv = t_interval(t_interval(_get(r, path) for r in u["result"]).mean for u in units)
+            iv = t_interval(t_interval(value_at(r, path) for r in u["result"]).mean for u in units)
             rec |= {col: iv.mean, f"{col}_ci_lo": iv.lo, f"{col}_ci_hi": iv.hi}
             if questions is not None:
                 rec[f"{col}_binom_se"] = binomial_se(iv.mean, questions(first["result"]))
@@ -59,7 +59,7 @@ def aggregate_table(runs: pd.DataFrame, metrics: tuple[Metric, ...], head) -> pd
     return pd.DataFrame(rows)
 
 
-def _cell(row: pd.Series, col: str, fmt: str) -> str:
+def table_cell(row: pd.Series, col: str, fmt: str) -> str:
     """A table cell: mean +- half-width of the t interval (n >= 2) or the value, and the binomial SE if known."""
     mean = row[col]
     if pd.isna(mean):
@@ -76,7 +76,7 @@ def shown_aggregate(df: pd.DataFrame, metrics: tuple[Metric, ...], fmt: str = "{
     cols = ["preset", "method"] + (["setting"] if df["setting"].astype(bool).any() else [])
     shown = df[cols + ["interval", "seeds", *[c for c in df.columns if c in ("trainable", "lr")]]].copy()
     for col, _, _ in metrics:
-        shown[col] = [_cell(row, col, fmt) for _, row in df.iterrows()]
+        shown[col] = [table_cell(row, col, fmt) for _, row in df.iterrows()]
     return shown
 
 
@@ -118,7 +118,7 @@ NO_INTERVAL = "fewer than 2 bases: interval cannot be computed"
 
 def _per_base(g: pd.DataFrame, path: str) -> dict[tuple[int, str], float]:
     """A replicate group's value per base seed (the mean over its run seeds on that base)."""
-    return {(int(b), build): t_interval(_get(r, path) for r in sub["result"]).mean
+    return {(int(b), build): t_interval(value_at(r, path) for r in sub["result"]).mean
             for (b, build), sub in g.groupby(["base_seed", "base_build"])}
 
 
@@ -128,8 +128,8 @@ def paired_table(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.D
     `study`: among that study's runs, grouped as main runs are (method, options, config outside the seeds)."""
     runs = load_runs(plot, spec, study=study)
     if study is not None and len(runs):
-        runs["group"] = [_config_id(r, spec) for r in runs["result"]]
-        runs["setting"] = [_study_setting(spec, study, r) for r in runs["result"]]  # names each group's value
+        runs["group"] = [config_id(r, spec) for r in runs["result"]]
+        runs["setting"] = [study_setting(spec, study, r) for r in runs["result"]]  # names each group's value
     return pd.DataFrame(reference_pairs(runs, spec.paired))
 
 
@@ -152,7 +152,7 @@ def _paired_views(a: pd.DataFrame, b: pd.DataFrame, path: str, va: dict, vb: dic
     base's value, its run seeds averaged), and per run seed on each shared base where they share several."""
     views = [([str(x[0]) for x in bases], [va[x] - vb[x] for x in bases], "base seeds")]
     for seed, build in bases:
-        ra, rb = ({int(s): _get(r, path) for s, r in zip(on["run_seed"], on["result"], strict=True)}
+        ra, rb = ({int(s): value_at(r, path) for s, r in zip(on["run_seed"], on["result"], strict=True)}
                   for on in (g[(g["base_seed"] == seed) & (g["base_build"] == build)] for g in (a, b)))
         runs = sorted(set(ra) & set(rb))
         if len(runs) >= 2:
@@ -230,8 +230,8 @@ def study_means(runs: pd.DataFrame, spec: ReportSpec, study: str) -> pd.DataFram
     mean and 95% t interval over the replicates (aggregate_table's columns)."""
     if runs.empty:
         return pd.DataFrame()
-    settings = [_study_setting(spec, study, r) for r in runs["result"]]
-    keys = [_study_sort_key(study, r) for r in runs["result"]]
+    settings = [study_setting(spec, study, r) for r in runs["result"]]
+    keys = [study_sort_key(study, r) for r in runs["result"]]
     runs = runs.assign(setting=settings, group=[f"{m} {x}" for m, x in zip(runs["method"], settings, strict=True)])
     runs = runs.iloc[sorted(range(len(runs)), key=lambda i: keys[i])]
     return aggregate_table(runs, spec.metrics, lambda r: {"lr": r["lr"]})

@@ -16,17 +16,24 @@ from scalecl.report.draw import (
     LINESTYLES,
     UNIT_NOTE,
     Drawn,
-    _colors,
-    _draw_mean,
-    _missing_note,
-    _save_all,
-    _with_inputs,
+    draw_mean,
     mean_curve,
+    missing_note,
+    ordered_colors,
+    save_figures,
     unit_frames,
+    with_inputs,
 )
 from scalecl.report.registry import figure
-from scalecl.report.runs import _config_rest, _flat, _varying, load_train_log, replicate_groups, setting_parts
-from scalecl.report.settings import _groups, _line_label
+from scalecl.report.runs import (
+    config_rest,
+    dotted_json,
+    load_train_log,
+    replicate_groups,
+    setting_parts,
+    varying_keys,
+)
+from scalecl.report.settings import figure_groups, line_label
 from scalecl.report.spec import ReportSpec
 
 SMOOTH_FRACTION = 0.02  # the loss's running mean spans this fraction of a run's steps,
@@ -38,7 +45,7 @@ def _draw_train_log(plot: Plot, spec: ReportSpec, column: str, stem: str) -> Dra
     """One figure per group of runs: a per-step train_log.jsonl column against the step, a line per replicate
     group (main runs; its mean over replicates, shaded 95% t interval) or per run (a study). A study whose runs
     start from different bases (the init study's embedding variants) gets a panel per base."""
-    for tag, study, runs in _groups(plot, spec):
+    for tag, study, runs in figure_groups(plot, spec):
         if column == "lr" and study is not None:
             continue  # a study's runs share one schedule; the main runs' figure shows it
         lines, missing = _train_log_lines(plot, spec, runs, study, column)
@@ -50,7 +57,7 @@ def _draw_train_log(plot: Plot, spec: ReportSpec, column: str, stem: str) -> Dra
         n_max = max(len(log) for *_, logs in lines for log in logs)
         window = max(1, min(n_max // 4, max(SMOOTH_MIN, round(SMOOTH_FRACTION * n_max))))
         names = list(dict.fromkeys(line[2] for line in lines))
-        colors = dict(zip(names, _colors(len(names)), strict=True))
+        colors = dict(zip(names, ordered_colors(len(names)), strict=True))
         for ax, panel in zip(axes[:, 0], panels, strict=True):
             mine = [line for line in lines if line[0] == panel]
             styles = [colors[lab] if study is not None else COLORS.get(g.iloc[0]["method"]) for _, g, lab, _ in mine]
@@ -66,9 +73,9 @@ def _draw_train_log(plot: Plot, spec: ReportSpec, column: str, stem: str) -> Dra
             title += " The study's runs start from different bases or settings: a panel per one (its title)."
         band = "\n" + UNIT_NOTE if any(len(logs) >= 2 for *_, logs in lines) else ""
         fig.text(0.5, -0.02, title + band + "\n" + spec.caption(lines[0][1].iloc[0]["result"])
-                 + _missing_note(missing, "train_log.jsonl"), ha="center", va="top", fontsize=8, wrap=True)
+                 + missing_note(missing, "train_log.jsonl"), ha="center", va="top", fontsize=8, wrap=True)
         fig.tight_layout()
-        yield f"{stem}_{tag}", _with_inputs(fig, runs, f"{stem}_{tag}: {column} per step from train_log.jsonl")
+        yield f"{stem}_{tag}", with_inputs(fig, runs, f"{stem}_{tag}: {column} per step from train_log.jsonl")
 
 
 def _train_log_panel(ax, lines: list, colors: list, column: str, window: int) -> None:
@@ -79,9 +86,9 @@ def _train_log_panel(ax, lines: list, colors: list, column: str, window: int) ->
             ax.plot(raw["step"], raw["mean"], color=color, alpha=0.2, lw=0.6)
             smooth = [pd.DataFrame({"step": log["step"], column: log[column].astype(float).rolling(
                 window, center=True, min_periods=1).mean()}) for log in logs]
-            _draw_mean(ax, mean_curve(smooth, column), color=color, lw=1.4, label=label)
+            draw_mean(ax, mean_curve(smooth, column), color=color, lw=1.4, label=label)
         else:  # equal schedules coincide: a style per method keeps each visible
-            _draw_mean(ax, mean_curve(logs, column), color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)],
+            draw_mean(ax, mean_curve(logs, column), color=color, lw=1.6, ls=LINESTYLES[i % len(LINESTYLES)],
                        label=label)
     vals = pd.concat([log[column] for *_, logs in lines for log in logs]).astype(float).dropna()
     if len(vals) and vals.min() > 0 and vals.max() / vals.min() > LOG_RATIO[column]:
@@ -100,20 +107,20 @@ def _train_log_lines(plot: Plot, spec: ReportSpec, runs: pd.DataFrame, study: st
         got = [load_train_log(plot, d) for d in g["dir"]]
         has = [log is not None and column in log and not log[column].isna().all() for log in got]
         if not any(has):
-            missing.append(_line_label(spec, study, g))
+            missing.append(line_label(spec, study, g))
             continue
         g = g[has]  # the units of its mean and band: base seeds (run seeds averaged first), else run seeds
         logs = unit_frames(g, [log for log, ok in zip(got, has, strict=True) if ok])[0]
         variant = spec.study_variant if study is not None else None
         panel = variant(g.iloc[0]["result"]) if variant else ""
-        lines.append([panel, g, _line_label(spec, study, g), logs])
+        lines.append([panel, g, line_label(spec, study, g), logs])
     for panel, label in {(line[0], line[2]) for line in lines}:
         same = [line for line in lines if (line[0], line[2]) == (panel, label)]
         if len(same) < 2:
             continue
-        flats = [_flat({**_config_rest(line[1].iloc[0]["result"], spec),
+        flats = [dotted_json({**config_rest(line[1].iloc[0]["result"], spec),
                         "options": line[1].iloc[0]["result"].get("method_options") or {}}) for line in same]
-        keys = _varying(flats)
+        keys = varying_keys(flats)
         for line, flat in zip(same, flats, strict=True):
             extra = ", ".join(setting_parts(flat, keys[:3]))
             line[2] = f"{label} [{extra}]" if extra else f"{label} #{Path(str(line[1].iloc[0]['dir'])).name}"
@@ -123,7 +130,7 @@ def _train_log_lines(plot: Plot, spec: ReportSpec, runs: pd.DataFrame, study: st
 @figure("train_loss")
 def fig_train_loss(plot: Plot, spec: ReportSpec) -> list[Path]:
     """Training loss per step, raw and smoothed, a line per method (per setting in a study): does it learn?"""
-    return _save_all(plot, draw_train_loss(plot, spec))
+    return save_figures(plot, draw_train_loss(plot, spec))
 
 
 def draw_train_loss(plot: Plot, spec: ReportSpec) -> Drawn:
@@ -134,7 +141,7 @@ def draw_train_loss(plot: Plot, spec: ReportSpec) -> Drawn:
 @figure("lr_schedule")
 def fig_lr_schedule(plot: Plot, spec: ReportSpec) -> list[Path]:
     """The learning-rate schedule each method trained with, as logged: rates differ per method (lr_scale)."""
-    return _save_all(plot, draw_lr_schedule(plot, spec))
+    return save_figures(plot, draw_lr_schedule(plot, spec))
 
 
 def draw_lr_schedule(plot: Plot, spec: ReportSpec) -> Drawn:

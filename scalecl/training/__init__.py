@@ -1,1 +1,2 @@
-"""Training one run: the one loop, its files (checkpoints, logs, resume), state on disk, optimizer, trackers."""
+"""Training one run: the one loop, its files (checkpoints, logs, resume), state on disk, optimizer, trackers, the
+progress display."""

@@ -380,7 +380,7 @@ def _write_scale(model: PreTrainedModel, folder: Path) -> None:
 
 def _lora_base_source(base_model: str | None, out: Path) -> str | None:
     """The LoRA base as peft should record it (hub id or absolute folder), or None if it must be stored."""
-    from scalecl.models.build import _HUB_ID
+    from scalecl.common.sources import HUB_ID as _HUB_ID
 
     if not base_model:
         return None
@@ -486,7 +486,7 @@ def _check_meta(meta: dict[str, Any], p: Path) -> None:
     field(meta, "base_config", dict, f, what)
 
 
-def _base_config(meta: dict[str, Any], p: Path):
+def checked_base_config(meta: dict[str, Any], p: Path):
     """The recorded base config as a transformers config, its sizes checked, or one error naming the file."""
     from scalecl.models.build import check_config_sizes
 
@@ -558,7 +558,7 @@ def check_model_files(path: str | os.PathLike, *, verify: bool = True) -> dict[s
         check_weights_folder(p, "model folder")
         return None
     _check_meta(meta, p)
-    _base_config(meta, p)
+    checked_base_config(meta, p)
     if meta.get("layout") == "lora":
         model_weights_header(p / "adapter_model.safetensors", f"adapter weights of {p}")
     elif meta.get("layout") == "delta":
@@ -596,7 +596,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None, device
         # Every checkpoint is rebuilt the same way: the recorded base config, then the method's structure
         # (without its initialisation), then the saved weights, loaded strictly.
         with no_init_weights():
-            model = AutoModelForCausalLM.from_config(_base_config(meta, p), dtype=getattr(torch, meta.get("dtype", "float32")))
+            model = AutoModelForCausalLM.from_config(checked_base_config(meta, p), dtype=getattr(torch, meta.get("dtype", "float32")))
         model.tie_weights()  # skeletons built without init are not tied yet
         if method is not None:
             model = method.apply(model, init_weights=False)

@@ -33,8 +33,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import model_weights_header
+from scalecl.common.sources import HUB_ID as _HUB_ID
 from scalecl.methods import REGISTRY, Method
-from scalecl.models.build import _HUB_ID, arch_of, decoder_layers
+from scalecl.models.build import arch_of, decoder_layers
 
 DELTA_FILE = "delta.safetensors"
 # config fields that say where a model came from, how it was stored or what a forward returns, not what it computes

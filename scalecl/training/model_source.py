@@ -26,9 +26,9 @@ from scalecl.methods import get_method
 from scalecl.models.build import BaseModel, arch_of, check_config_sizes, resolve_base
 from scalecl.training.checkpoint import (
     META_FILE,
-    _base_config,
     check_model_files,
     check_not_step,
+    checked_base_config,
     load_model,
     read_meta,
 )
@@ -82,7 +82,7 @@ def trains_as_own(meta: dict[str, Any] | None) -> bool:
 
 def recorded_base_config(meta: dict[str, Any], path: str | os.PathLike) -> PretrainedConfig:
     """The config the record's method was applied to (for a plain checkpoint without a method: its own)."""
-    return _base_config(meta, Path(path))
+    return checked_base_config(meta, Path(path))
 
 
 def built_config(meta: dict[str, Any], path: str | os.PathLike) -> PretrainedConfig:

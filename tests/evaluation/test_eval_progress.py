@@ -9,13 +9,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import scalecl.training.loop as train_module
+import scalecl.training.progress as progress_module
 from scalecl.cli import app
 from scalecl.evaluation.perplexity import perplexity
 from scalecl.evaluation.qa import qa_accuracy
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config, tiny_config
-from scalecl.training.loop import LineProgress, eval_progress, progress_bar
+from scalecl.training.progress import LineProgress, eval_progress, progress_bar
 
 runner = CliRunner()
 # the fast biography run of tests/training/test_kill_and_resume.py
@@ -28,7 +28,7 @@ CPT = ["train-cpt", "--preset", "tiny", "--set", "pretrain.steps=8", "--set", "t
 def every_batch(monkeypatch):
     """Progress lines at every update (no interval), the display updated after every batch."""
     monkeypatch.setenv("SCALECL_PROGRESS_EVERY", "0")
-    monkeypatch.setattr(train_module, "EVAL_TICK_S", 0.0)
+    monkeypatch.setattr(progress_module, "EVAL_TICK_S", 0.0)
 
 
 def test_an_evaluation_in_a_log_prints_its_start_progress_and_end(every_batch):
@@ -59,7 +59,7 @@ def test_a_quiet_evaluation_prints_only_when_it_outlasts_the_interval(every_batc
 def test_updates_are_throttled_to_the_tick(monkeypatch):
     seen: list[int] = []
     monkeypatch.setattr(LineProgress, "update", lambda self, task, completed=None, **f: seen.append(completed))
-    monkeypatch.setattr(train_module, "EVAL_TICK_S", 3600.0)
+    monkeypatch.setattr(progress_module, "EVAL_TICK_S", 3600.0)
     with LineProgress(write=lambda line: None):
         with eval_progress("eval", 1_000, "questions") as advance:
             for _ in range(1_000):
@@ -70,7 +70,7 @@ def test_updates_are_throttled_to_the_tick(monkeypatch):
 def test_without_a_display_nothing_is_shown(capsys):
     with eval_progress("eval", 10, "questions") as advance:
         advance(10)  # no display entered (a non-main process, a library call): a no-op
-        assert train_module._SHOWING == []  # no display was entered for it
+        assert progress_module._SHOWING == []  # no display was entered for it
     assert capsys.readouterr() == ("", "")  # and nothing was printed, during or after
 
 
@@ -85,7 +85,7 @@ def test_on_a_terminal_an_evaluation_is_a_task_of_the_live_bar_removed_at_its_en
             assert (task.completed, task.total, task.fields["unit"]) == (120, 360, "questions")
             assert [str(c.render(task)) for c in bar.columns if type(c).__name__ == "_FieldsColumn"] == ["questions"]
         assert [t.id for t in bar.tasks] == [train_task]
-    assert train_module._SHOWING == []
+    assert progress_module._SHOWING == []
 
 
 

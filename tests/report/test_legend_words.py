@@ -8,7 +8,7 @@ import re
 
 from scalecl.experiments.reports import BIO_REPORT
 from scalecl.report import Plot, load_runs, summary_table
-from scalecl.report.runs import _flat, setting_parts
+from scalecl.report.runs import dotted_json, setting_parts
 from tests.report.test_replicates import bio_run, write_result
 
 RAW_KEY = re.compile(r"\b[a-z_]+\.[a-z_]+\b")  # a dotted config key such as eval.final_take
@@ -21,18 +21,18 @@ def edit(d, change):
 
 
 def test_setting_parts_say_config_keys_in_words():
-    flat = _flat({"eval": {"every": 15, "final_take": 0, "final_context": 2048}, "train": {"seq_len": 128}})
+    flat = dotted_json({"eval": {"every": 15, "final_take": 0, "final_context": 2048}, "train": {"seq_len": 128}})
     keys = ["eval.every", "eval.final_context", "eval.final_take", "train.seq_len"]
     assert setting_parts(flat, keys) == ["evaluated every 15 steps", "whole sets also at 2,048 tokens",
                                          "whole held-out sets", "train seq len 128"]
-    assert setting_parts(_flat({"eval": {"every": 0, "final_take": 40}}), ["eval.every", "eval.final_take"]) == [
+    assert setting_parts(dotted_json({"eval": {"every": 0, "final_take": 40}}), ["eval.every", "eval.final_take"]) == [
         "evaluated only at the start and end", "first 40 held-out docs"]
-    older = _flat({"eval": {"every": 15}})  # a run made before the whole-set evaluation existed
+    older = dotted_json({"eval": {"every": 15}})  # a run made before the whole-set evaluation existed
     assert setting_parts(older, keys[:3]) == ["evaluated every 15 steps",
                                               "whole-set length, whole-set evaluation not recorded"]
-    assert setting_parts(_flat({"stage3": {"steps": 10, "lr": 1e-4}}), ["stage3.lr", "stage3.steps"]) == [
+    assert setting_parts(dotted_json({"stage3": {"steps": 10, "lr": 1e-4}}), ["stage3.lr", "stage3.steps"]) == [
         "stage-3 lr 0.0001", "10 stage-3 steps"]
-    opts = _flat({"tau": 0.5, "l_fp": None, "targets": ["attn", "mlp"]})
+    opts = dotted_json({"tau": 0.5, "l_fp": None, "targets": ["attn", "mlp"]})
     assert setting_parts(opts, ["l_fp", "targets", "tau", "router"], options=True) == [
         "l_fp=auto", "targets=attn+mlp", "tau=0.5", "router=default"]
 

@@ -480,7 +480,7 @@ def test_replicate_groups_leave_out_what_run_names_leave_out():
     method, its options and its own rate), seeds and numerics aside: runs that differ in checkpointing, compute
     options (threads: absent before the option existed) or another method's table or options are replicates;
     another rate, option or config key is another setting."""
-    from scalecl.report.runs import _config_id
+    from scalecl.report.runs import config_id
 
     def result(seed, lr=1e-4, options=None, **config):
         return {"experiment": "bio", "preset": "cpu", "method": "fft", "method_options": options or {}, "lr": lr,
@@ -489,7 +489,7 @@ def test_replicate_groups_leave_out_what_run_names_leave_out():
                            "methods": {}} | config}
 
     def group(r, pair=False):
-        return _config_id(r, BIO_REPORT, pair=pair)
+        return config_id(r, BIO_REPORT, pair=pair)
 
     new = result(2)
     for same in (result(1, compute={"threads": None, "tf32": True}), result(1, compute={"threads": 2, "tf32": False}),

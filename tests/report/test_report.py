@@ -372,8 +372,8 @@ def test_route_figures_pure_and_tolerant(tmp_path, monkeypatch):
     (fake_route_bio_run(study, opts={"tau": 0.5}, tag="nometrics") / "metrics.jsonl").unlink()
     import scalecl.report.draw as draw
 
-    panels, save = {}, draw._save
-    monkeypatch.setattr(draw, "_save", lambda plot, fig, stem: panels.setdefault(stem, len(fig.axes))
+    panels, save = {}, draw.save_figure
+    monkeypatch.setattr(draw, "save_figure", lambda plot, fig, stem: panels.setdefault(stem, len(fig.axes))
                         and save(plot, fig, stem))
     names = {p.name for p in plot_all(tmp_path / "res", tmp_path / "o", SPECS).written}
     assert panels["fig8_route_tau"] == 3  # no answer-position records: panel (c) shows all-token routing
@@ -882,20 +882,20 @@ def test_plot_result_and_an_experiment_known_only_by_its_spec(tmp_path):
 def test_a_key_added_later_at_its_default_keeps_runs_in_one_replicate_group():
     """A run made after `data.text_unit` existed (at its default, "line") and one made before it are replicates;
     a run that set it otherwise is not."""
-    from scalecl.report.runs import _config_id
+    from scalecl.report.runs import config_id
 
     old = {"experiment": "cpt", "preset": "cpu", "method": "fft", "lr": 1e-4, "method_options": {},
            "config": {"data": {"path": "x", "split": "train"}, "seed": 0}}
     new = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "line"}, "seed": 1}}
     para = {**old, "config": {"data": {"path": "x", "split": "train", "text_unit": "paragraph"}, "seed": 0}}
-    assert _config_id(old, CPT_REPORT) == _config_id(new, CPT_REPORT) != _config_id(para, CPT_REPORT)
+    assert config_id(old, CPT_REPORT) == config_id(new, CPT_REPORT) != config_id(para, CPT_REPORT)
 
 
 def test_a_cached_base_is_one_setting_wherever_its_cache_was():
     """Runs from one GGUF file dequantized into two caches (relative `cache/gguf/<sha>`, absolute elsewhere) are
     replicates and share a base for pairing; another file (another sha) or another model is neither. A pre-trained
     stand-in base pairs by its cache entry and its final loss."""
-    from scalecl.report.runs import _config_id
+    from scalecl.report.runs import config_id
 
     sha = "b179c9523d0e6a0f"
 
@@ -905,9 +905,9 @@ def test_a_cached_base_is_one_setting_wherever_its_cache_was():
 
     a, b = run(f"cache/gguf/{sha}", 0), run(f"/home/me/scalecl/cache/gguf/{sha}", 1)
     other, model = run("cache/gguf/0123456789abcdef", 0), run("HuggingFaceTB/SmolLM2-135M", 0)
-    assert _config_id(a, CPT_REPORT) == _config_id(b, CPT_REPORT)
-    assert _config_id(a, CPT_REPORT, pair=True) == _config_id(b, CPT_REPORT, pair=True)
-    assert len({_config_id(r, CPT_REPORT) for r in (a, other, model)}) == 3
+    assert config_id(a, CPT_REPORT) == config_id(b, CPT_REPORT)
+    assert config_id(a, CPT_REPORT, pair=True) == config_id(b, CPT_REPORT, pair=True)
+    assert len({config_id(r, CPT_REPORT) for r in (a, other, model)}) == 3
     assert base_identity(a) == base_identity(b) == ("model", f"gguf:{sha}") != base_identity(other)
     assert base_identity(model) == ("model", "HuggingFaceTB/SmolLM2-135M")
     # a stand-in base train-cpt pre-trained: its cache entry and final loss, in whichever cache

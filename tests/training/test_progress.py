@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from scalecl.training.loop import LineProgress, progress_bar
+from scalecl.training.progress import LineProgress, progress_bar
 
 
 def test_line_progress_reports_start_throttled_updates_and_completion():
