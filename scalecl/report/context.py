@@ -17,7 +17,8 @@ class Plot:
     """One plot: `roots` the results folders read, `out` the folder written, `files` its writer (plot_all's is
     deferred: nothing is written before every output was checked), `skipped` file -> why a run was left out,
     `unverified` whether results their run folder's manifest does not prove are drawn (marked so) instead,
-    `formats` and `dpi` how figures are saved (None: draw.FIGURE_FORMATS, draw.FIGURE_DPI)."""
+    `formats` and `dpi` how figures are saved (None: draw.FIGURE_FORMATS, draw.FIGURE_DPI), `loaded` the runs
+    already read for an experiment (scalecl.report.runs.load_runs: a plot reads each results folder once)."""
 
     roots: list[Path]
     out: Path | None = None
@@ -26,6 +27,7 @@ class Plot:
     unverified: bool = False
     formats: tuple[str, ...] | None = None
     dpi: int | None = None
+    loaded: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, results: Path | str | Sequence[Path], out: Path | None = None, unverified: bool = False,

@@ -172,7 +172,18 @@ def load_runs(plot: Plot, spec: ReportSpec, study: str | None = None) -> pd.Data
     (marked): a group of its own, never averaged with the first folder's runs. Of runs of one setting with the
     same seeds one is drawn: the first folder's (within a folder, the newest); each run left out for it is
     recorded as skipped (one line, naming the run drawn instead) and in `replaces` of the run kept (inputs_text).
+    Read once per plot, experiment and study; each call gets its own copy of the table and of each result's top
+    level (the figures read results, none changes one).
     """
+    key = (id(spec), study)
+    if key not in plot.loaded:
+        plot.loaded[key] = (spec, _read_runs(plot, spec, study))  # the spec kept, so that its id stays its own
+    df = plot.loaded[key][1]
+    return df.assign(result=[dict(r) for r in df["result"]]) if len(df) else df.copy()
+
+
+def _read_runs(plot: Plot, spec: ReportSpec, study: str | None) -> pd.DataFrame:
+    """load_runs' table, read from the plot's results folders."""
     rows, seen = [], set()
     for index, root in enumerate(plot.roots):
         for f in _result_files(plot, root, study):
