@@ -12,21 +12,27 @@ from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import read_json
 from scalecl.report.context import Plot
 from scalecl.report.registry import table
-from scalecl.report.runs import find_files
+from scalecl.report.runs import YOURS, find_files, marked
 from scalecl.report.tables import write_table
 
 
 def harness_runs(plot: Plot) -> Iterator[tuple[Path, dict]]:
-    """(path, record) of every run.json under the roots that holds scores (an eval-harness result); one that cannot
-    be read is skipped with why."""
-    for f in sorted(f for root in plot.roots for f in find_files(root, "run.json")):
-        try:
-            run = read_json(f, "harness result")
-        except ScaleclError as e:
-            plot.skip(f, str(e))
-            continue
-        if "scores" in run:
-            yield f, run
+    """(path, record) of every run.json under the roots that holds scores (an eval-harness result), folder by
+    folder in the plot's order; one that cannot be read is skipped with why. A record from a results folder after
+    the first is marked 'yours' (scalecl.report.runs.marked), as load_runs marks training runs."""
+    seen: set[Path] = set()
+    for index, root in enumerate(plot.roots):
+        for f in find_files(root, "run.json"):
+            if f.resolve() in seen:  # nested folders given twice: each result once
+                continue
+            seen.add(f.resolve())
+            try:
+                run = read_json(f, "harness result")
+            except ScaleclError as e:
+                plot.skip(f, str(e))
+                continue
+            if "scores" in run:
+                yield f, ({**run, YOURS: True} if index else run)
 
 
 def table2(plot: Plot) -> pd.DataFrame:
@@ -40,7 +46,7 @@ def table2(plot: Plot) -> pd.DataFrame:
             plot.skip(f, f"harness result {f} is malformed (its model or scores)")
             continue
         method = run.get("method")
-        row = {"method": method or "base", "model": Path(run["model"]).name}
+        row = {"method": marked(method or "base", run), "model": Path(run["model"]).name}
         for sc in run["scores"]:
             row[sc["task"]] = sc["score"]
         paper = PAPER_ROWS.get(method, (None, {}))[1]

@@ -28,6 +28,7 @@ from scalecl.common.readers import read_text
 from scalecl.report.context import Plot
 from scalecl.report.harness import harness_runs
 from scalecl.report.registry import figure
+from scalecl.report.runs import YOURS
 
 ENGLISH_COLUMNS = (("arc_challenge", "ARC-C"), ("hellaswag", "HellaSwag"), ("mmlu", "MMLU"),
                    ("truthfulqa_mc2", "TruthfulQA"), ("winogrande", "Winogrande"))
@@ -52,9 +53,14 @@ class Scored:
         return {sc["task"]: sc for sc in self.run["scores"]}
 
     @property
-    def group(self) -> tuple[str | None, str]:
-        """(method, options) of the checkpoint: its row of the table."""
-        return self.run.get("method"), json.dumps(self.run.get("options") or {}, sort_keys=True)
+    def yours(self) -> bool:
+        """Whether it comes from a results folder after the first (marked '(yours)', a row of its own)."""
+        return bool(self.run.get(YOURS))
+
+    @property
+    def group(self) -> tuple[str | None, str, bool]:
+        """(method, options, yours) of the checkpoint: its row of the table."""
+        return self.run.get("method"), json.dumps(self.run.get("options") or {}, sort_keys=True), self.yours
 
 
 def harness_results(plot: Plot) -> list[Scored]:
@@ -83,12 +89,13 @@ def model_key(run: dict[str, Any]) -> str:
     return "/".join(Path(str(run.get("model", ""))).parts[-2:])
 
 
-def merged(results: list[Scored]) -> list[Scored]:
+def merged(results: list[Scored], plot: Plot | None = None) -> list[Scored]:
     """The results of one protocol with one entry per checkpoint: runs of the same checkpoint (say, the English
-    tasks here and KoBEST on a machine with the hub) joined, their scores, units and items together (a task
-    scored twice: the first run's, in folder order)."""
+    tasks here and KoBEST on a machine with the hub) joined, their scores, units and items together. A task scored
+    twice is the first run's, the first results folder's first (then in folder order); each later run whose tasks
+    were all scored before is recorded as skipped in `plot`, naming the run used instead."""
     by_model: dict[str, list[Scored]] = {}
-    for r in sorted(results, key=lambda r: str(r.folder)):
+    for r in sorted(results, key=lambda r: (r.yours, str(r.folder))):
         by_model.setdefault(model_key(r.run), []).append(r)
     out = []
     for runs in by_model.values():
@@ -98,9 +105,13 @@ def merged(results: list[Scored]) -> list[Scored]:
         seen = {t for sc in first.run["scores"] for t in unit_tasks(first, sc["task"])}
         items = list(first.items) if first.items is not None else None
         for r in runs[1:]:
-            new = {t for sc in r.run["scores"] if sc["task"] not in seen for t in unit_tasks(r, sc["task"])}
+            new = {t for sc in r.run["scores"] for t in unit_tasks(r, sc["task"]) if t not in seen}  # lm-eval tasks
             if items is not None and r.items is not None:
                 items += [row for row in r.items if row["task"] in new]
+            if not new and plot is not None:
+                plot.skip(r.folder / "run.json", f"{r.folder}: the same checkpoint and tasks as {first.folder}, "
+                                                 f"whose scores are used (the first results folder's, then the "
+                                                 f"first folder by name)")
             seen |= new
         run = first.run | {"scores": list(scores.values()), "units": units}
         out.append(Scored(first.folder, run, items, tuple(r.folder for r in runs)))
@@ -120,8 +131,9 @@ def protocol_tag(settings: dict[str, Any]) -> str:
     return tag + (f"-{shots}shot" if shots else "")
 
 
-def protocols(results: list[Scored]) -> dict[str, list[Scored]]:
-    """tag -> the results of one protocol (a hash of the whole protocol is appended where two share a tag)."""
+def protocols(results: list[Scored], plot: Plot | None = None) -> dict[str, list[Scored]]:
+    """tag -> the results of one protocol (a hash of the whole protocol is appended where two share a tag); runs
+    one of them adds nothing to are recorded as skipped in `plot` (merged)."""
     by_key: dict[str, list[Scored]] = {}
     for r in results:
         key = json.dumps({k: r.run["settings"].get(k) for k in PROTOCOL_KEYS}, sort_keys=True)
@@ -130,14 +142,17 @@ def protocols(results: list[Scored]) -> dict[str, list[Scored]]:
     from scalecl.common.schema import config_hash
 
     return {(tags[k] if list(tags.values()).count(tags[k]) == 1 else f"{tags[k]}-{config_hash(json.loads(k))[:6]}"):
-            merged(v) for k, v in by_key.items()}
+            merged(v, plot) for k, v in by_key.items()}
 
 
-def method_label(method: str | None, options: str, several: bool) -> str:
+def method_label(method: str | None, options: str, several: bool, yours: bool = False) -> str:
+    """A row's label: the paper's name of the method (its options where the method has several rows), and
+    '(yours)' for checkpoints from a results folder after the first."""
     from scalecl.evaluation.harness_scores import PAPER_ROWS
 
     name = "base" if method is None else PAPER_ROWS.get(method, (method, {}))[0]
-    return f"{name} {options}" if several and options != "{}" else name
+    name = f"{name} {options}" if several and options != "{}" else name
+    return f"{name} (yours)" if yours else name
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -214,13 +229,14 @@ def method_groups(results: list[Scored]) -> list[tuple[str, list[Scored]]]:
     """(row label, its checkpoints) for every method and options among the results, in the paper's method order."""
     from scalecl.methods.base import METHOD_ORDER
 
-    groups: dict[tuple[str | None, str], list[Scored]] = {}
+    groups: dict[tuple[str | None, str, bool], list[Scored]] = {}
     for r in results:
         groups.setdefault(r.group, []).append(r)
     rank = {m: i for i, m in enumerate(METHOD_ORDER)}
-    keys = sorted(groups, key=lambda k: (rank.get(k[0], len(rank)), str(k[0]), k[1]))
-    methods = [k[0] for k in keys]
-    return [(method_label(m, o, methods.count(m) > 1), groups[(m, o)]) for m, o in keys]
+    keys = sorted(groups, key=lambda k: (rank.get(k[0], len(rank)), str(k[0]), k[1], k[2]))
+    options = {(k[0], k[1]) for k in keys}
+    return [(method_label(m, o, sum(x[0] == m for x in options) > 1, yours), groups[(m, o, yours)])
+            for m, o, yours in keys]
 
 
 def _mean_score(runs: list[Scored], task: str) -> float:
@@ -246,7 +262,7 @@ def _row(label: str, runs: list[Scored], hub: set[str], paired: pd.DataFrame | N
 def table2_frames(base: Scored, results: list[Scored]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(Table 2: one row for the base and one per method and options; every paired difference from the base)."""
     hub = {t for r in results for t in r.scores if t in HUB_ONLY}
-    rows, paired = [_row("base", [base], hub, None)], []
+    rows, paired = [_row(method_label(None, "{}", False, base.yours), [base], hub, None)], []
     for label, runs in method_groups([r for r in results if r.run.get("method") is not None]):
         diffs = pd.DataFrame(seed_differences(base, runs))
         rows.append(_row(label, runs, hub, diffs))
@@ -298,14 +314,14 @@ def table2_paper(plot: Plot) -> list[Path]:
     from scalecl.report.tables import write_table
 
     written = []
-    for tag, results in protocols(harness_results(plot)).items():
+    for tag, results in protocols(harness_results(plot), plot).items():
         bases = sorted({model_key(r.run) for r in results if r.run.get("method") is None})
         if len(bases) != 1:
             for r in results:
                 plot.skip(r.folder / "run.json", f"Table 2 ({tag}) needs exactly one base model among the results of "
                                                  f"its protocol, found {len(bases)}: put each base's results apart")
             continue
-        base = next(r for r in sorted(results, key=lambda r: str(r.folder)) if r.run.get("method") is None)
+        base = next(r for r in sorted(results, key=lambda r: (r.yours, str(r.folder))) if r.run.get("method") is None)
         try:
             df, paired = table2_frames(base, results)
         except ScaleclError as e:  # items that do not pair: the runs read different data

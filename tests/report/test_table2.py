@@ -200,3 +200,33 @@ def test_results_that_cannot_pair_are_left_out_with_why(tmp_path):
     plot = Plot.of(res, tmp_path / "figs")
     assert table2_paper(plot) == []
     assert any("not the same document" in why for why in plot.skipped.values())
+
+
+def test_a_second_results_folder_is_marked_yours_and_never_replaces_the_first(results, tmp_path):
+    """Table 2 and the harness table over two results folders: a checkpoint evaluated only in the second is a row
+    of its own marked '(yours)', never averaged with the first folder's checkpoints of that method; the same
+    checkpoint and tasks evaluated in both is the first folder's, the other one 'skipped:' line naming it."""
+    res, base, ffts, route = results
+    mine = tmp_path / "mine"
+    rng = random.Random(1)
+    write_harness(mine, "fft-s5-final-1", "fft", _flip(base, rng, 0.4), per_task=100)  # a checkpoint of its own
+    again = write_harness(mine, "route-final-1", "scale-route", _flip(base, rng, 0.5), per_task=100)  # the same one
+    plot = Plot.of([res, mine])
+    runs = protocols(harness_results(plot), plot)["n100-s0"]
+    base_run = next(r for r in runs if r.run["method"] is None)
+    df, _ = table2_frames(base_run, runs)
+    t = df.set_index("method")
+    assert list(t.index) == ["base", "FFT", "FFT (yours)", "SCALE-Route"]
+    assert t.loc["FFT", "checkpoints"] == 2 and t.loc["FFT (yours)", "checkpoints"] == 1
+    route_only = df[df["method"] == "SCALE-Route"]
+    assert route_only["ARC-C"].item() == pytest.approx(100 * sum(route["arc_challenge"]) / 40)  # the first folder's
+    why = plot.skipped[str(again / "run.json")]
+    assert "results/harness/route-final-1" in why and "first results folder's" in why
+    out = tmp_path / "figs"
+    r = runner.invoke(app, ["plot", "--results", str(res), "--results", str(mine), "--out", str(out), "--formats",
+                            "png", "--dpi", "50"])
+    assert r.exit_code == 0, r.output
+    assert "(yours)" in (out / "table2_n100-s0.md").read_text() and "skipped:" in r.output
+    harness = pd.read_csv(out / "table2_harness.csv")
+    assert sorted(harness["method"]) == sorted(["base", "base", "fft", "fft", "fft (yours)", "scale-route",
+                                                "scale-route", "scale-route (yours)"])
