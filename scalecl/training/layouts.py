@@ -51,6 +51,7 @@ from transformers.initialization import no_init_weights
 from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import field
 from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
+from scalecl.common.sources import HUB_ID
 from scalecl.methods import REGISTRY, Method
 from scalecl.training.checkpoint_record import read_meta, recorded_config
 from scalecl.training.delta import DELTA_FILE, Split, base_location, build_from_delta, write_delta
@@ -266,8 +267,6 @@ def write_plain(model: PreTrainedModel, folder: Path) -> None:
 
 def _lora_base_source(base_model: str | None, out: Path) -> str | None:
     """The LoRA base as peft should record it (hub id or absolute folder), or None if it must be stored."""
-    from scalecl.models.build import _HUB_ID
-
     if not base_model:
         return None
     p = Path(base_model).expanduser()
@@ -279,7 +278,7 @@ def _lora_base_source(base_model: str | None, out: Path) -> str | None:
         layout = method_layout(meta.get("method")) if meta is not None else PLAIN
         plain = (real / "config.json").is_file() and layout is not None and layout.plain
         return str(real) if plain else None
-    if _HUB_ID.match(base_model) and not p.exists():
+    if HUB_ID.match(base_model) and not p.exists():
         return base_model
     return None
 
