@@ -143,13 +143,11 @@ class ExperimentBase:
                    keep=rc.checkpoint.keep, main=d.main, method=method,
                    delta=rc.checkpoint.delta and method.delta)
 
-    def attach(self, model: torch.nn.Module) -> torch.nn.Module:
+    def attach(self, model: torch.nn.Module, method: Method) -> torch.nn.Module:
         """What a method's model needs from the experiment besides its weights, whether built for step 0 or
-        loaded from a checkpoint to resume: SCALE-Route's never-target rows, whose logit shares it measures."""
-        state = getattr(model, "scale_state", None)
-        if state is not None and state.mode == "route" and self.never_rows is not None:
-            state.never_rows = self.never_rows
-        return model
+        loaded from a checkpoint to resume: the method takes what it measures (Method.attach; SCALE-Route: the
+        never-target rows, whose logit shares it measures)."""
+        return method.attach(model, never_rows=self.never_rows)
 
     # -- the result --------------------------------------------------------------------------------------
 

@@ -521,12 +521,12 @@ class BioExperiment(ExperimentBase):
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(self.stream_seed)  # methods with random initialisation (rnd blocks) draw from here
-        return self.attach(method.apply(load_model(self.stage2_dir)))
+        return self.attach(method.apply(load_model(self.stage2_dir)), method)
 
-    def attach(self, model: torch.nn.Module) -> torch.nn.Module:
+    def attach(self, model: torch.nn.Module, method: Method) -> torch.nn.Module:
         """ExperimentBase.attach, then, with ensemble.mode set, the model averaged with the stage-2 model it
         started from (scalecl.methods.average; a checkpoint holds the trained model alone)."""
-        model = super().attach(model)
+        model = super().attach(model, method)
         e = self.rc.ensemble
         if e.mode == "none":
             return model

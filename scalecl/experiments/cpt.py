@@ -84,6 +84,7 @@ from scalecl.methods import Method
 from scalecl.models.build import model_from_config, tiny_config
 from scalecl.training.checkpoint import load_model, read_meta
 from scalecl.training.fit import Runtime, TrainPlan, fit
+from scalecl.training.layouts import stored_base
 from scalecl.training.model_source import (
     model_record,
     open_base,
@@ -138,9 +139,9 @@ def recorded_tokenizer(base: str) -> str:
     if not p.is_dir() or any((p / f).exists() for f in TOKENIZER_FILES) or (meta := read_meta(p)) is None:
         return base
     rec = meta.get("base_model") or ""
-    lora_base = p / "base"  # a LoRA checkpoint's stored base holds the tokenizer when one was given
-    if meta.get("layout") == "lora" and any((lora_base / f).exists() for f in TOKENIZER_FILES):
-        return str(lora_base)
+    inside = stored_base(p, meta)  # a base stored in the checkpoint (LoRA's base/) holds the tokenizer if one was given
+    if inside is not None and any((inside / f).exists() for f in TOKENIZER_FILES):
+        return str(inside)
     r = Path(rec).expanduser()
     where = [r] if r.is_absolute() else [Path.cwd() / r, p.parent / r, p / r]
     for q in (q for q in where if rec and q.is_dir()):
@@ -552,8 +553,8 @@ class CptExperiment(ExperimentBase):
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
         if self.own is not None:  # already the method's model (check: the same method and options)
-            return self.attach(self.load_base())
-        return self.attach(method.apply(self.load_base()))
+            return self.attach(self.load_base(), method)
+        return self.attach(method.apply(self.load_base()), method)
 
     def save_kw(self) -> dict[str, Any]:  # the length it trains at: eval-ppl's default (scalecl.experiments.eval_ppl)
         return {"base_model": self.base_source, "tokenizer": self.tokenizer,

@@ -63,7 +63,7 @@ class Experiment(Protocol):
     def build(self, method: Method) -> nn.Module:
         """The model of step 0 for a method."""
 
-    def attach(self, model: nn.Module) -> nn.Module:
+    def attach(self, model: nn.Module, method: Method) -> nn.Module:
         """What a model loaded from a checkpoint to resume needs besides its weights (what build adds)."""
 
     def save_kw(self) -> dict[str, Any]:
@@ -287,7 +287,8 @@ def _train_locked(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: 
     plan = replace(exp.plan(method, rt), resume=opts.resume, force=opts.force, stop_at=opts.stop_after,
                    report_to=opts.report_to)
     res = fit(run, plan, build=lambda: exp.build(method), batches=exp.batches(method, rt),
-              evaluate=lambda model, step, loss: exp.evaluate(model, method, step, loss), rt=rt, attach=exp.attach)
+              evaluate=lambda model, step, loss: exp.evaluate(model, method, step, loss), rt=rt,
+              attach=lambda model: exp.attach(model, method))
     if run.wall is not None:
         run.wall.lap("run")  # building the model, training, evaluations and checkpoints (fit)
     if not res.complete:

@@ -2,7 +2,10 @@
 
 A method takes a base model, returns the model to train with `requires_grad` set on exactly the parameters
 that train, and describes itself. The training loop builds its optimizer from `trainable_parameters(model)`
-and never branches on a method's name.
+and never branches on a method's name. A method also owns how its model is checkpointed: the layout it declares
+(`layout`, written and read by scalecl.training.layouts), how a saved model shows it (`from_model`,
+`check_model`) and whether it exports as a plain model (`check_merge`, `merge`); so the checkpoint code asks the
+method instead of comparing names.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class Method:
     # whether a checkpoint can hold only what the method trains (save_model(..., delta=True)): a method that keeps
     # part of its base frozen and unchanged
     delta: ClassVar[bool] = False
+    # the layout of the method's full checkpoint (scalecl.training.layouts, scalecl.json `layout`): "plain", a
+    # transformers folder its model loads from as any model; a method whose model is not one names its own
+    layout: ClassVar[str] = "plain"
 
     def check(self, config) -> None:
         """Validate options against a base config before any heavy work (raise ScaleclError)."""
@@ -61,6 +67,31 @@ class Method:
         """Per-position numbers of the last forward at the (B, T) `mask` positions, each a 1-D tensor (e.g.
         Route's decision and router score where a metric is scored); evaluation summarises them."""
         return {}
+
+    def attach(self, model: PreTrainedModel, never_rows=None) -> PreTrainedModel:
+        """What the method's model takes from the experiment besides its weights, whether built for step 0 or
+        loaded from a checkpoint to resume: nothing by default (SCALE-Route: `never_rows`, the (V,) bool mask of
+        vocabulary rows never a training target, whose share of the logits it measures)."""
+        return model
+
+    @classmethod
+    def from_model(cls, model: nn.Module) -> Method | None:
+        """The method that built `model` with its options, read off the model itself, or None: a method whose
+        model carries no trace of it (a plain transformers model) answers None."""
+        return None
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raise ScaleclError unless `model` is one this method, with these options, builds (what save_model
+        checks beyond the tensors' names and shapes: SCALE's widening)."""
+
+    @classmethod
+    def check_merge(cls) -> None:
+        """Raise ScaleclError if the method's model cannot be written as a plain transformers model of the base's
+        structure (`scalecl merge`)."""
+
+    def merge(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The method's model as a plain transformers model (`scalecl merge`): itself by default."""
+        return model
 
     def options(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +128,15 @@ def get_method(name: str, **opts: Any) -> Method:
     if name not in REGISTRY:
         raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(method_names())}")
     return REGISTRY[name].from_options(**opts)
+
+
+def method_of_model(model: nn.Module) -> Method | None:
+    """The method that built `model`, as the model itself shows it (Method.from_model), or None."""
+    for cls in REGISTRY.values():
+        found = cls.from_model(model)
+        if found is not None:
+            return found
+    return None
 
 
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:

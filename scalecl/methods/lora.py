@@ -36,6 +36,7 @@ class LoRA(Method):
     """rank r, alpha (None = 2r, scale alpha/r = 2), dropout on the LoRA input (0 for exact tests)."""
 
     name: ClassVar[str] = "lora"
+    layout: ClassVar[str] = "lora"  # peft's adapter format (scalecl.training.layouts.LoraLayout)
     rank: int = 8  # paper CPT: 256
     alpha: float | None = None
     dropout: float = 0.0
@@ -85,6 +86,19 @@ class LoRA(Method):
         alpha = self.alpha if self.alpha is not None else 2 * self.rank
         return (f"LoRA (peft): rank {self.rank}, alpha {alpha:g}, dropout {self.dropout:g} on every attention "
                 f"and MLP matrix; base weights frozen")
+
+    @classmethod
+    def from_model(cls, model) -> LoRA | None:
+        """A peft model's LoRA options (its adapter config), else None."""
+        from peft import PeftModel
+
+        if not isinstance(model, PeftModel):
+            return None
+        c = model.peft_config["default"]
+        return cls.from_options(rank=c.r, alpha=c.lora_alpha, dropout=c.lora_dropout)
+
+    def merge(self, model: PeftModel) -> PreTrainedModel:
+        return merge_lora(model)
 
 
 def merge_lora(model: PeftModel) -> PreTrainedModel:

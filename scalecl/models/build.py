@@ -184,14 +184,13 @@ def load_base_config(name_or_path: str) -> PretrainedConfig:
     """The config of a hub id or local directory, with the architecture checked before any weights load."""
     check_model_source(name_or_path)
     meta_file = os.path.join(name_or_path, "scalecl.json")
-    if os.path.exists(meta_file):  # methods apply to plain models; SCALE and LoRA checkpoints are not
+    if os.path.exists(meta_file):  # methods apply to plain models: a checkpoint of another layout is none
         meta = read_json(meta_file, "checkpoint record")
-        delta = meta.get("layout") == "delta"
-        if delta or meta.get("layout") in ("scale", "lora") or str(meta.get("method")).startswith(("scale-", "lora")):
-            hint = "`scalecl merge` it first" if meta.get("method") == "lora" or delta else "give its base model"
-            kind = f"delta {meta.get('method')}" if delta else meta.get("method")
-            raise ScaleclError(f"{name_or_path} is a {kind} checkpoint, not a plain model: {hint} "
-                               f"(recorded base: {meta.get('base_model')})")
+        layout = meta.get("layout", "plain")  # scalecl.training.layouts: only "plain" is a transformers folder
+        if layout != "plain":
+            raise ScaleclError(f"{name_or_path} is a checkpoint of layout {layout} ({meta.get('method')}), not a plain "
+                               f"model: load it with scalecl.load_model, give its base model (recorded base: "
+                               f"{meta.get('base_model')}), or `scalecl merge` it first where its method allows")
     if os.path.isdir(name_or_path):  # a damaged config.json: one line naming it
         try:
             config = read_config(name_or_path)

@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import model_weights_header
-from scalecl.common.sources import HUB_ID as _HUB_ID
+from scalecl.common.sources import HUB_ID
 from scalecl.methods import REGISTRY, Method
 from scalecl.models.build import arch_of, decoder_layers
 
@@ -256,4 +256,4 @@ def base_location(rec: dict[str, Any]) -> str | None:
         if c and Path(c).expanduser().is_dir():
             return c
     source = rec.get("source") or ""
-    return source if _HUB_ID.match(source) and not os.path.exists(source) else None
+    return source if HUB_ID.match(source) and not os.path.exists(source) else None

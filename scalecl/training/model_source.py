@@ -24,14 +24,9 @@ from scalecl.common.errors import ScaleclError
 from scalecl.common.readers import read_json
 from scalecl.methods import get_method
 from scalecl.models.build import BaseModel, arch_of, check_config_sizes, resolve_base
-from scalecl.training.checkpoint import (
-    META_FILE,
-    check_model_files,
-    check_not_step,
-    checked_base_config,
-    load_model,
-    read_meta,
-)
+from scalecl.training.checkpoint import META_FILE, check_model_files, check_not_step, load_model, read_meta
+from scalecl.training.checkpoint_record import recorded_config
+from scalecl.training.layouts import DELTA, method_layout, record_layout
 
 SAVED_BY_TRANSFORMERS = "transformers"  # a derived record's `saved_by`: no scalecl.json, nothing to verify
 
@@ -55,15 +50,16 @@ def saved_scale_record(path: str | os.PathLike) -> dict[str, Any] | None:
     if not isinstance(scale, dict) or not isinstance(scale.get("spec"), dict) \
             or not isinstance(scale.get("base_sizes"), dict):
         raise ScaleclError(f"model config {cfg}: its `scale` entry is not SCALE's widening (spec and base_sizes)")
+    from scalecl.methods.scale import ScaleMethod
     from scalecl.modeling.scale_spec import ScaleSpec
 
     try:
         spec = ScaleSpec.from_dict(scale["spec"]).to_dict()
-    except (TypeError, ValueError) as e:
+        method = ScaleMethod.for_variant(spec.pop("variant"))
+    except (TypeError, ValueError, ScaleclError) as e:
         raise ScaleclError(f"model config {cfg}: its `scale` spec is not SCALE's ({e})") from None
-    variant = spec.pop("variant")
     base = {k: v for k, v in raw.items() if k not in ("scale", "auto_map", "architectures", "transformers_version")}
-    return {"method": f"scale-{variant}", "options": spec, "layout": "scale", "base_model": None,
+    return {"method": method.name, "options": spec, "layout": method.layout, "base_model": None,
             "base_config": base | scale["base_sizes"], "saved_by": SAVED_BY_TRANSFORMERS}
 
 
@@ -75,14 +71,16 @@ def model_record(path: str | os.PathLike, *, verify: bool = True) -> dict[str, A
 
 
 def trains_as_own(meta: dict[str, Any] | None) -> bool:
-    """Whether a checkpoint's method changed the model's structure (SCALE's widening, LoRA's adapters; full or
-    delta), so that it trains on only as its own method and no method applies to it again."""
-    return meta is not None and str(meta.get("method")).startswith(("scale-", "lora"))
+    """Whether a checkpoint's method made a model that is no plain transformers model (its layout is not plain:
+    SCALE's widening, LoRA's adapters; full or delta), so that it trains on only as its own method and no method
+    applies to it again."""
+    layout = method_layout(meta.get("method")) if meta is not None else None
+    return layout is not None and not layout.plain
 
 
 def recorded_base_config(meta: dict[str, Any], path: str | os.PathLike) -> PretrainedConfig:
     """The config the record's method was applied to (for a plain checkpoint without a method: its own)."""
-    return checked_base_config(meta, Path(path))
+    return recorded_config(meta, Path(path))
 
 
 def built_config(meta: dict[str, Any], path: str | os.PathLike) -> PretrainedConfig:
@@ -98,7 +96,7 @@ def built_config(meta: dict[str, Any], path: str | os.PathLike) -> PretrainedCon
 
 
 def _not_plain(source: str, meta: dict[str, Any]) -> ScaleclError:
-    kind = f"delta {meta['method']}" if meta.get("layout") == "delta" else meta["method"]
+    kind = f"delta {meta['method']}" if record_layout(meta) is DELTA else meta["method"]
     saved = " saved by transformers" if meta.get("saved_by") == SAVED_BY_TRANSFORMERS else ""
     base = f" (recorded base: {meta.get('base_model')})" if meta.get("base_model") else ""
     return ScaleclError(f"{source} is a {kind} model{saved}, not a plain model: a method applies to its base model"

@@ -15,8 +15,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.locks import locked
-from scalecl.methods import Method, get_method
+from scalecl.methods import REGISTRY, Method, get_method
 from scalecl.training.checkpoint import check_checkpoint_dest, load_model, read_meta, save_model
+from scalecl.training.layouts import DELTA, record_layout
 
 
 class Prepared(NamedTuple):
@@ -96,11 +97,9 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, base: st
     from scalecl.training.model_source import saved_scale_record
 
     meta = read_meta(p) or saved_scale_record(p) or {}  # a SCALE model saved by transformers is refused as SCALE
-    name, delta = meta.get("method"), meta.get("layout") == "delta"
-    if name and name.startswith("scale-") and not delta:
-        raise ScaleclError(f"{name} cannot be merged into a plain model of the base's shape (split norms, new heads); "
-                           f"its checkpoint already loads with AutoModelForCausalLM.from_pretrained(DIR, "
-                           f"trust_remote_code=True)")
+    name, delta = meta.get("method"), record_layout(meta) is DELTA
+    if name in REGISTRY and not delta:
+        REGISTRY[name].check_merge()  # SCALE's widened model has no plain form
     if base is not None and not delta:
         raise ScaleclError(f"checkpoint {path} is not a delta checkpoint: it takes no base (base=...)",
                            cli=f"checkpoint {path} is not a delta checkpoint: it takes no --base")
@@ -108,17 +107,15 @@ def merge_model(path: str | os.PathLike, out_dir: str | os.PathLike, *, base: st
     with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"):  # from the check to the write
         out = check_checkpoint_dest(out_dir, overwrite)
         model = load_model(p, base=base)
-        if name == "lora":
-            from scalecl.methods.lora import merge_lora
-
-            model = merge_lora(model)
+        method = get_method(name, **meta.get("options", {})) if name else None
+        if method is not None and not delta:
+            model = method.merge(model)  # LoRA: the adapters folded into the base's weights
         bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
         if bad:  # an export is a model others will load as sound: refuse rather than copy NaN or inf onward
             raise ScaleclError(f"checkpoint {path} holds non-finite weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
                                f"nothing was written")
         tokenizer = _checkpoint_tokenizer(p)
         if delta:  # the full checkpoint of its method, from the base it was checked against
-            method = get_method(name, **meta.get("options", {}))
             return save_model(model, out, method, base_model=meta.get("base_model"), tokenizer=tokenizer,
                               extra={"merged_from": str(p.resolve())}, overwrite=overwrite)
         source = {"merged_from": str(p.resolve()), "merged_method": name, "merged_options": meta.get("options", {})}

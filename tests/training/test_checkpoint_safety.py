@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import scalecl.training.checkpoint as ckpt
+import scalecl.training.layouts as layouts
 from scalecl import save_model
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
@@ -125,7 +126,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch
         Path(filename).write_bytes(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt.st, "save_model", half_written)
+    monkeypatch.setattr(layouts.st, "save_model", half_written)
     with pytest.raises(OSError, match="disk full"):
         save_model(model, out, overwrite=True)
     assert tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

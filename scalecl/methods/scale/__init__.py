@@ -11,7 +11,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from scalecl.methods.base import Method, register
+from scalecl.common.errors import ScaleclError
+from scalecl.methods.base import REGISTRY, Method, register
 from scalecl.methods.scale.config import ScaleConfig
 
 if TYPE_CHECKING:
@@ -48,12 +49,18 @@ def never_shares(model: PreTrainedModel, st, mask) -> dict[str, Any]:
     return out
 
 
+# what a SCALE checkpoint's structure and forward depend on (init and embed_init only decide the first weights)
+_BUILT = ("variant", "hidden_up", "ffn_up", "l_fp", "collab", "tau", "router")
+
+
 @dataclass
 class ScaleMethod(Method):
     """Width upscaling; the variant is fixed by the registered subclass."""
 
     variant: ClassVar[str] = "route"
     delta: ClassVar[bool] = True  # frozen tensors stay the base's: a delta checkpoint stores the rest
+    # a transformers folder with SCALE's own model code (remote code): the widened model is no family's own
+    layout: ClassVar[str] = "scale"
     # the options are ScaleSpec's fields (less the variant), with the defaults declared there (ScaleConfig
     # inherits them): one place defines them
     hidden_up: int = ScaleConfig.hidden_up
@@ -111,6 +118,46 @@ class ScaleMethod(Method):
 
     def options(self) -> dict[str, Any]:
         return {k: v for k, v in self.config.to_dict().items() if k != "variant"}
+
+    def attach(self, model: PreTrainedModel, never_rows=None) -> PreTrainedModel:
+        """Route's path state takes the experiment's never-target rows (never_shares measures their share)."""
+        state = getattr(model, "scale_state", None)
+        if state is not None and state.mode == "route" and never_rows is not None:
+            state.never_rows = never_rows
+        return model
+
+    @classmethod
+    def for_variant(cls, variant: str) -> type[ScaleMethod]:
+        """The registered SCALE method of a variant ("preserve", "adapt", "route")."""
+        found = [c for c in REGISTRY.values() if issubclass(c, ScaleMethod) and c.variant == variant]
+        if not found:
+            raise ScaleclError(f"no SCALE method has variant {variant!r}")
+        return found[0]
+
+    @classmethod
+    def from_model(cls, model) -> ScaleMethod | None:
+        """A widened model's method: the options asked for (scalecl's upscale), else the widening as built (a model
+        loaded through remote code)."""
+        if getattr(model, "scale_spec", None) is None:
+            return None
+        cfg = (getattr(model, "scale_config", None) or model.scale_spec).to_dict()
+        return cls.for_variant(cfg.pop("variant")).from_options(**cfg)
+
+    def check_model(self, model) -> None:
+        """The widening the model has (else its checkpoint would rebuild another model at load)."""
+        from scalecl.methods.scale.upscale import to_spec
+
+        want = to_spec(self.config, model.config.num_hidden_layers).to_dict()
+        have = model.scale_spec.to_dict()
+        differ = [f"{k} {want[k]!r} (the model has {have[k]!r})" for k in _BUILT if want[k] != have[k]]
+        if differ:
+            raise ScaleclError(f"method {self.name} does not match the model given to save_model: {', '.join(differ)}")
+
+    @classmethod
+    def check_merge(cls) -> None:
+        raise ScaleclError(f"{cls.name} cannot be merged into a plain model of the base's shape (split norms, new "
+                           f"heads); its checkpoint already loads with AutoModelForCausalLM.from_pretrained(DIR, "
+                           f"trust_remote_code=True)")
 
 
 @register
