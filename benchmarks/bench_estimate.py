@@ -65,13 +65,13 @@ def loadavg() -> list[float]:
 
 
 def run(argv: list[str], folder: Path) -> dict:
-    """Run `scalecl <argv>` in folder; its estimate line (seconds) and wall time, stderr echoed as it comes."""
+    """Run `scalecl <argv>` in folder; its estimate line (seconds) and wall time, its output echoed as it comes."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "scalecl_launch", *argv], cwd=folder, env=env,
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, bufsize=1)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     line, seen_at = None, None
-    for out in proc.stderr:
+    for out in proc.stdout:  # the command's output as it comes (its estimate line is on stdout or stderr)
         sys.stderr.write(out)
         if line is None and out.startswith("estimate:"):
             line, seen_at = out.strip(), time.perf_counter() - t0
@@ -98,10 +98,12 @@ def provenance() -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("case", choices=("own-data", "quickstart", "command"))
-    p.add_argument("argv", nargs="*", help="after `--`: the scalecl command of the `command` case")
     p.add_argument("--out", type=Path, default=None, help="the JSON (default benchmarks/results/estimate_<case>_<time>.json)")
     p.add_argument("--keep", type=Path, default=None, help="run in this folder and keep it (default: a temporary one)")
-    a = p.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)  # after `--`: the scalecl command of the `command` case
+    a = p.parse_args(argv[:cut])
+    a.argv = argv[cut + 1:]
     start, load0 = datetime.now(UTC), loadavg()
     with tempfile.TemporaryDirectory(prefix="scalecl-estimate-") as tmp:
         folder = a.keep or Path(tmp)
