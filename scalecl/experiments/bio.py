@@ -108,9 +108,9 @@ class RowShards:
         return self.queue.pop(0)
 
 
-def micro_batch(rc: BioRunConfig, sc: StageConfig, world: int) -> tuple[int, int]:
+def micro_batch(rc: BioRunConfig, stage: StageConfig, world: int) -> tuple[int, int]:
     """(rows per forward, accumulation steps) of a stage with `world` processes (checked by BioExperiment.check)."""
-    return micro_split(sc.batch, rc.compute.micro_batch, world)
+    return micro_split(stage.batch, rc.compute.micro_batch, world)
 
 
 def micro_key(rc: BioRunConfig, world: int, *stages: str) -> dict[str, int]:
@@ -379,10 +379,10 @@ class BioExperiment(ExperimentBase):
 
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         rc = self.rc
-        for stage in ("stage1", "stage2", "stage3"):
-            sc = getattr(rc, stage)
-            if sc.batch % d.world or (sc.batch // d.world) % micro_batch(rc, sc, d.world)[0]:
-                raise ScaleclError(f"{stage}.batch={sc.batch} must be a multiple of processes x "
+        for key in ("stage1", "stage2", "stage3"):
+            stage = getattr(rc, key)
+            if stage.batch % d.world or (stage.batch // d.world) % micro_batch(rc, stage, d.world)[0]:
+                raise ScaleclError(f"{key}.batch={stage.batch} must be a multiple of processes x "
                                    f"compute.micro_batch = {d.world} x {rc.compute.micro_batch or 'batch / processes'}")
         r = ranges(bio_config(rc))
         for stage, (lo, hi) in (("stage2", r.task0_train), ("stage3", r.task1)):  # QA rows: 6 per person
@@ -446,17 +446,17 @@ class BioExperiment(ExperimentBase):
                                f"model.context={rc.model.context} tokens the biographies give; lower stage1.batch or "
                                f"model.context, or generate more people (data_overrides)")
 
-    def _stage_plan(self, sc: StageConfig, desc: str, d: Dist, **kw: Any) -> TrainPlan:
+    def _stage_plan(self, stage: StageConfig, desc: str, d: Dist, **kw: Any) -> TrainPlan:
         """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `d.world`
         processes, bf16 autocast on CUDA when asked for, checkpoint cadence and compute options."""
-        return TrainPlan(sc.steps, OptimConfig.of(sc, kw.pop("lr", sc.lr), sc.warmup),
-                         accum=micro_batch(self.rc, sc, d.world)[1],
+        return TrainPlan(stage.steps, OptimConfig.of(stage, kw.pop("lr", stage.lr), stage.warmup),
+                         accum=micro_batch(self.rc, stage, d.world)[1],
                          autocast=autocast_dtype(self.rc.dtype, self.device, self.rc.compute.cpu_bf16),
                          save_every=self.rc.checkpoint.every, save_seconds=self.rc.checkpoint.seconds,
                          compute=self.rc.compute, desc=desc, **kw)
 
-    def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:
-        return RowShards(batches, micro_batch(self.rc, sc, d.world)[0], d.world, d.rank)
+    def _shards(self, batches: Iterator[dict], stage: StageConfig, d: Dist) -> RowShards:
+        return RowShards(batches, micro_batch(self.rc, stage, d.world)[0], d.world, d.rank)
 
     @property
     def tokenizer_key(self) -> str:
@@ -468,9 +468,9 @@ class BioExperiment(ExperimentBase):
         (default `tokenizer_key`; an earlier version's spelled path, to find its entries)."""
         rc, data = self.rc, self.data
         m1, m2 = micro_key(rc, world, "stage1"), micro_key(rc, world, "stage2")
-        k1 = config_hash(asdict(data.cfg), tokenizer or self.tokenizer_key, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
-                         *([m1] if m1 else []), *numerics_key(self.numerics))  # k2 inherits it through k1
-        return k1, config_hash(k1, rc.stage2, *([m2] if m2 else []))
+        key1 = config_hash(asdict(data.cfg), tokenizer or self.tokenizer_key, rc.model, rc.stage1, rc.seed,
+                           TEXT_FORMAT, *([m1] if m1 else []), *numerics_key(self.numerics))
+        return key1, config_hash(key1, rc.stage2, *([m2] if m2 else []))  # stage 2's key holds stage 1's, numerics too
 
     def cached_stages(self, world: int) -> set[str]:
         """The stages ("stage 1", "stage 2") whose finished model is already in the cache (data prepared)."""
@@ -485,9 +485,9 @@ class BioExperiment(ExperimentBase):
     def stages(self, rt: Runtime) -> None:
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
         rc, data, d = self.rc, self.data, rt.d
-        k1, k2 = self._stage_keys(d.world)
+        key1, key2 = self._stage_keys(d.world)
         if d.main:  # entries keyed by an earlier version's spelling of the paths: renamed, not trained again
-            for stage, old, new in zip(("stage1", "stage2"), self._stage_keys(d.world, data.tokenizer_dir), (k1, k2),
+            for stage, old, new in zip(("stage1", "stage2"), self._stage_keys(d.world, data.tokenizer_dir), (key1, key2),
                                        strict=True):
                 adopt_entry(self.cache / f"{stage}-{old}", self.cache / f"{stage}-{new}", rt.say)
         d.barrier()
@@ -498,7 +498,7 @@ class BioExperiment(ExperimentBase):
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
         s1_run, s2_run = (stage_run(self.cache, f"{stage}-{key}", f"bio-{stage}", key, rc.checkpoint.keep, d.main,
                                     {"tokenizer": data.tokenizer}, self.numerics)
-                          for stage, key in (("stage1", k1), ("stage2", k2)))
+                          for stage, key in (("stage1", key1), ("stage2", key2)))
         s1 = cached_stage(s1_run, rt, lambda: train_stage(
             s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", d, resume="auto"),
             build=lambda: model_from_config(self.base_cfg, seed=rc.seed),
@@ -552,29 +552,29 @@ class BioExperiment(ExperimentBase):
                          method=method, quiet=True)  # dozens of these: in a log only a long one prints
         for split, r in got.items():
             rec |= _flat(split, r)
-        # routing over every token of the Task 0 slice (kept under its old name for older plots)
+        # routing over every token of the Task 0 slice, also under the unprefixed keys route_preserve, route_adapt
         rec |= {k.removeprefix("task0/"): v for k, v in rec.items() if k in ("task0/route_preserve",
                                                                               "task0/route_adapt")}
         return rec
 
     def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
-        rc, data, model, st = self.rc, self.data, res.model, self.stage_info
+        rc, data, model, info = self.rc, self.data, res.model, self.stage_info
         rt.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
         final = accuracies(model, {k: data.qa[k] for k in ("task0_heldout", "task1")}, rc.eval.batch,
                            f"{method.name}: full-range evaluation", exact=True)  # every process: lock-step
         t0 = [r["task0/acc"] for r in res.records]
         t1 = [r["task1/acc"] for r in res.records]
-        stages = {k: {kk: vv for kk, vv in st[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
+        stages = {k: {kk: vv for kk, vv in info[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
         return self.envelope(method, res, rt) | {
             "never_target_rows": int(self.never_rows.sum()),
             **({"ensemble": asdict(rc.ensemble) | {"base": str(self.stage2_dir)}}
                if rc.ensemble.mode != "none" else {}),
             "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
             "vocab": {"tokenizer": len(data.tokenizer), "model": model.config.vocab_size},
-            "wall_s": {"data": st["data_s"], "stage1": st["stage1"]["wall_s"], "stage2": st["stage2"]["wall_s"],
+            "wall_s": {"data": info["data_s"], "stage1": info["stage1"]["wall_s"], "stage2": info["stage2"]["wall_s"],
                        "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
-            "stages_cached": {"stage1": st["stage1"]["cached"], "stage2": st["stage2"]["cached"]},
-            "accumulation": {"stage1": st["stage1"].get("accumulation"), "stage2": st["stage2"].get("accumulation"),
+            "stages_cached": {"stage1": info["stage1"]["cached"], "stage2": info["stage2"]["cached"]},
+            "accumulation": {"stage1": info["stage1"].get("accumulation"), "stage2": info["stage2"].get("accumulation"),
                              "stage3": micro_batch(rc, rc.stage3, rt.d.world)[1]},
             **stages,
             "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),

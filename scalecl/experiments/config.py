@@ -62,7 +62,7 @@ class StageConfig(AdamWConfig):
 
 PARALLEL = ("ddp", "fsdp")
 # compute.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "blocks" (every decoder block), "off";
-# true and false, as before, are "blocks" and "off" (scalecl.compute.perf.compile_mode)
+# true and false are "blocks" and "off" (scalecl.compute.perf.compile_mode)
 COMPILE = (True, False, "auto", "model", "blocks", "off")
 LOSSES = ("auto", "model", "chunked", "liger", "cce")  # compute.loss (scalecl.compute.loss)
 
@@ -73,7 +73,7 @@ class ComputeConfig:
 
     None of these changes what is trained beyond floating-point rounding. Rounding alone, though, makes runs
     differ after many steps: the CPU thread count in force and the device are therefore part of every run
-    name and stage cache key (scalecl.common.schema.numerics_key; one CPU thread keeps the names runs always had).
+    name and stage cache key (scalecl.common.schema.numerics_key; at one CPU thread a name leaves them out).
     The other options are recorded in result.json only. Every option defaults to the plain behaviour.
     """
 
@@ -82,9 +82,8 @@ class ComputeConfig:
     parallel: str = opt("ddp", choices=PARALLEL)
     # on a CPU, torch's intra-op threads (torch.set_num_threads), set before a run builds anything; 0 = leave
     # torch's count (OMP_NUM_THREADS, else one per core). The count splits float sums: runs at 1 and 2 threads
-    # end with different numbers, so the count in force is part of a CPU run's name. 1, as every committed run
-    # used: their numbers are reproduced, and 2 was no faster at the cpu presets on 2 shared cores (docs/runs.md,
-    # "Reproducibility")
+    # end with different numbers, so the count in force is part of a CPU run's name. The default, 1, is the
+    # count of the committed runs, whose numbers it reproduces (docs/runs.md, "Reproducibility")
     threads: int = opt(1, ge=0, le=MAX_THREADS)  # at most max(256, 4 x the cores): schema.MAX_THREADS says why
     # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
     # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
