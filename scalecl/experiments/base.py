@@ -1,11 +1,13 @@
-"""What every experiment shares, written once: where it writes, how a run is named, the result envelope, the
-micro-batch split, cached stages and the end-of-run table. An experiment (scalecl.experiments.bio, .cpt)
-subclasses `ExperimentBase` and adds its data, stages, model building, evaluation and its own result keys;
-scalecl.experiments.sweep drives it through the `Experiment` protocol.
+"""What every experiment shares, written once: the protocol the sweep drives (`ExperimentBase`: every hook the
+sweep calls, with its contract), where it writes, how a run is named, the result envelope, the micro-batch split,
+cached stages and the end-of-run table. An experiment (scalecl.experiments.bio, .cpt) subclasses `ExperimentBase`
+and implements its abstract hooks: its checks, data, stages, model building, batches, plan, evaluation and its own
+result keys; scalecl.experiments.sweep calls nothing else.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import time
@@ -23,10 +25,11 @@ from scalecl.common.files import set_aside
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, named_dict, numerics_key, seed_key, seed_tag
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.compute.processes import Dist
 from scalecl.experiments.args import Paths  # noqa: F401  (where a sweep writes; light, for the command line)
 from scalecl.methods import Method
 from scalecl.training.checkpoint import damage, read_meta
-from scalecl.training.fit import Runtime
+from scalecl.training.fit import Fit, Runtime, TrainPlan
 from scalecl.training.record import Envelope, fft_reference, params
 from scalecl.training.run import Run
 
@@ -84,11 +87,23 @@ def products_numerics(method: Method) -> dict[str, Any]:
     return {"scale_products": products} if isinstance(method, ScaleMethod) and products != "blocks" else {}
 
 
-class ExperimentBase:
-    """The shared half of an experiment. A subclass sets `name` (its result.json `experiment`, its checkpoint
-    subfolder), `not_named` (config keys, dotted for nested ones, left out of a run's name: they cannot change
-    its numbers, or what they change is named apart: the method's options and rate, the run seed, the
-    numerics; `scalecl plot` leaves them out of its replicate groups too), `end_table`, and implements `lr_of`."""
+class ExperimentBase(abc.ABC):
+    """An experiment as the sweep (scalecl.experiments.sweep) drives it: the hooks below, called in this order on
+    every process (under torchrun, every method runs on every process; only rank 0 writes):
+
+      set_device, check                      every check that writes nothing (sweep.check)
+      run_of (per method)                    a run's name; a finished run is skipped before any data is built
+      prepare, budget_phases                 the shared data, then the memory and time estimate
+      stages                                 the cached stages every method starts from
+      per method: save_kw, plan, batches, build (or, to resume, a checkpoint and attach), evaluate, result
+      summary                                the end-of-sweep table (main process)
+
+    `rc` is the experiment's resolved config (a scalecl.experiments.config.RunConfig), `paths` where it writes,
+    `numerics` the device and CPU threads its runs compute with. A subclass sets `name` (its result.json
+    `experiment`, its checkpoint subfolder), `not_named` (config keys, dotted for nested ones, left out of a run's
+    name: they cannot change its numbers, or what they change is named apart: the method's options and rate, the
+    run seed, the numerics; `scalecl plot` leaves them out of its replicate groups too), `end_table`, and
+    implements the abstract hooks; the others have the shared behaviour written here."""
 
     name: ClassVar[str]
     not_named: ClassVar[tuple[str, ...]] = ("checkpoint", "methods", "compute", "run_seed")
@@ -106,6 +121,12 @@ class ExperimentBase:
         self.device = device
         self.numerics = run_numerics(self.rc.compute, device, apply=True)
 
+    @abc.abstractmethod
+    def check(self, methods: dict[str, Method], d: Dist) -> None:
+        """Every check of the experiment's own that writes nothing and needs no data (sizes, the corpora it names,
+        each of `methods`' options against the model), for `d.world` processes; a ScaleclError says what to fix.
+        Called after the sweep's own checks (device, compute options, folders), before any run is named."""
+
     def begin(self, rt: Runtime) -> None:
         """Record the device and the provenance of the code that runs (called when the data are prepared)."""
         self.device = rt.device
@@ -114,8 +135,9 @@ class ExperimentBase:
     # -- naming ------------------------------------------------------------------------------------------
 
     def lr_of(self, method: Method) -> float:
-        """The rate `method` trains at."""
-        raise NotImplementedError
+        """The rate `method` trains at, by the config's scheme (RunConfig.method_lr); named in its run's name,
+        recorded in its result."""
+        return self.rc.method_lr(method.name)
 
     # keys added after runs were named, with their default (the behaviour before them): left out of a name while
     # at that default, so that every earlier run keeps its name
@@ -126,11 +148,11 @@ class ExperimentBase:
         added later while at their default (`named_when_set`)."""
         return named_dict(asdict(self.rc), self.not_named, self.named_when_set)
 
-    def name_parts(self, d: Any) -> tuple:
+    def name_parts(self, d: Dist) -> tuple:
         """Further values a run's name depends on under `d`'s processes (none by default)."""
         return ()
 
-    def run_of(self, method: Method, d: Any) -> Run:
+    def run_of(self, method: Method, d: Dist) -> Run:
         """The run of one method, named by everything its numbers depend on."""
         rc = self.rc
         numerics = self.numerics | products_numerics(method)
@@ -151,6 +173,57 @@ class ExperimentBase:
             state.never_rows = self.never_rows
         return model
 
+    @abc.abstractmethod
+    def budget_phases(self, methods: list[str], world: int) -> list:
+        """What a sweep of `methods` over `world` processes will run, as scalecl.experiments.budget phases (its
+        memory and time estimate): from the prepared data once `prepare` ran, else from the config alone; a stage
+        already cached is left out."""
+
+    # -- shared data and stages --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def prepare(self, rt: Runtime) -> None:
+        """The data every method shares (tokenizer, corpora, evaluation sets), made or read from the cache; calls
+        `begin`. Runs before the progress display starts (`rt.progress` is None); `rt.force` rebuilds a damaged
+        cache entry. The sweep also calls it on a throwaway copy of the experiment to check a replicate ahead."""
+
+    @abc.abstractmethod
+    def stages(self, rt: Runtime) -> None:
+        """The cached stages every method starts from (scalecl.experiments.base.cached_stage): trained under the
+        progress display when not cached, read otherwise; afterwards `build` can make any method's model."""
+
+    # -- one method ----------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def build(self, method: Method) -> torch.nn.Module:
+        """The model of step 0 for `method` (on the CPU; the sweep moves it): the stages' model with the method
+        applied, then `attach`ed, from the method's seed."""
+
+    def save_kw(self) -> dict[str, Any]:
+        """What every saved model of a method's run carries besides its weights (scalecl.training.run.Run.save_kw:
+        tokenizer, base model, extra record keys); nothing by default."""
+        return {}
+
+    @abc.abstractmethod
+    def batches(self, method: Method, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
+        """This process's training batches of `method`'s run (its share of every global batch, one micro-batch
+        per accumulation step), in the order the run's seed gives."""
+
+    @abc.abstractmethod
+    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
+        """How `method`'s run trains: steps, optimizer at `lr_of(method)`, accumulation, autocast, evaluation and
+        checkpoint steps (the sweep adds resume, force, stop and trackers)."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
+        """One record of metrics.jsonl at `step` (`loss`: the step's training loss); every process runs it, in
+        lock-step."""
+
+    @abc.abstractmethod
+    def result(self, method: Method, run: Run, res: Fit, rt: Runtime) -> dict[str, Any]:
+        """The result.json of a finished run: `envelope` plus the experiment's own keys (every process calls it;
+        final evaluations run in lock-step; rank 0's is written)."""
+
     # -- the result --------------------------------------------------------------------------------------
 
     def envelope(self, method: Method, res: Any, rt: Runtime) -> dict[str, Any]:
@@ -163,7 +236,8 @@ class ExperimentBase:
             processes=rt.d.world, speed=res.speed).as_dict()
 
     def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
-        """The end-of-run table (see print_end_table); a study compares with its main runs too."""
+        """The end-of-sweep table (see print_end_table), a row per result labelled by `labels` (default its
+        method); a study compares with its main runs too."""
         print_end_table(self.end_table, results, labels, [self.paths.out, *self.paths.shared])
 
 

@@ -403,10 +403,6 @@ class BioExperiment(ExperimentBase):
         """Stage 3's seed (data order, random initialisation) from the base and run seeds."""
         return run_stream_seed(self.rc.seed, self.rc.run_seed)
 
-    def lr_of(self, method: Method) -> float:
-        """Task 1's learning rate: stage3.lr times the method's lr_scale."""
-        return self.rc.stage3.lr * self.rc.lr_scale.get(method.name, 1.0)
-
     def name_parts(self, d: Dist) -> tuple:
         micro = micro_key(self.rc, d.world, "stage1", "stage2", "stage3")  # accumulation changes the numbers
         return (micro,) if micro else ()

@@ -171,7 +171,7 @@ def _own_options_note(rc: CptRunConfig, own: dict[str, Any]) -> str:
     from scalecl.methods import get_method
 
     name = own["method"]
-    mine, given = get_method(name, **own["options"]).options(), get_method(name, **rc.method_options(name)).options()
+    mine, given = get_method(name, **own["options"]).options(), rc.method(name).options()
     differ = [f"{k}={mine[k]!r} (the config gives {given[k]!r})" for k in mine if k in given and mine[k] != given[k]]
     return f"{name}: the checkpoint's own options apply: {', '.join(differ)}" if differ else ""
 
@@ -417,8 +417,7 @@ class CptExperiment(ExperimentBase):
     def check(self, methods: dict[str, Method], d: Dist) -> None:
         rc = self.rc
         for name in methods:
-            if name not in rc.lr:
-                raise ScaleclError(f"no learning rate for {name}: set lr.{name}")
+            rc.method_lr(name)  # every method has its rate: one line naming the key to set otherwise
         t = rc.train
         micro = self._micro(d)[0]
         if micro < 1 or t.batch % (micro * d.world):
@@ -447,9 +446,6 @@ class CptExperiment(ExperimentBase):
         self.final_lengths = final_lengths(rc, n_pos)
         for m in methods.values():
             m.check(base_cfg)
-
-    def lr_of(self, method: Method) -> float:
-        return self.rc.lr[method.name]
 
     # -- shared data and the base --------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """One sweep over methods for every experiment: `sweep(experiment, methods, options)`.
 
-An experiment (the biography protocol, continual pre-training) says what is particular to it through the
-`Experiment` protocol: its checks, how a run is named, the shared data and cached stages every method
-starts from, how a method's model is built, its batches, its TrainPlan, its evaluation and its result.
+An experiment (the biography protocol, continual pre-training) says what is particular to it through the hooks
+`ExperimentBase` declares (scalecl.experiments.base, each with its contract): its checks, how a run is named,
+the shared data and cached stages every method starts from, how a method's model is built, its batches, its
+TrainPlan, its evaluation and its result.
 The sweep owns everything else, once: the process group, the device, the method order (the registry's),
 the checks before anything is written, finding finished runs before any expensive work, the progress
 display, training each run with scalecl.training.fit, writing its files, and the summary.
@@ -12,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from torch import nn
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.files import check_writable_dir
@@ -30,59 +30,10 @@ from scalecl.experiments.args import (  # noqa: F401  (the arguments of a sweep,
     parse_seeds,
     replicate_sets,
 )
-from scalecl.experiments.base import Paths, hold
-from scalecl.methods import Method, get_method, method_names
-from scalecl.training.fit import Fit, Runtime, TrainPlan, fit
+from scalecl.experiments.base import ExperimentBase, hold
+from scalecl.methods import Method, method_names
+from scalecl.training.fit import Runtime, fit
 from scalecl.training.run import Run, WallClock
-
-
-class Experiment(Protocol):
-    """What an experiment tells the sweep (scalecl.experiments.base.ExperimentBase implements the shared half).
-    `rc` is its resolved config (with `compute` and
-    `method_options(name)`), `paths` where it writes. Every method runs on every process under torchrun."""
-
-    rc: Any
-    paths: Paths
-    numerics: dict[str, Any]  # the device and CPU threads its runs compute with (scalecl.compute.machine.run_numerics)
-
-    def set_device(self, device: torch.device) -> None:
-        """The device the sweep checked: from here on its numerics name the runs."""
-
-    def check(self, methods: dict[str, Method], d: Dist) -> None:
-        """Every check of the experiment's own that writes nothing (sizes, data, each method's options)."""
-
-    def run_of(self, method: Method, d: Dist) -> Run:
-        """The run of one method, named by everything its numbers depend on."""
-
-    def prepare(self, rt: Runtime) -> None:
-        """Shared data of every method (before the progress display starts)."""
-
-    def stages(self, rt: Runtime) -> None:
-        """Cached stages every method starts from (trained under the progress display when not cached)."""
-
-    def build(self, method: Method) -> nn.Module:
-        """The model of step 0 for a method."""
-
-    def attach(self, model: nn.Module) -> nn.Module:
-        """What a model loaded from a checkpoint to resume needs besides its weights (what build adds)."""
-
-    def save_kw(self) -> dict[str, Any]:
-        """What every saved model of a method's run carries besides its weights (tokenizer, base model)."""
-
-    def batches(self, method: Method, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
-        """This process's training batches."""
-
-    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
-        """How the method's run trains (the sweep adds resume, force, stop and trackers)."""
-
-    def evaluate(self, model: nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
-        """One evaluation record (every process runs it)."""
-
-    def result(self, method: Method, run: Run, res: Fit, rt: Runtime) -> dict[str, Any]:
-        """The result.json of a finished run (every process calls it; final evaluations run in lock-step)."""
-
-    def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
-        """Print the end-of-sweep table (a row per result, labelled by `labels`, default its method)."""
 
 
 def order_methods(methods: list[str]) -> list[str]:
@@ -108,7 +59,7 @@ def enter_device(dev: torch.device, compute: Any) -> None:
     configure_device(dev, compute.tf32)
 
 
-def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | None = None
+def check(exp: ExperimentBase, methods: list[str], opts: SweepOptions, d: Dist | None = None
           ) -> tuple[torch.device, dict[str, Method]]:
     """Every check that writes nothing: method names, device, compute options, folders, the experiment's own
     checks and each method's options against the model. Returns (device, methods by name, in order)."""
@@ -124,12 +75,12 @@ def check(exp: Experiment, methods: list[str], opts: SweepOptions, d: Dist | Non
     for path, what in ((exp.paths.out, "--out"), (exp.paths.cache, "--cache"),
                        (exp.paths.checkpoints, "--checkpoints")):
         check_writable_dir(path, what)
-    prepared = {name: get_method(name, **exp.rc.method_options(name)) for name in order}
+    prepared = {name: exp.rc.method(name) for name in order}
     exp.check(prepared, d)
     return dev, prepared
 
 
-def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None, summary: bool = True
+def sweep(exp: ExperimentBase, methods: list[str], opts: SweepOptions | None = None, summary: bool = True
           ) -> list[dict[str, Any]]:
     """Train every asked-for method that has no finished run; returns one result per method (on the main
     process; [] on the others). When every run has finished, nothing is built: no data, no stage. summary=False
@@ -167,7 +118,7 @@ def sweep(exp: Experiment, methods: list[str], opts: SweepOptions | None = None,
         return results
 
 
-def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dist, show=say) -> list[str]:
+def _check_budget(exp: ExperimentBase, methods: list[str], dev: torch.device, d: Dist, show=say) -> list[str]:
     """Show the estimated peak memory and time of what the sweep will train (scalecl.experiments.budget), once its
     data is ready; returns the methods to train. A sweep that cannot fit is one error on every process before any
     training, except a sweep of every method (`--method all`): there each method that cannot fit is left out with
@@ -200,7 +151,7 @@ def _check_budget(exp: Experiment, methods: list[str], dev: torch.device, d: Dis
     return kept
 
 
-def check_ahead(exps: Sequence[tuple[str, Experiment]], methods: list[str], opts: SweepOptions) -> None:
+def check_ahead(exps: Sequence[tuple[str, ExperimentBase]], methods: list[str], opts: SweepOptions) -> None:
     """The checks a sweep makes only just before it trains, for each of `exps` that has a run to train, so that
     a bad one fails before any of them trains: --stop-after against each run's latest checkpoint, and those
     that need the data (the tokenizer's size against model.vocab, the corpus against the batch, the memory
@@ -229,7 +180,7 @@ def check_ahead(exps: Sequence[tuple[str, Experiment]], methods: list[str], opts
             raise type(e)(f"{label}: {e}", cli=f"{label}: {e.cli_message()}") from None
 
 
-def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOptions) -> list[dict[str, Any]]:
+def sweep_replicates(exps: list[ExperimentBase], methods: list[str], opts: SweepOptions) -> list[dict[str, Any]]:
     """Sweep every replicate (one experiment per seed pair) after checking all of them, data included, so a bad
     one fails before the first trains; every replicate is an ordinary run with its own name."""
     if len(exps) > 1:
@@ -240,7 +191,7 @@ def sweep_replicates(exps: list[Experiment], methods: list[str], opts: SweepOpti
     return [r for exp in exps for r in sweep(exp, methods, opts)]
 
 
-def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
+def _train_all(exp: ExperimentBase, prepared: dict[str, Method], runs: dict[str, Run], done: dict[str, Any],
                opts: SweepOptions, dev: torch.device, d: Dist,
                clock: WallClock | None = None) -> list[dict[str, Any]]:
     from scalecl.training.loop import progress_bar
@@ -267,7 +218,7 @@ def _train_all(exp: Experiment, prepared: dict[str, Method], runs: dict[str, Run
     return results
 
 
-def train_one(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
+def train_one(exp: ExperimentBase, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
     """Train one method's run and write its files, holding the run's lock (a second process training the same
     run stops with one line); its result (None: stopped early, or not the main process)."""
     with contextlib.ExitStack() as held:  # its results folder and its checkpoints, whatever --out and --checkpoints
@@ -282,7 +233,7 @@ def train_one(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: Swee
         return _train_locked(exp, method, run, rt, opts)
 
 
-def _train_locked(exp: Experiment, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
+def _train_locked(exp: ExperimentBase, method: Method, run: Run, rt: Runtime, opts: SweepOptions) -> dict[str, Any] | None:
     run.save_kw = run.save_kw | exp.save_kw()
     plan = replace(exp.plan(method, rt), resume=opts.resume, force=opts.force, stop_at=opts.stop_after,
                    report_to=opts.report_to)
