@@ -14,10 +14,11 @@ starts an unrelated biography); stages 2 and 3 use AdamW eps 1e-6 with a cosine 
 
 Several processes: run the same command under `torchrun --nproc_per_node N`. Every stage's batch is the
 global batch: each optimizer step's rows are cut into processes x accumulation micro-batches of
-`compute.micro_batch` rows (RowShards), so N processes compute what one process computes with the same
-micro-batches. Replicas are DDP or FSDP2 shards (`compute.parallel`). Every process runs every evaluation
-(the same forwards, as FSDP requires; an evaluation costs what it costs on one GPU), and only rank 0
-writes caches, checkpoints and results.
+`compute.micro_batch` rows (scalecl.data.batches.RowShards), so N processes compute what one process
+computes with the same micro-batches. Replicas are DDP or FSDP2 shards (`compute.parallel`). Every process
+runs every evaluation (the same forwards, as FSDP requires; an evaluation costs what it costs on one GPU),
+and only rank 0 writes caches, checkpoints and results. The data (people, tokenizer, QA sets) are prepared
+by scalecl.experiments.bio_data.
 """
 
 from __future__ import annotations
@@ -25,31 +26,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from scalecl.common.consoles import make_console
-from scalecl.common.errors import ScaleclError, cause
-from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
-from scalecl.common.locks import locked
+from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
 from scalecl.compute.perf import autocast_dtype, compile_mode
 from scalecl.compute.processes import Dist
-from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
-from scalecl.data.biography import biographies as render_biographies
-from scalecl.data.tokenizer import (
-    cached_encoding,
-    first_answer_tokens,
-    load_tokenizer,
-    open_tokenizer,
-    train_bio_tokenizer,
-)
-from scalecl.evaluation.qa import QATensors, encode_qa, qa_accuracy, qa_batches
+from scalecl.data.batches import RowShards, packed_batches
+from scalecl.data.biography import ATTRIBUTES, pretrain_texts, ranges
+from scalecl.data.tokenizer import cached_encoding, open_tokenizer
+from scalecl.evaluation.qa import QATensors, qa_accuracy, qa_batches
 from scalecl.experiments.base import (
     EndTable,
     ExperimentBase,
@@ -61,10 +53,21 @@ from scalecl.experiments.base import (
     stage_record,
     stage_run,
 )
+from scalecl.experiments.bio_data import (
+    LOCAL_HINT,
+    TEXT_FORMAT,
+    BioData,
+    attribute_priors,
+    base_model_config,
+    bio_config,
+    never_target_rows,
+    prepare_data,
+    qa_slice,
+)
 from scalecl.experiments.config import BioRunConfig, StageConfig
 from scalecl.methods import Method
 from scalecl.methods.average import BaseAverage
-from scalecl.models.build import model_from_config, shape_config
+from scalecl.models.build import model_from_config
 from scalecl.training.checkpoint import load_model
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.loop import eval_progress
@@ -73,39 +76,6 @@ from scalecl.training.record import chance_floor
 from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
-# Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
-# caches written by an older format are never reused.
-TEXT_FORMAT = 2
-# what to use instead of a --tokenizer that cannot be loaded
-LOCAL_HINT = "; offline, use --tokenizer local (a word-level tokenizer trained on the generated corpus)"
-
-
-class RowShards:
-    """The micro-batches of one process, cut by rows from a stream of global batches.
-
-    Every global batch of B rows is split into B / micro parts of `micro` rows; process r takes parts
-    r, r + world, r + 2 world, ... one per accumulation step. One process with accumulation A therefore sees
-    parts 0..A-1 in turn, and `world` processes with accumulation A / world see the same parts between them:
-    the same gradient up to float summation order. Each process draws every global batch (the data position
-    is the same on every process; train() skips micro-batches on resume by drawing them again).
-    """
-
-    def __init__(self, batches: Iterator[dict[str, torch.Tensor]], micro: int, world: int = 1, rank: int = 0) -> None:
-        self.batches, self.micro, self.world, self.rank = batches, micro, world, rank
-        self.queue: list[dict[str, torch.Tensor]] = []
-
-    def __iter__(self) -> RowShards:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        if not self.queue:
-            b = next(self.batches)
-            n = b["input_ids"].shape[0]
-            if n == self.micro and self.world == 1:
-                return b
-            for j in range(self.rank, n // self.micro, self.world):
-                self.queue.append({k: v[j * self.micro : (j + 1) * self.micro] for k, v in b.items()})
-        return self.queue.pop(0)
 
 
 def micro_batch(rc: BioRunConfig, stage: StageConfig, world: int) -> tuple[int, int]:
@@ -119,142 +89,6 @@ def micro_key(rc: BioRunConfig, world: int, *stages: str) -> dict[str, int]:
     a stage's cache key. Empty without accumulation, so such names are what they always were."""
     rows = {s: micro_batch(rc, getattr(rc, s), world)[0] for s in stages}
     return {s: r for s, r in rows.items() if r != getattr(rc, s).batch}
-
-
-@dataclass
-class BioData:
-    cfg: BioConfig
-    people: People
-    tokenizer: Any
-    tokenizer_dir: str | None
-    qa: dict[str, QATensors]  # task0_train, task0_heldout, task1
-
-
-def bio_config(rc: BioRunConfig) -> BioConfig:
-    try:
-        return preset(rc.data, seed=rc.seed, **rc.data_overrides)
-    except (ValueError, TypeError) as e:
-        raise ScaleclError(f"biography data: {e}") from None
-
-
-def pretrain_texts(people: People, cfg: BioConfig, lo: int, hi: int) -> list[str]:
-    """The pre-training biographies of people [lo, hi), each starting with a space as the reference asserts."""
-    return [" " + t for t in render_biographies(people, cfg, lo, hi)]
-
-
-def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None, *, rebuild: bool = False) -> BioData:
-    """People, tokenizer (trained locally and cached unless one is given) and tokenised QA sets; `rebuild`
-    (--force): a damaged cached tokenizer is set aside and trained again."""
-    cfg = bio_config(rc)
-    people = generate_people(cfg)
-    if rc.tokenizer == "local":
-        tok_dir = cache / f"tokenizer-{config_hash(asdict(cfg), TEXT_FORMAT)}"
-        tokenizer = _cached_tokenizer(rc, people, tok_dir, rebuild)
-        tok_src = str(tok_dir)
-    else:
-        tokenizer = tokenizer or open_tokenizer(rc.tokenizer, LOCAL_HINT)
-        tok_src = rc.tokenizer
-    vocab_rows(rc, len(tokenizer))
-    r = ranges(cfg)
-    qa = {}
-    for name, (a, b) in (("task0_train", r.task0_train), ("task0_heldout", r.task0_heldout), ("task1", r.task1)):
-        pairs = qa_pairs(people, a, b)
-        probe = pairs.select(np.arange(min(len(pairs), 6_000)))  # a sample: the full check costs ~100 s at paper scale
-        first_answer_tokens(tokenizer, probe.prompts, probe.answers)  # the metric's token must be well defined
-        qa[name] = encode_qa(tokenizer, pairs.prompts, pairs.answers, pairs.attributes, ATTRIBUTES)
-    return BioData(cfg, people, tokenizer, tok_src, qa)
-
-
-def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path, rebuild: bool = False):
-    """The local tokenizer from the cache (verified first: scalecl.common.files.usable_entry), or trained and
-    cached (one process at a time: scalecl.common.locks)."""
-    if (tok_dir / "tokenizer.json").exists() and usable_entry(tok_dir, "cached tokenizer", rebuild=rebuild):
-        return _load_cached_tokenizer(tok_dir)
-    tokenizer = train_bio_tokenizer(people)
-    vocab_rows(rc, len(tokenizer))  # a bad model.vocab fails before the cache is written
-    with locked(tok_dir, wait=True, what=f"tokenizer cache {tok_dir}"):
-        if (tok_dir / "tokenizer.json").exists():  # another process cached it meanwhile
-            return _load_cached_tokenizer(tok_dir)
-        remove_temporaries(tok_dir.parent, f"{TMP_PREFIX}{tok_dir.name}-")
-        with atomic_dir(tok_dir) as tmp, naming(tok_dir):
-            tokenizer.save_pretrained(str(tmp))
-            seal(tmp)
-    return tokenizer
-
-
-def _load_cached_tokenizer(tok_dir: Path):
-    """The cached local tokenizer, or one error naming the cache entry: a damaged one is deleted by hand (the
-    suite never deletes what it cannot prove it wrote) and trained again on the next run."""
-    try:
-        return load_tokenizer(tok_dir)
-    except (OSError, ValueError) as e:
-        raise ScaleclError(f"cached tokenizer {tok_dir} is damaged ({cause(e)}); delete "
-                           f"{tok_dir} and run again to train it anew") from None
-
-
-def packed_batches(docs: Sequence[Sequence[int]], eos: int, context: int, batch: int, seed: int) -> Iterator[dict]:
-    """Biographies + EOS, reshuffled every epoch, concatenated and cut into `context`-token chunks.
-
-    The token right after an EOS begins another person's biography, which nothing before it predicts: its
-    label is -100, as in the reference code (its labels mask every position that follows an EOS/pad).
-    """
-    rng = np.random.default_rng(seed)
-    arrays = [np.append(np.asarray(d, dtype=np.int64), eos) for d in docs]  # lists or arrays (cached encodings)
-    if sum(len(a) for a in arrays) // context < batch:  # no batch would ever be cut: refuse, never spin
-        raise ScaleclError(f"a batch of {batch} x {context} tokens is larger than the whole corpus")
-    while True:
-        stream = np.concatenate([arrays[i] for i in rng.permutation(len(arrays))])
-        n = len(stream) // context
-        chunks = torch.from_numpy(stream[: n * context].reshape(n, context))
-        for i in range(0, n - batch + 1, batch):
-            ids = chunks[i : i + batch]
-            labels = ids.clone()
-            labels[:, 1:][ids[:, :-1] == eos] = -100  # (B, T): position t follows an EOS at t - 1
-            yield {"input_ids": ids, "labels": labels}
-
-
-def vocab_rows(rc: BioRunConfig, n_tokens: int) -> int:
-    """Rows of the embedding and head: the tokenizer's size, or model.vocab when it pads beyond it."""
-    if rc.model.vocab and rc.model.vocab < n_tokens:
-        raise ScaleclError(f"model.vocab={rc.model.vocab} is smaller than the tokenizer's {n_tokens} tokens")
-    return rc.model.vocab or n_tokens
-
-
-def base_model_config(rc: BioRunConfig, tokenizer=None):
-    """The stage-1 model's config (with a placeholder vocabulary when no tokenizer is given: sizes only)."""
-    if tokenizer is None:
-        return shape_config(rc.model, max(rc.model.vocab, 8))
-    return shape_config(rc.model, vocab_rows(rc, len(tokenizer)), eos_token_id=tokenizer.eos_token_id,
-                        bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-
-
-def never_target_rows(docs: list[list[int]], qa_sets, rows: int, eos: int) -> torch.Tensor:
-    """(rows,) bool: the vocabulary rows no stage ever trains as a target, i.e. tokens that appear in no
-    pre-training biography, in no QA answer and are not EOS (model.vocab padding rows, unused tokens)."""
-    seen = np.zeros(rows, dtype=bool)
-    seen[np.concatenate([np.asarray(d, dtype=np.int64) for d in docs] + [np.asarray([eos])])] = True
-    for qa in qa_sets:
-        pos = torch.arange(qa.ids.shape[1])[None]
-        answer = (pos >= qa.prompt_len[:, None]) & (pos < qa.total_len[:, None])  # answer tokens and EOS
-        seen[qa.ids[answer].numpy()] = True
-    return torch.from_numpy(~seen)
-
-
-def attribute_priors(qa: QATensors) -> dict[str, float]:
-    """Chance floor per attribute: accuracy of always answering the most common first token."""
-    first = qa.ids[torch.arange(len(qa)), qa.prompt_len]
-    out = {}
-    for a, name in enumerate(qa.attributes):
-        vals = first[qa.attribute == a]
-        if len(vals):
-            out[name] = vals.bincount().max().item() / len(vals)
-    out["pooled"] = sum(out[n] * (qa.attribute == a).sum().item() for a, n in enumerate(qa.attributes)
-                        if n in out) / len(qa)
-    return out
-
-
-def _slice(qa: QATensors, people: int) -> QATensors:
-    return qa.subset(torch.arange(min(len(qa), people * len(ATTRIBUTES))))
 
 
 def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
@@ -425,8 +259,8 @@ class BioExperiment(ExperimentBase):
         rt.say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows "
                f"{self.base_cfg.vocab_size:,}), QA task0 {len(data.qa['task0_train']):,} / held-out "
                f"{len(data.qa['task0_heldout']):,} / task1 {len(data.qa['task1']):,} ({self.stage_info['data_s']} s)")
-        self.slices = {"task0": _slice(data.qa["task0_heldout"], rc.eval.slice_people),
-                       "task1": _slice(data.qa["task1"], rc.eval.slice_people)}
+        self.slices = {"task0": qa_slice(data.qa["task0_heldout"], rc.eval.slice_people),
+                       "task1": qa_slice(data.qa["task1"], rc.eval.slice_people)}
         lo, hi = ranges(data.cfg).pretrain
         encoded = self.cache / f"encoded-{config_hash(asdict(data.cfg), self.tokenizer_key, TEXT_FORMAT, (lo, hi))}"
         if d.main:  # an entry keyed by an earlier version's spelling of --cache: renamed, not encoded again

@@ -40,11 +40,11 @@ from scalecl.common.schema import config_hash, named_dict, numerics_key, run_str
 from scalecl.compute.machine import run_numerics
 from scalecl.compute.perf import autocast_dtype
 from scalecl.compute.processes import Dist
+from scalecl.data.batches import RankBatches
 from scalecl.data.bilingual import write_corpus
 from scalecl.data.corpus import (
     EvalChunks,
     PackedChunks,
-    RankBatches,
     check_corpus,
     eval_chunks,
     iter_texts,
