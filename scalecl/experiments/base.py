@@ -122,15 +122,15 @@ class ExperimentBase(abc.ABC):
         self.numerics = run_numerics(self.rc.compute, device, apply=True)
 
     @abc.abstractmethod
-    def check(self, methods: dict[str, Method], d: Dist) -> None:
+    def check(self, methods: dict[str, Method], dist: Dist) -> None:
         """Every check of the experiment's own that writes nothing and needs no data (sizes, the corpora it names,
-        each of `methods`' options against the model), for `d.world` processes; a ScaleclError says what to fix.
+        each of `methods`' options against the model), for `dist.world` processes; a ScaleclError says what to fix.
         Called after the sweep's own checks (device, compute options, folders), before any run is named."""
 
-    def begin(self, rt: Runtime) -> None:
+    def begin(self, runtime: Runtime) -> None:
         """Record the device and the provenance of the code that runs (called when the data are prepared)."""
-        self.device = rt.device
-        self.started = provenance() | {"device": str(rt.device)}
+        self.device = runtime.device
+        self.started = provenance() | {"device": str(runtime.device)}
 
     # -- naming ------------------------------------------------------------------------------------------
 
@@ -148,21 +148,21 @@ class ExperimentBase(abc.ABC):
         added later while at their default (`named_when_set`)."""
         return named_dict(asdict(self.rc), self.not_named, self.named_when_set)
 
-    def name_parts(self, d: Dist) -> tuple:
-        """Further values a run's name depends on under `d`'s processes (none by default)."""
+    def name_parts(self, dist: Dist) -> tuple:
+        """Further values a run's name depends on under `dist`'s processes (none by default)."""
         return ()
 
-    def run_of(self, method: Method, d: Dist) -> Run:
+    def run_of(self, method: Method, dist: Dist) -> Run:
         """The run of one method, named by everything its numbers depend on."""
         rc = self.rc
         numerics = self.numerics | products_numerics(method)
-        h = config_hash(self.named_config(), method.name, method.options(), self.lr_of(method), *self.name_parts(d),
+        h = config_hash(self.named_config(), method.name, method.options(), self.lr_of(method), *self.name_parts(dist),
                         *seed_key(rc.run_seed), *numerics_key(numerics))
         name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
         identity = {"experiment": self.name, "name": name, "method": method.name, "options": method.options(),
                     "config_hash": h, "numerics": numerics}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / self.name / name,
-                   keep=rc.checkpoint.keep, main=d.main, method=method,
+                   keep=rc.checkpoint.keep, main=dist.main, method=method,
                    delta=rc.checkpoint.delta and method.delta)
 
     def attach(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -182,13 +182,14 @@ class ExperimentBase(abc.ABC):
     # -- shared data and stages --------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def prepare(self, rt: Runtime) -> None:
+    def prepare(self, runtime: Runtime) -> None:
         """The data every method shares (tokenizer, corpora, evaluation sets), made or read from the cache; calls
-        `begin`. Runs before the progress display starts (`rt.progress` is None); `rt.force` rebuilds a damaged
-        cache entry. The sweep also calls it on a throwaway copy of the experiment to check a replicate ahead."""
+        `begin`. Runs before the progress display starts (`runtime.progress` is None); `runtime.force` rebuilds a
+        damaged cache entry. The sweep also calls it on a throwaway copy of the experiment to check a replicate
+        ahead."""
 
     @abc.abstractmethod
-    def stages(self, rt: Runtime) -> None:
+    def stages(self, runtime: Runtime) -> None:
         """The cached stages every method starts from (scalecl.experiments.base.cached_stage): trained under the
         progress display when not cached, read otherwise; afterwards `build` can make any method's model."""
 
@@ -205,12 +206,12 @@ class ExperimentBase(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def batches(self, method: Method, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self, method: Method, runtime: Runtime) -> Iterator[dict[str, torch.Tensor]]:
         """This process's training batches of `method`'s run (its share of every global batch, one micro-batch
         per accumulation step), in the order the run's seed gives."""
 
     @abc.abstractmethod
-    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
+    def plan(self, method: Method, runtime: Runtime) -> TrainPlan:
         """How `method`'s run trains: steps, optimizer at `lr_of(method)`, accumulation, autocast, evaluation and
         checkpoint steps (the sweep adds resume, force, stop and trackers)."""
 
@@ -220,20 +221,20 @@ class ExperimentBase(abc.ABC):
         lock-step."""
 
     @abc.abstractmethod
-    def result(self, method: Method, run: Run, res: Fit, rt: Runtime) -> dict[str, Any]:
+    def result(self, method: Method, run: Run, res: Fit, runtime: Runtime) -> dict[str, Any]:
         """The result.json of a finished run: `envelope` plus the experiment's own keys (every process calls it;
         final evaluations run in lock-step; rank 0's is written)."""
 
     # -- the result --------------------------------------------------------------------------------------
 
-    def envelope(self, method: Method, res: Any, rt: Runtime) -> dict[str, Any]:
+    def envelope(self, method: Method, res: Any, runtime: Runtime) -> dict[str, Any]:
         """The result keys every experiment records (scalecl.training.record.Envelope)."""
         rc = self.rc
         return Envelope(
             experiment=self.name, preset=self.preset, method=method.name, method_options=method.options(),
             description=method.describe(), lr=self.lr_of(method), seeds={"base": rc.seed, "run": rc.run_seed},
             **params(res.model), config=asdict(rc), provenance=self.started | {"finished": provenance()["date"]},
-            processes=rt.d.world, speed=res.speed).as_dict()
+            processes=runtime.d.world, speed=res.speed).as_dict()
 
     def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
         """The end-of-sweep table (see print_end_table), a row per result labelled by `labels` (default its
@@ -283,36 +284,37 @@ def stage_run(folder: Path, name: str, experiment: str, key: str, keep: int, mai
 
 
 @contextlib.contextmanager
-def hold(target: Path, rt: Runtime, *, wait: bool, what: str) -> Iterator[None]:
+def hold(target: Path, runtime: Runtime, *, wait: bool, what: str) -> Iterator[None]:
     """The lock of a run folder or cache entry (scalecl.common.locks), taken by rank 0 for every process: a lock
     another process holds is one Busy error on every process (wait=False) or a wait (wait=True)."""
     with contextlib.ExitStack() as stack:
         refused = None
-        if rt.d.main:
+        if runtime.d.main:
             try:
-                stack.enter_context(locked(target, wait=wait, what=what, say=rt.say))
+                stack.enter_context(locked(target, wait=wait, what=what, say=runtime.say))
             except Busy as e:
                 refused = str(e)
-        refused = rt.d.share(refused)
+        refused = runtime.d.share(refused)
         if refused is not None:
             raise Busy(refused)
         yield
 
 
-def cached_stage(run: Run, rt: Runtime, train: Callable[[], dict], *, alone: bool = False) -> dict:
+def cached_stage(run: Run, runtime: Runtime, train: Callable[[], dict], *, alone: bool = False) -> dict:
     """A cached stage's record: read from the cache when its final model is there, else `train()` (which trains
     it, resuming its own checkpoints, caches it and returns its record). `alone`: rank 0 trains while the other
     processes wait and then read the cache; otherwise every process trains (rank 0 writes)."""
     trained = None
-    with hold(run.final_dir, rt, wait=True, what=f"cached {run.name}"):
-        rt.d.barrier()  # every process sees the same cache
-        refused = rt.d.share(_damaged_stage(run, rt) if rt.d.main else None)  # verified on read, by rank 0
+    with hold(run.final_dir, runtime, wait=True, what=f"cached {run.name}"):
+        runtime.d.barrier()  # every process sees the same cache
+        # verified on read, by rank 0
+        refused = runtime.d.share(_damaged_stage(run, runtime) if runtime.d.main else None)
         if refused is not None:
             raise ScaleclError(refused)
-        if read_meta(run.final_dir) is None and (rt.d.main or not alone):
+        if read_meta(run.final_dir) is None and (runtime.d.main or not alone):
             trained = train()
     if alone:
-        rt.d.barrier()  # rank 0 has written the cache
+        runtime.d.barrier()  # rank 0 has written the cache
     if trained is not None:
         return {**trained, "cached": False}
     meta = read_meta(run.final_dir) or {}
@@ -322,9 +324,9 @@ def cached_stage(run: Run, rt: Runtime, train: Callable[[], dict], *, alone: boo
     return {**meta.get("stage", {}), "cached": True}
 
 
-def _damaged_stage(run: Run, rt: Runtime) -> str | None:
+def _damaged_stage(run: Run, runtime: Runtime) -> str | None:
     """Verify a cached stage before it is used: every file its record lists must be what was written. A damaged
-    entry is the error returned, or with --force (rt.force) set aside (`<name>.damaged-N`, nothing deleted) so
+    entry is the error returned, or with --force (runtime.force) set aside (`<name>.damaged-N`, nothing deleted) so
     that it is trained again."""
     if not run.final_dir.exists():
         return None
@@ -339,9 +341,9 @@ def _damaged_stage(run: Run, rt: Runtime) -> str | None:
         how = str(e)
     if how is None:
         return None
-    if rt.force:
+    if runtime.force:
         aside = set_aside(run.final_dir)
-        rt.say(f"cached {run.name} is damaged ({how}); moved to {aside}, training it again")
+        runtime.say(f"cached {run.name} is damaged ({how}); moved to {aside}, training it again")
         return None
     return (f"cached {run.name} ({run.final_dir}) is damaged: {how}; --force moves it aside and trains it "
             f"again")

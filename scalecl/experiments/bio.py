@@ -108,17 +108,17 @@ def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, d
                 for name, qa in sets.items()}
 
 
-def train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime) -> dict:
+def train_stage(run: Run, plan: TrainPlan, *, build, batches, info, runtime: Runtime) -> dict:
     """Train a stage on every process (resuming its own checkpoints); rank 0 caches it. Its record."""
     t = time.perf_counter()
-    res = fit(run, plan, build=build, batches=batches, rt=rt)
+    res = fit(run, plan, build=build, batches=batches, rt=runtime)
     stage = stage_record(run, res, t, **info(res.model), accumulation=plan.accum, speed=res.speed)
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
-    if rt.d.main:
+    if runtime.d.main:
         run.finish(None, res.export.cpu(), extra={"stage": stage})
         run.remove_checkpoints()  # the cache folder now holds the stage: its own checkpoints are spent
-    rt.d.barrier()
+    runtime.d.barrier()
     return stage
 
 
@@ -211,13 +211,14 @@ class BioExperiment(ExperimentBase):
         cached = self.cached_stages(world)  # a cached stage will not run: its memory and time do not count
         return [p for p in phases if p.name not in cached] or phases
 
-    def check(self, methods: dict[str, Method], d: Dist) -> None:
+    def check(self, methods: dict[str, Method], dist: Dist) -> None:
         rc = self.rc
         for key in ("stage1", "stage2", "stage3"):
             stage = getattr(rc, key)
-            if stage.batch % d.world or (stage.batch // d.world) % micro_batch(rc, stage, d.world)[0]:
+            if stage.batch % dist.world or (stage.batch // dist.world) % micro_batch(rc, stage, dist.world)[0]:
+                per = rc.compute.micro_batch or "batch / processes"
                 raise ScaleclError(f"{key}.batch={stage.batch} must be a multiple of processes x "
-                                   f"compute.micro_batch = {d.world} x {rc.compute.micro_batch or 'batch / processes'}")
+                                   f"compute.micro_batch = {dist.world} x {per}")
         r = ranges(bio_config(rc))
         for stage, (lo, hi) in (("stage2", r.task0_train), ("stage3", r.task1)):  # QA rows: 6 per person
             rows = (hi - lo) * len(ATTRIBUTES)
@@ -228,7 +229,7 @@ class BioExperiment(ExperimentBase):
         for m in methods.values():
             m.check(probe)
         compiled = compile_mode(rc.compute.compile, self.device, rc.stage3.steps) != "off"
-        if rc.ensemble.mode != "none" and (d.world > 1 or compiled or rc.compute.activation_checkpointing):
+        if rc.ensemble.mode != "none" and (dist.world > 1 or compiled or rc.compute.activation_checkpointing):
             raise ScaleclError(f"ensemble.mode={rc.ensemble.mode} runs in one process without compute.compile and "
                                f"compute.activation_checkpointing (the averaged model is not a transformers model)")
 
@@ -237,56 +238,57 @@ class BioExperiment(ExperimentBase):
         """Stage 3's seed (data order, random initialisation) from the base and run seeds."""
         return run_stream_seed(self.rc.seed, self.rc.run_seed)
 
-    def name_parts(self, d: Dist) -> tuple:
-        micro = micro_key(self.rc, d.world, "stage1", "stage2", "stage3")  # accumulation changes the numbers
+    def name_parts(self, dist: Dist) -> tuple:
+        micro = micro_key(self.rc, dist.world, "stage1", "stage2", "stage3")  # accumulation changes the numbers
         return (micro,) if micro else ()
 
     # -- shared data and stages ----------------------------------------------------------------------------
 
-    def prepare(self, rt: Runtime) -> None:
-        rc, d = self.rc, rt.d
+    def prepare(self, runtime: Runtime) -> None:
+        rc, dist = self.rc, runtime.d
         tokenizer = open_tokenizer(rc.tokenizer, LOCAL_HINT) if rc.tokenizer != "local" else None  # fails before any write
-        self.begin(rt)  # the code that runs is this commit's
+        self.begin(runtime)  # the code that runs is this commit's
         t0 = time.perf_counter()
         for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it
-            if d.main == (turn == "main"):
-                with console.status("generating biographies and tokenizer") if d.main else contextlib.nullcontext():
-                    self.data = prepare_data(rc, self.cache, tokenizer, rebuild=rt.force and d.main)
-            d.barrier()
+            if dist.main == (turn == "main"):
+                with console.status("generating biographies and tokenizer") if dist.main else contextlib.nullcontext():
+                    self.data = prepare_data(rc, self.cache, tokenizer, rebuild=runtime.force and dist.main)
+            dist.barrier()
         data = self.data
         self.stage_info["data_s"] = round(time.perf_counter() - t0, 1)
         self.base_cfg = base_model_config(rc, data.tokenizer)
-        rt.say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows "
+        runtime.say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows "
                f"{self.base_cfg.vocab_size:,}), QA task0 {len(data.qa['task0_train']):,} / held-out "
                f"{len(data.qa['task0_heldout']):,} / task1 {len(data.qa['task1']):,} ({self.stage_info['data_s']} s)")
         self.slices = {"task0": qa_slice(data.qa["task0_heldout"], rc.eval.slice_people),
                        "task1": qa_slice(data.qa["task1"], rc.eval.slice_people)}
         lo, hi = ranges(data.cfg).pretrain
         encoded = self.cache / f"encoded-{config_hash(asdict(data.cfg), self.tokenizer_key, TEXT_FORMAT, (lo, hi))}"
-        if d.main:  # an entry keyed by an earlier version's spelling of --cache: renamed, not encoded again
+        if dist.main:  # an entry keyed by an earlier version's spelling of --cache: renamed, not encoded again
             adopt_entry(encoded.with_name(
-                f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}"), encoded, rt.say)
-        d.barrier()
+                f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}"), encoded,
+                runtime.say)
+        dist.barrier()
         self.docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
             data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi), encoded,
-            write=d.main, rebuild=rt.force and d.main, say=rt.say)
+            write=dist.main, rebuild=runtime.force and dist.main, say=runtime.say)
         corpus = sum(len(doc) + 1 for doc in self.docs)  # tokens of one epoch (each biography + EOS)
         if corpus // rc.model.context < rc.stage1.batch:  # a check on the data: before any stage or value trains
             raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "
                                f"model.context={rc.model.context} tokens the biographies give; lower stage1.batch or "
                                f"model.context, or generate more people (data_overrides)")
 
-    def _stage_plan(self, stage: StageConfig, desc: str, d: Dist, **kw: Any) -> TrainPlan:
-        """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `d.world`
+    def _stage_plan(self, stage: StageConfig, desc: str, dist: Dist, **kw: Any) -> TrainPlan:
+        """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `dist.world`
         processes, bf16 autocast on CUDA when asked for, checkpoint cadence and compute options."""
         return TrainPlan(stage.steps, OptimConfig.of(stage, kw.pop("lr", stage.lr), stage.warmup),
-                         accum=micro_batch(self.rc, stage, d.world)[1],
+                         accum=micro_batch(self.rc, stage, dist.world)[1],
                          autocast=autocast_dtype(self.rc.dtype, self.device, self.rc.compute.cpu_bf16),
                          save_every=self.rc.checkpoint.every, save_seconds=self.rc.checkpoint.seconds,
                          compute=self.rc.compute, desc=desc, **kw)
 
-    def _shards(self, batches: Iterator[dict], stage: StageConfig, d: Dist) -> RowShards:
-        return RowShards(batches, micro_batch(self.rc, stage, d.world)[0], d.world, d.rank)
+    def _shards(self, batches: Iterator[dict], stage: StageConfig, dist: Dist) -> RowShards:
+        return RowShards(batches, micro_batch(self.rc, stage, dist.world)[0], dist.world, dist.rank)
 
     @property
     def tokenizer_key(self) -> str:
@@ -312,37 +314,38 @@ class BioExperiment(ExperimentBase):
                 done.add(label)
         return done
 
-    def stages(self, rt: Runtime) -> None:
+    def stages(self, runtime: Runtime) -> None:
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
-        rc, data, d = self.rc, self.data, rt.d
-        key1, key2 = self._stage_keys(d.world)
-        if d.main:  # entries keyed by an earlier version's spelling of the paths: renamed, not trained again
-            for stage, old, new in zip(("stage1", "stage2"), self._stage_keys(d.world, data.tokenizer_dir), (key1, key2),
-                                       strict=True):
-                adopt_entry(self.cache / f"{stage}-{old}", self.cache / f"{stage}-{new}", rt.say)
-        d.barrier()
+        rc, data, dist = self.rc, self.data, runtime.d
+        key1, key2 = self._stage_keys(dist.world)
+        if dist.main:  # entries keyed by an earlier version's spelling of the paths: renamed, not trained again
+            old_keys = self._stage_keys(dist.world, data.tokenizer_dir)
+            for stage, old, new in zip(("stage1", "stage2"), old_keys, (key1, key2), strict=True):
+                adopt_entry(self.cache / f"{stage}-{old}", self.cache / f"{stage}-{new}", runtime.say)
+        dist.barrier()
         docs = self.docs  # prepare: the encoded pre-training biographies
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         self.never_rows = never_target_rows(docs, data.qa.values(), self.base_cfg.vocab_size,
                                             data.tokenizer.eos_token_id)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
-        s1_run, s2_run = (stage_run(self.cache, f"{stage}-{key}", f"bio-{stage}", key, rc.checkpoint.keep, d.main,
+        s1_run, s2_run = (stage_run(self.cache, f"{stage}-{key}", f"bio-{stage}", key, rc.checkpoint.keep, dist.main,
                                     {"tokenizer": data.tokenizer}, self.numerics)
                           for stage, key in (("stage1", key1), ("stage2", key2)))
-        s1 = cached_stage(s1_run, rt, lambda: train_stage(
-            s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", d, resume="auto"),
+        s1 = cached_stage(s1_run, runtime, lambda: train_stage(
+            s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", dist, resume="auto"),
             build=lambda: model_from_config(self.base_cfg, seed=rc.seed),
-            batches=self._shards(s1_batches, rc.stage1, d),
+            batches=self._shards(s1_batches, rc.stage1, dist),
             info=lambda m: {"params": sum(p.numel() for p in m.parameters()), "corpus_tokens": corpus,
-                            "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)}, rt=rt))
+                            "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)},
+            runtime=runtime))
         heldout, train0 = data.qa["task0_heldout"], data.qa["task0_train"]
-        s2 = cached_stage(s2_run, rt, lambda: train_stage(
-            s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", d, resume="auto"),
+        s2 = cached_stage(s2_run, runtime, lambda: train_stage(
+            s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", dist, resume="auto"),
             build=lambda: load_model(s1_run.final_dir),
-            batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, d),
+            batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, dist),
             info=lambda m: accuracies(m, {"task0_heldout": heldout, "task0_train": train0}, rc.eval.batch,
-                                      "stage 2: Task 0 accuracy"), rt=rt))
-        rt.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
+                                      "stage 2: Task 0 accuracy"), runtime=runtime))
+        runtime.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
                f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
         self.stage2_dir = s2_run.final_dir
         self.stage_info |= {"stage1": s1, "stage2": s2}
@@ -365,13 +368,14 @@ class BioExperiment(ExperimentBase):
     def save_kw(self) -> dict[str, Any]:
         return {"tokenizer": self.data.tokenizer, "base_model": str(self.stage2_dir)}
 
-    def batches(self, method: Method, rt: Runtime) -> Iterator[dict]:
+    def batches(self, method: Method, runtime: Runtime) -> Iterator[dict]:
         rc = self.rc
-        return self._shards(qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3), rc.stage3, rt.d)
+        task1 = qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3)
+        return self._shards(task1, rc.stage3, runtime.d)
 
-    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
+    def plan(self, method: Method, runtime: Runtime) -> TrainPlan:
         rc, lr = self.rc, self.lr_of(method)
-        return self._stage_plan(rc.stage3, f"stage 3: {method.name}", rt.d, lr=lr,
+        return self._stage_plan(rc.stage3, f"stage 3: {method.name}", runtime.d, lr=lr,
                                 eval_steps=rc.eval.steps(rc.stage3.steps),
                                 tracker_config={"method": method.name, "options": method.options(), "lr": lr,
                                                 **asdict(rc)})
@@ -387,15 +391,15 @@ class BioExperiment(ExperimentBase):
                                                                               "task0/route_adapt")}
         return rec
 
-    def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
+    def result(self, method: Method, run: Run, res, runtime: Runtime) -> dict[str, Any]:
         rc, data, model, info = self.rc, self.data, res.model, self.stage_info
-        rt.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
+        runtime.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
         final = accuracies(model, {k: data.qa[k] for k in ("task0_heldout", "task1")}, rc.eval.batch,
                            f"{method.name}: full-range evaluation", exact=True)  # every process: lock-step
         t0 = [r["task0/acc"] for r in res.records]
         t1 = [r["task1/acc"] for r in res.records]
         stages = {k: {kk: vv for kk, vv in info[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
-        return self.envelope(method, res, rt) | {
+        return self.envelope(method, res, runtime) | {
             "never_target_rows": int(self.never_rows.sum()),
             **({"ensemble": asdict(rc.ensemble) | {"base": str(self.stage2_dir)}}
                if rc.ensemble.mode != "none" else {}),
@@ -405,7 +409,7 @@ class BioExperiment(ExperimentBase):
                        "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
             "stages_cached": {"stage1": info["stage1"]["cached"], "stage2": info["stage2"]["cached"]},
             "accumulation": {"stage1": info["stage1"].get("accumulation"), "stage2": info["stage2"].get("accumulation"),
-                             "stage3": micro_batch(rc, rc.stage3, rt.d.world)[1]},
+                             "stage3": micro_batch(rc, rc.stage3, runtime.d.world)[1]},
             **stages,
             "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
                        "task1": attribute_priors(data.qa["task1"])},

@@ -185,7 +185,7 @@ class PlainBase:
         """What making it costs, as scalecl.experiments.budget phases: nothing, it exists."""
         return []
 
-    def stage(self, exp: CptExperiment, rt: Runtime) -> tuple[str, dict[str, Any]]:
+    def stage(self, exp: CptExperiment, runtime: Runtime) -> tuple[str, dict[str, Any]]:
         """(the folder every method loads it from, its record for result.json)."""
         return self.source.path, {}
 
@@ -218,8 +218,8 @@ class BuiltinBase(PlainBase):
         return [phase("base pre-training", config, None, {}, (rc.pretrain.batch, ctx),
                       rc.pretrain.steps * rc.pretrain.batch * ctx, ("pretrain.batch", "model.context"))]
 
-    def stage(self, exp: CptExperiment, rt: Runtime) -> tuple[str, dict[str, Any]]:
-        path, info = pretrain_base(exp.rc, exp.tokenizer, exp.tok_src, exp.root, exp.paths.cache, rt, exp.numerics)
+    def stage(self, exp: CptExperiment, runtime: Runtime) -> tuple[str, dict[str, Any]]:
+        path, info = pretrain_base(exp.rc, exp.tokenizer, exp.tok_src, exp.root, exp.paths.cache, runtime, exp.numerics)
         return str(path), info
 
     def load(self, folder: str) -> torch.nn.Module:
@@ -343,15 +343,15 @@ class CptExperiment(ExperimentBase):
         return cpt_phases(self.rc, self.base, methods, world,
                           evals.tokens("old") + evals.tokens("new") if evals else 0, final)
 
-    def check(self, methods: dict[str, Method], d: Dist) -> None:
+    def check(self, methods: dict[str, Method], dist: Dist) -> None:
         rc = self.rc
         for name in methods:
             rc.method_lr(name)  # every method has its rate: one line naming the key to set otherwise
         t = rc.train
-        micro = self._micro(d)[0]
-        if micro < 1 or t.batch % (micro * d.world):
+        micro = self._micro(dist)[0]
+        if micro < 1 or t.batch % (micro * dist.world):
             raise ScaleclError(f"train.batch={t.batch} must be a multiple of micro_batch x processes = "
-                               f"{t.micro_batch or '(batch / processes)'} x {d.world}")
+                               f"{t.micro_batch or '(batch / processes)'} x {dist.world}")
         own = self.own
         for name in methods if own is not None else ():
             if name != own["method"]:
@@ -376,31 +376,31 @@ class CptExperiment(ExperimentBase):
 
     # -- shared data and the base --------------------------------------------------------------------------
 
-    def _status(self, d: Dist, text: str):
-        return console.status(text) if d.main else contextlib.nullcontext()
+    def _status(self, dist: Dist, text: str):
+        return console.status(text) if dist.main else contextlib.nullcontext()
 
-    def prepare(self, rt: Runtime) -> None:
+    def prepare(self, runtime: Runtime) -> None:
         """The builtin corpus (generated once), the tokenizer and the evaluation sets."""
-        rc, d = self.rc, rt.d
+        rc, dist = self.rc, runtime.d
         t0 = time.perf_counter()
-        self.begin(rt)
+        self.begin(runtime)
         self.root = builtin_root(rc, self.paths.cache) if self.bilingual is not None else None
         if self.root is not None:
-            if d.main:
-                with self._status(d, "generating the bilingual stand-in corpus"):
-                    write_corpus(self.root, self.bilingual, rc.builtin.vocab, rebuild=rt.force)
-            d.barrier()
+            if dist.main:
+                with self._status(dist, "generating the bilingual stand-in corpus"):
+                    write_corpus(self.root, self.bilingual, rc.builtin.vocab, rebuild=runtime.force)
+            dist.barrier()
         self.tok_src = rc.tokenizer or self.base.tokenizer(self.root)
         self.tokenizer = open_tokenizer(self.tok_src)
         self.train_spec = corpus_spec(rc.data, self.root)
         old_spec, new_spec = corpus_spec(rc.old_eval, self.root), corpus_spec(rc.new_eval, self.root)
-        if d.main and self.own_note:
-            rt.say(escape(self.own_note))
+        if dist.main and self.own_note:
+            runtime.say(escape(self.own_note))
         for where, spec in (("data", self.train_spec), ("old_eval", old_spec), ("new_eval", new_spec)):
-            if d.main and (warn := wrap_warning(spec)) is not None:
-                rt.say(escape(f"warning: {where}: {warn}"))
+            if dist.main and (warn := wrap_warning(spec)) is not None:
+                runtime.say(escape(f"warning: {where}: {warn}"))
         seq = rc.train.seq_len
-        with self._status(d, "tokenising the evaluation sets"):
+        with self._status(dist, "tokenising the evaluation sets"):
             old_chunks = eval_chunks(old_spec, self.tokenizer, seq, "old-domain evaluation set")
             new_chunks = eval_chunks(new_spec, self.tokenizer, seq, "new-domain evaluation set")
         full = [c for c in old_chunks if len(c) == seq]
@@ -410,7 +410,7 @@ class CptExperiment(ExperimentBase):
         self.evals = EvalSets(old_chunks, new_chunks, old_spec.describe(), new_spec.describe(),
                               torch.stack(full[: rc.eval.rep_batch]))
         if self.final_lengths:
-            with self._status(d, "tokenising the final held-out sets"):
+            with self._status(dist, "tokenising the final held-out sets"):
                 for split, cc in (("old", rc.old_eval), ("new", rc.new_eval)):
                     spec = corpus_spec(replace(cc, take=rc.eval.final_take), self.root)
                     what = f"{'old' if split == 'old' else 'new'}-domain final held-out set"
@@ -418,15 +418,15 @@ class CptExperiment(ExperimentBase):
                                                                         for n in self.final_lengths})
         self.data_s = time.perf_counter() - t0
 
-    def stages(self, rt: Runtime) -> None:
+    def stages(self, runtime: Runtime) -> None:
         """The base (pre-trained and cached when builtin) and its hidden states on the representation batch."""
         rc = self.rc
-        self.base_source, self.base_info = self.base.stage(self, rt)  # the builtin base: pre-trained, cached
-        base = self.load_base().to(rt.device)
+        self.base_source, self.base_info = self.base.stage(self, runtime)  # the builtin base: pre-trained, cached
+        base = self.load_base().to(runtime.device)
         self.never_rows = self._never_rows(base.get_output_embeddings().weight.shape[0]) if rc.eval.never_tokens else None
         ev = self.evals
         ev.d_model = getattr(base, "scale_base_sizes", {}).get("hidden_size") or base.config.hidden_size  # d: unwidened
-        ev.h0 = final_hidden(base, ev.rep_ids.to(rt.device), ev.d_model)
+        ev.h0 = final_hidden(base, ev.rep_ids.to(runtime.device), ev.d_model)
         if self.final_sets:  # the start of every method (each is exact at initialisation): scored once
             self.heldout_scores(base, None, "base")
         del base
@@ -434,8 +434,9 @@ class CptExperiment(ExperimentBase):
         done = "random initialisation, not pre-trained" if info.get("steps") == 0 else f"pre-trained {info.get('wall_s')} s"
         base_line = (f"base: {self.base_source}" + (f" ({done}{', cached' if info.get('cached') else ''})"
                                                     if info else ""))
-        rt.say(f"{base_line}; tokenizer {escape(self.tok_src)}, vocab {len(self.tokenizer):,}; old-domain eval: "
-               f"{ev.line('old')}; new-domain eval: {ev.line('new')} (seq {rc.train.seq_len}); {rt.d.world} process(es)")
+        runtime.say(f"{base_line}; tokenizer {escape(self.tok_src)}, vocab {len(self.tokenizer):,}; old-domain eval: "
+                    f"{ev.line('old')}; new-domain eval: {ev.line('new')} (seq {rc.train.seq_len}); "
+                    f"{runtime.d.world} process(es)")
 
     def _never_rows(self, rows: int) -> torch.Tensor:
         """(rows,) bool: vocabulary rows that occur in none of the first eval.never_tokens tokens of the
@@ -462,8 +463,8 @@ class CptExperiment(ExperimentBase):
 
     # -- one method ----------------------------------------------------------------------------------------
 
-    def _micro(self, d: Dist) -> tuple[int, int]:
-        return micro_split(self.rc.train.batch, self.rc.train.micro_batch, d.world)
+    def _micro(self, dist: Dist) -> tuple[int, int]:
+        return micro_split(self.rc.train.batch, self.rc.train.micro_batch, dist.world)
 
     def build(self, method: Method) -> torch.nn.Module:
         torch.manual_seed(run_stream_seed(self.rc.seed, self.rc.run_seed))
@@ -475,19 +476,20 @@ class CptExperiment(ExperimentBase):
         return {"base_model": self.base_source, "tokenizer": self.tokenizer,
                 "extra": {"train_seq_len": self.rc.train.seq_len}}
 
-    def batches(self, method: Method, rt: Runtime) -> RankBatches:
+    def batches(self, method: Method, runtime: Runtime) -> RankBatches:
         rc = self.rc
         order = run_stream_seed(rc.seed, rc.run_seed) if rc.run_seed else None  # run seed 0: stream order
         self.chunks = PackedChunks(lambda: iter_texts(self.train_spec), self.tokenizer, rc.train.seq_len,
                                    loop=True, name="training corpus", order_seed=order)
-        return RankBatches(self.chunks, self._micro(rt.d)[0], rt.d.world, rt.d.rank)
+        return RankBatches(self.chunks, self._micro(runtime.d)[0], runtime.d.world, runtime.d.rank)
 
-    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
+    def plan(self, method: Method, runtime: Runtime) -> TrainPlan:
         rc, t = self.rc, self.rc.train
         lr = self.lr_of(method)
         every = rc.eval.every or t.steps
-        return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)), accum=self._micro(rt.d)[1],
-                         autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16),
+        return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)),
+                         accum=self._micro(runtime.d)[1],
+                         autocast=autocast_dtype(rc.dtype, runtime.device, rc.compute.cpu_bf16),
                          eval_steps=set(range(0, t.steps + 1, every)) | {t.steps},
                          save_every=rc.checkpoint.every, save_seconds=rc.checkpoint.seconds, compute=rc.compute,
                          desc=f"cpt: {method.name}",
@@ -537,15 +539,15 @@ class CptExperiment(ExperimentBase):
         rec |= {k: round(v, 6) for k, v in upscaled_norms(model).items()}
         return rec
 
-    def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
+    def result(self, method: Method, run: Run, res, runtime: Runtime) -> dict[str, Any]:
         ev, records = self.evals, res.records
         first, last = records[0], records[-1]
-        micro, accum = self._micro(rt.d)
+        micro, accum = self._micro(runtime.d)
         heldout = {}
         if self.final_sets:
             self.heldout_scores(res.model, method, "end")
             heldout = {"heldout": self.heldout_record()}
-        return self.envelope(method, res, rt) | {
+        return self.envelope(method, res, runtime) | {
             "base": {"source": self.base_source, **self.base_info},
             "tokenizer": self.tok_src, "micro_batch": micro, "accumulation": accum,
             "data": {"train": self.train_spec.describe(), "epochs_completed": self.chunks.epoch,

@@ -48,33 +48,33 @@ def builtin_model_config(rc: CptRunConfig, vocab: int, tokenizer=None):
     return tiny_config(m.arch, **kw)
 
 
-def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, rt: Runtime,
+def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: Path, runtime: Runtime,
                   numerics: dict | None = None) -> tuple[Path, dict]:
     """The builtin base: a small decoder pre-trained on the stand-in's base corpus (English training split plus
     a little Korean of other people, see scalecl.data.bilingual), cached. Rank 0 trains it alone (resuming its
     own checkpoints after a kill); the other processes wait."""
     def key_of(tok: str) -> str:  # model.vocab at 0 (the tokenizer's rows) keeps the keys of bases made before it
         return config_hash(asdict(rc.builtin), tok, named_dict(asdict(rc.model), (), {"vocab": 0}), rc.pretrain, rc.seed,
-                           *numerics_key(numerics or run_numerics(rc.compute, rt.device)))
+                           *numerics_key(numerics or run_numerics(rc.compute, runtime.device)))
 
     key = key_of(path_key(tok_src, cache))  # however --cache or --tokenizer is spelled
-    if rt.d.main:  # an entry keyed by an earlier version's spelling of the paths: renamed, not trained again
-        adopt_entry(cache / "cpt" / f"base-{key_of(tok_src)}", cache / "cpt" / f"base-{key}", rt.say)
-    run = stage_run(cache / "cpt", f"base-{key}", "cpt-base", key, rc.checkpoint.keep, rt.d.main,
+    if runtime.d.main:  # an entry keyed by an earlier version's spelling of the paths: renamed, not trained again
+        adopt_entry(cache / "cpt" / f"base-{key_of(tok_src)}", cache / "cpt" / f"base-{key}", runtime.say)
+    run = stage_run(cache / "cpt", f"base-{key}", "cpt-base", key, rc.checkpoint.keep, runtime.d.main,
                     {"tokenizer": tokenizer}, numerics)
-    info = cached_stage(run, rt, lambda: _train_base(rc, run, tokenizer, root, rt), alone=True)
+    info = cached_stage(run, runtime, lambda: _train_base(rc, run, tokenizer, root, runtime), alone=True)
     return run.final_dir, info
 
 
-def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) -> dict:
+def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, runtime: Runtime) -> dict:
     """Pre-train the builtin base on this process alone, cache it (run.final_dir) and return its record."""
     spec = corpus_spec(CorpusConfig(path="builtin:base", split="train"), root)
     chunks = PackedChunks(lambda: iter_texts(spec), tokenizer, rc.model.context, loop=True, name="base corpus")
     config = builtin_model_config(rc, len(tokenizer), tokenizer)
     plan = TrainPlan(rc.pretrain.steps, OptimConfig.of(rc.pretrain, rc.pretrain.lr, rc.pretrain.warmup),
-                     autocast=autocast_dtype(rc.dtype, rt.device, rc.compute.cpu_bf16), save_every=rc.checkpoint.every,
-                     save_seconds=rc.checkpoint.seconds, resume="auto", compute=rc.compute,
-                     desc="pre-train base")
+                     autocast=autocast_dtype(rc.dtype, runtime.device, rc.compute.cpu_bf16),
+                     save_every=rc.checkpoint.every, save_seconds=rc.checkpoint.seconds, resume="auto",
+                     compute=rc.compute, desc="pre-train base")
     t = time.perf_counter()
     if rc.pretrain.steps == 0:  # the base is its random initialisation (paper-smoke: the paper's shapes)
         model = model_from_config(config, seed=rc.seed)
@@ -84,7 +84,8 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, rt: Runtime) 
                    base_model="builtin (random initialisation, not pre-trained)")
         return info
     res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
-              batches=RankBatches(chunks, rc.pretrain.batch), rt=Runtime(Dist(), rt.device, rt.progress, rt.say))
+              batches=RankBatches(chunks, rc.pretrain.batch),
+              rt=Runtime(Dist(), runtime.device, runtime.progress, runtime.say))
     info = stage_record(run, res, t, epochs_completed=chunks.epoch,
                         tokens=rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
                         params=sum(p.numel() for p in res.model.parameters()))
