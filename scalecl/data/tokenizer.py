@@ -203,7 +203,14 @@ def cached_bio_tokenizer(people: People, folder: Path, *, rebuild: bool = False,
     `rebuild`, --force: a damaged entry is set aside), or trained, passed to `check` (which raises for a
     tokenizer the run cannot use, before anything is written) and cached (one process at a time:
     scalecl.common.locks)."""
-    from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
+    from scalecl.common.files import (
+        TMP_PREFIX,
+        atomic_dir,
+        os_errors_named,
+        remove_temporaries,
+        seal,
+        usable_entry,
+    )
     from scalecl.common.locks import locked
 
     if (folder / "tokenizer.json").exists() and usable_entry(folder, "cached tokenizer", rebuild=rebuild):
@@ -214,7 +221,7 @@ def cached_bio_tokenizer(people: People, folder: Path, *, rebuild: bool = False,
         if (folder / "tokenizer.json").exists():  # another process cached it meanwhile
             return _load_cached_tokenizer(folder)
         remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
-        with atomic_dir(folder) as tmp, naming(folder):
+        with atomic_dir(folder) as tmp, os_errors_named(folder):
             tokenizer.save_pretrained(str(tmp))
             seal(tmp)
     return tokenizer
@@ -315,7 +322,14 @@ def cached_encoding(
     damaged one is one error naming it, or with `rebuild` (--force) set aside and encoded again.
     """
     from scalecl.common.errors import ScaleclError
-    from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
+    from scalecl.common.files import (
+        TMP_PREFIX,
+        atomic_dir,
+        os_errors_named,
+        remove_temporaries,
+        seal,
+        usable_entry,
+    )
     from scalecl.common.locks import locked
 
     def load() -> list[np.ndarray]:
@@ -339,7 +353,7 @@ def cached_encoding(
         if all((folder / f).exists() for f in ENCODING_FILES):  # another process cached it meanwhile
             return load()
         remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
-        with atomic_dir(folder) as tmp, naming(folder):
+        with atomic_dir(folder) as tmp, os_errors_named(folder):
             save_array(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
             save_array(tmp / "offsets.npy", offsets)
             seal(tmp)

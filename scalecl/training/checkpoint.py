@@ -66,7 +66,7 @@ from scalecl.common.files import (
     is_marked_temporary,
     large_digests,
     make_temporary,
-    naming,
+    os_errors_named,
     unmark,
     unowned_entries,
 )
@@ -255,7 +255,7 @@ def save_model(
     (base_model, required, and a digest of its weights); load_model rebuilds the model from that base.
     """
     check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
-    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"), naming(Path(out_dir)):  # one writer
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"), os_errors_named(Path(out_dir)):  # one writer
         return _save_model(model, out_dir, method, base_model, tokenizer, extra, overwrite, delta)
 
 
