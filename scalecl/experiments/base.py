@@ -28,7 +28,7 @@ from scalecl.compute.machine import check_numerics, provenance, run_numerics
 from scalecl.compute.processes import Dist
 from scalecl.experiments.args import Paths  # noqa: F401  (where a sweep writes; light, for the command line)
 from scalecl.methods import Method
-from scalecl.training.checkpoint import damage, read_meta
+from scalecl.training.checkpoint import find_damage, read_meta
 from scalecl.training.fit import Fit, Runtime, TrainPlan
 from scalecl.training.record import Envelope, fft_reference, params
 from scalecl.training.run import Run
@@ -332,7 +332,7 @@ def _damaged_stage(run: Run, runtime: Runtime) -> str | None:
         return None
     try:
         if read_meta(run.final_dir) is not None:
-            how = damage(run.final_dir)
+            how = find_damage(run.final_dir)
         elif run.final_dir.is_dir() and any(run.final_dir.iterdir()):  # files, but no record: it was removed
             how = f"{run.final_dir} holds no scalecl.json (its record was removed)"
         else:
