@@ -37,10 +37,11 @@ def main() -> None:
         steps[name] = round(steps.get(name, 0.0) + now - clock[0], 2)
         clock[0] = now
 
-    import scalecl.experiments.bio as bio
+    import scalecl.experiments.bio_data as bio
     from scalecl.common.schema import config_hash
     from scalecl.compute.machine import provenance
-    from scalecl.data.biography import ranges
+    from scalecl.data.batches import packed_batches
+    from scalecl.data.biography import pretrain_texts, ranges
     from scalecl.data.tokenizer import cached_encoding
     from scalecl.experiments import load_preset
 
@@ -51,13 +52,13 @@ def main() -> None:
     data = bio.prepare_data(rc, cache)  # people, tokenizer, QA sets (as BioExperiment.prepare)
     lap("prepare_data (people, tokenizer, QA)")
     lo, hi = ranges(data.cfg).pretrain
-    docs = cached_encoding(data.tokenizer, lambda: bio.pretrain_texts(data.people, data.cfg, lo, hi),
+    docs = cached_encoding(data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi),
                            cache / f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, bio.TEXT_FORMAT, (lo, hi))}")
     lap("pre-training encoding")
     rows = bio.base_model_config(rc, data.tokenizer).vocab_size
     bio.never_target_rows(docs, data.qa.values(), rows, data.tokenizer.eos_token_id)
     lap("never-target rows")
-    next(bio.packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed))
+    next(packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed))
     lap("first packed batch")
     total = time.perf_counter() - t_start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

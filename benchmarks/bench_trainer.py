@@ -101,8 +101,9 @@ def trainer_block(model, batches, optim, out_dir) -> tuple[list[float], list[flo
 
 def stage1_case(rc, cache: Path):
     """(model, batches, optimizer settings) of the biography pre-training case."""
-    import scalecl.experiments.bio as bio
-    from scalecl.data.biography import ranges
+    import scalecl.experiments.bio_data as bio
+    from scalecl.data.batches import packed_batches
+    from scalecl.data.biography import pretrain_texts, ranges
     from scalecl.data.tokenizer import encode_plain
     from scalecl.models.build import model_from_config
     from scalecl.training.optim import OptimConfig
@@ -110,8 +111,8 @@ def stage1_case(rc, cache: Path):
     data = bio.prepare_data(rc, cache)
     cfg = bio.base_model_config(rc, data.tokenizer)
     lo, hi = ranges(data.cfg).pretrain
-    docs = encode_plain(data.tokenizer, bio.pretrain_texts(data.people, data.cfg, lo, hi))
-    stream = bio.packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
+    docs = encode_plain(data.tokenizer, pretrain_texts(data.people, data.cfg, lo, hi))
+    stream = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
 
     def batches(n):
         out = []

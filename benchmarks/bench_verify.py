@@ -24,7 +24,7 @@ from shapes import LLAMA_1B, SMOLLM2  # benchmarks/shapes.py
 
 from scalecl.methods import get_method
 from scalecl.models.build import model_from_config
-from scalecl.training.checkpoint import damage, load_model, save_model
+from scalecl.training.checkpoint import find_damage, load_model, save_model
 
 PYTHIA_CPU = dict(model_type="gpt_neox", vocab_size=1045, hidden_size=256, intermediate_size=1024, num_hidden_layers=8,
                   num_attention_heads=8, max_position_embeddings=512)
@@ -53,7 +53,7 @@ def measure(name: str, config: dict, widen: dict, repeats: int, root: Path) -> d
     size = sum(p.stat().st_size for p in folder.iterdir())
     del base, model
     row = {"case": name, "bytes": size,
-           "verify_s": median_time(lambda: damage(folder), repeats),
+           "verify_s": median_time(lambda: find_damage(folder), repeats),
            "load_verified_s": median_time(lambda: load_model(folder), repeats),
            "load_unverified_s": median_time(lambda: load_model(folder, verify=False), repeats)}
     row["verify_share"] = row["verify_s"] / row["load_verified_s"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
@@ -25,6 +25,9 @@ from scalecl.cli.options import (
     stop_after_option,
 )
 from scalecl.experiments.args import Paths
+
+if TYPE_CHECKING:
+    from scalecl.experiments.sources import ModelSource
 
 commands = typer.Typer()
 
@@ -121,11 +124,11 @@ def train_cpt(
                                                "documents) and the method's random draws")] = None,
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
-    sets = own_sets({"base": model, "data.path": data, "old_eval.path": old_eval, "new_eval.path": new_eval},
-                    text_unit, list(sets))
+    source = model_source(model, sets)
+    sets = own_sets({"data.path": data, "old_eval.path": old_eval, "new_eval.path": new_eval}, text_unit, list(sets))
     methods, opts, configs = checked_sweep("cpt", method, preset, replicates(sets, seeds, run_seeds),
                                            SweepArgs(force, resume, stop_after, report_to, device))
-    results = sweep_configs("cpt", configs, preset, Paths(out, cache, checkpoints), methods, opts)
+    results = sweep_configs("cpt", configs, preset, Paths(out, cache, checkpoints), methods, opts, source=source)
     if results:
         console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run")
 
@@ -162,17 +165,33 @@ def checked_sweep(kind: str, method: str, preset: str, reps: list[list[str]], ar
     return methods, opts, configs
 
 
-def sweep_configs(kind: str, configs: list, preset: str, paths: Paths, methods: list[str], opts) -> list[dict]:
-    """Train every replicate's config (the sweep, torch and the experiment's class load here)."""
+def sweep_configs(kind: str, configs: list, preset: str, paths: Paths, methods: list[str], opts,
+                  **inputs: Any) -> list[dict]:
+    """Train every replicate's config (the sweep, torch and the experiment's class load here); `inputs`: typed
+    values of the command's own flags, given to every replicate's experiment (train-cpt: `source`)."""
     from scalecl.experiments import EXPERIMENTS
     from scalecl.experiments.sweep import sweep_replicates
 
-    return sweep_replicates([EXPERIMENTS[kind].build(c, preset, paths) for c in configs], methods, opts)
+    return sweep_replicates([EXPERIMENTS[kind].build(c, preset, paths, **inputs) for c in configs], methods, opts)
+
+
+def model_source(model: str | None, sets: list[str]) -> ModelSource | None:
+    """train-cpt's --model resolved once into what it names (scalecl.experiments.sources.ModelSource: the builtin
+    base, a packaged model, a .gguf file, a hub id or folder), a local path checked to exist; None when not
+    given (the config's `base` then). The model given by --set base=... as well is refused."""
+    from scalecl.common.errors import ScaleclError
+    from scalecl.experiments.sources import ModelSource
+
+    if model is None:
+        return None
+    if any(s.split("=", 1)[0].strip() == "base" for s in sets):
+        raise ScaleclError("base is given twice (--model and --set base=...); give it once")
+    return ModelSource.parse(model.strip()).check()  # stripped as a --set value is
 
 
 def own_sets(named: dict[str, str | None], text_unit: str | None, sets: list[str]) -> list[str]:
-    """train-cpt's --model, --data, --old-eval, --new-eval and --text-unit as the --set overrides they stand for,
-    before `sets` (a key given both ways is refused). --text-unit applies to every corpus whose path is named."""
+    """train-cpt's --data, --old-eval, --new-eval and --text-unit as the --set overrides they stand for, before
+    `sets` (a key given both ways is refused). --text-unit applies to every corpus whose path is named."""
     from scalecl.common.errors import ScaleclError
     from scalecl.experiments.config import TEXT_UNITS
 
@@ -196,7 +215,7 @@ def own_sets(named: dict[str, str | None], text_unit: str | None, sets: list[str
 
 def _flag(key: str) -> str:
     """The option of train-cpt that stands for a config key."""
-    return {"base": "model", "data.path": "data"}.get(key, key.removesuffix(".path").replace("_", "-"))
+    return {"data.path": "data"}.get(key, key.removesuffix(".path").replace("_", "-"))
 
 
 @commands.command()

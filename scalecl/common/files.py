@@ -123,7 +123,7 @@ def os_error_code(e: BaseException) -> int | None:
 
 
 @contextlib.contextmanager
-def naming(path: Path) -> Iterator[None]:
+def os_errors_named(path: Path) -> Iterator[None]:
     """An OS error inside the block that names no file (a full disk met by a Rust library, a write to an open
     file) is raised again as an OSError naming `path`, so the user is told where it happened."""
     try:

@@ -181,7 +181,7 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
 def compile_mode(value: bool | str, device: torch.device, steps: int | None = None) -> str:
     """compute.compile for a device and a run of `steps` steps: "model", "blocks" or "off". "auto": the whole
     model on CUDA for a run of at least SCALECL_COMPILE_MIN_STEPS steps (None: any), off elsewhere, so that CPU
-    runs keep their numbers; true, as before: every block."""
+    runs keep their numbers; true: every block."""
     if value == "auto":
         long_run = steps is None or steps >= env("SCALECL_COMPILE_MIN_STEPS")
         return "model" if device.type == "cuda" and long_run else "off"

@@ -251,7 +251,14 @@ def write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int = 2048, *, re
 
 
 def _write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int) -> None:
-    from scalecl.common.files import atomic_dir, naming, remove_temporaries, seal, write_atomic, write_json
+    from scalecl.common.files import (
+        atomic_dir,
+        os_errors_named,
+        remove_temporaries,
+        seal,
+        write_atomic,
+        write_json,
+    )
     for folder in (root, *(root / f for f in (*LANGUAGES, "base"))):  # a killed earlier attempt's temporaries
         remove_temporaries(folder)
 
@@ -270,7 +277,7 @@ def _write_corpus(root: Path, cfg: BilingualConfig, vocab_size: int) -> None:
     order = np.random.default_rng([cfg.seed, 3]).permutation(len(mix))
     write("base", "train", [mix[i] for i in order.tolist()])
     tok = train_bpe_tokenizer(parts["en"]["train"] + parts["ko"]["train"] + parts["ko"].get("base", []), vocab_size)
-    with atomic_dir(root / "tokenizer") as tmp, naming(root / "tokenizer"):
+    with atomic_dir(root / "tokenizer") as tmp, os_errors_named(root / "tokenizer"):
         tok.save_pretrained(str(tmp))
     write_json(root / "corpus.json", {"config": asdict(cfg), "vocab_size": vocab_size, "splits": stats,
                                       "note": "synthetic stand-in (scalecl.data.bilingual), not FineWeb"})

@@ -389,6 +389,11 @@ def biographies(people: People, cfg: BioConfig | None = None, start: int = 0, st
     return texts
 
 
+def pretrain_texts(people: People, cfg: BioConfig, lo: int, hi: int) -> list[str]:
+    """The pre-training biographies of people [lo, hi), each starting with a space as the reference asserts."""
+    return [" " + t for t in biographies(people, cfg, lo, hi)]
+
+
 # --------------------------------------------------------------------------- QA
 
 

@@ -320,34 +320,6 @@ class PackedChunks:
         self._texts, self._done = None, False
 
 
-class RankBatches:
-    """Training micro-batches of one data-parallel process, cut from one packed stream all processes read.
-
-    Every micro-step takes world * micro_batch consecutive chunks and keeps rows
-    [rank * micro_batch, (rank + 1) * micro_batch): the union over processes and accumulation steps of one
-    optimizer step is the same set of chunks whatever the number of processes, so a 2-process run equals
-    a 1-process run with the same global batch. Each process tokenises the whole stream (the price of that
-    equivalence); the data position is identical on every process.
-    """
-
-    def __init__(self, chunks: PackedChunks, micro_batch: int, world: int = 1, rank: int = 0) -> None:
-        self.chunks, self.micro_batch, self.world, self.rank = chunks, micro_batch, world, rank
-
-    def __iter__(self) -> RankBatches:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        rows = [next(self.chunks) for _ in range(self.micro_batch * self.world)]
-        ids = torch.stack(rows[self.rank * self.micro_batch : (self.rank + 1) * self.micro_batch])  # (m, T)
-        return {"input_ids": ids, "labels": ids}
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.chunks.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.chunks.load_state_dict(state)
-
-
 class EvalChunks(list):
     """The (seq_len,) chunks of a held-out slice, and what they hold: `documents` read (blank ones included),
     `packed` tokens (every document's [bos] + tokens + [eos]) and `scored` tokens (all but each chunk's first,

@@ -196,6 +196,49 @@ def train_bio_tokenizer(people: People, **kwargs: int) -> PreTrainedTokenizerFas
     return train_tokenizer(bio_tokenizer_corpus(people), **kwargs)
 
 
+def cached_bio_tokenizer(people: People, folder: Path, *, rebuild: bool = False,
+                         check: Callable[[PreTrainedTokenizerBase], object] = lambda tokenizer: None
+                         ) -> PreTrainedTokenizerBase:
+    """The local tokenizer of `people` from the cache `folder` (verified first: scalecl.common.files.usable_entry;
+    `rebuild`, --force: a damaged entry is set aside), or trained, passed to `check` (which raises for a
+    tokenizer the run cannot use, before anything is written) and cached (one process at a time:
+    scalecl.common.locks)."""
+    from scalecl.common.files import (
+        TMP_PREFIX,
+        atomic_dir,
+        os_errors_named,
+        remove_temporaries,
+        seal,
+        usable_entry,
+    )
+    from scalecl.common.locks import locked
+
+    if (folder / "tokenizer.json").exists() and usable_entry(folder, "cached tokenizer", rebuild=rebuild):
+        return _load_cached_tokenizer(folder)
+    tokenizer = train_bio_tokenizer(people)
+    check(tokenizer)
+    with locked(folder, wait=True, what=f"tokenizer cache {folder}"):
+        if (folder / "tokenizer.json").exists():  # another process cached it meanwhile
+            return _load_cached_tokenizer(folder)
+        remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
+        with atomic_dir(folder) as tmp, os_errors_named(folder):
+            tokenizer.save_pretrained(str(tmp))
+            seal(tmp)
+    return tokenizer
+
+
+def _load_cached_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The cached local tokenizer, or one error naming the cache entry: a damaged one is deleted by hand (the
+    suite never deletes what it cannot prove it wrote) and trained again on the next run."""
+    from scalecl.common.errors import ScaleclError, cause
+
+    try:
+        return load_tokenizer(folder)
+    except (OSError, ValueError) as e:
+        raise ScaleclError(f"cached tokenizer {folder} is damaged ({cause(e)}); delete "
+                           f"{folder} and run again to train it anew") from None
+
+
 def _looks_local(name_or_path: str) -> bool:
     """Whether the argument is meant as a directory (so a miss must not fall through to the hub)."""
     return os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1
@@ -279,7 +322,14 @@ def cached_encoding(
     damaged one is one error naming it, or with `rebuild` (--force) set aside and encoded again.
     """
     from scalecl.common.errors import ScaleclError
-    from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
+    from scalecl.common.files import (
+        TMP_PREFIX,
+        atomic_dir,
+        os_errors_named,
+        remove_temporaries,
+        seal,
+        usable_entry,
+    )
     from scalecl.common.locks import locked
 
     def load() -> list[np.ndarray]:
@@ -303,7 +353,7 @@ def cached_encoding(
         if all((folder / f).exists() for f in ENCODING_FILES):  # another process cached it meanwhile
             return load()
         remove_temporaries(folder.parent, f"{TMP_PREFIX}{folder.name}-")
-        with atomic_dir(folder) as tmp, naming(folder):
+        with atomic_dir(folder) as tmp, os_errors_named(folder):
             save_array(tmp / "ids.npy", ids.astype(np.int32) if len(tokenizer) < 2**31 else ids)
             save_array(tmp / "offsets.npy", offsets)
             seal(tmp)

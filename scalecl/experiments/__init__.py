@@ -48,10 +48,11 @@ class ExperimentSpec:
         """An experiment of this kind: the preset's config with `sets`, writing where `paths` say."""
         return self.build(self.load(preset, sets), preset, paths)
 
-    def build(self, config: Any, preset: str, paths: Path | Any) -> Any:
+    def build(self, config: Any, preset: str, paths: Path | Any, **inputs: Any) -> Any:
         """An experiment of this kind from a config `load` resolved (the command line resolves every replicate's
-        config, which loads no torch, before the experiment's class loads it)."""
-        return self.experiment_class()(config, preset, paths)
+        config, which loads no torch, before the experiment's class loads it); `inputs`: typed values the command
+        line resolved from its own flags (train-cpt: `source`, its --model)."""
+        return self.experiment_class()(config, preset, paths, **inputs)
 
 
 EXPERIMENTS: dict[str, ExperimentSpec] = {}

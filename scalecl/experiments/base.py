@@ -1,11 +1,13 @@
-"""What every experiment shares, written once: where it writes, how a run is named, the result envelope, the
-micro-batch split, cached stages and the end-of-run table. An experiment (scalecl.experiments.bio, .cpt)
-subclasses `ExperimentBase` and adds its data, stages, model building, evaluation and its own result keys;
-scalecl.experiments.sweep drives it through the `Experiment` protocol.
+"""What every experiment shares, written once: the protocol the sweep drives (`ExperimentBase`: every hook the
+sweep calls, with its contract), where it writes, how a run is named, the result envelope, the micro-batch split,
+cached stages and the end-of-run table. An experiment (scalecl.experiments.bio, .cpt) subclasses `ExperimentBase`
+and implements its abstract hooks: its checks, data, stages, model building, batches, plan, evaluation and its own
+result keys; scalecl.experiments.sweep calls nothing else.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import time
@@ -23,10 +25,11 @@ from scalecl.common.files import set_aside
 from scalecl.common.locks import locked
 from scalecl.common.schema import config_hash, named_dict, numerics_key, seed_key, seed_tag
 from scalecl.compute.machine import check_numerics, provenance, run_numerics
+from scalecl.compute.processes import Dist
 from scalecl.experiments.args import Paths  # noqa: F401  (where a sweep writes; light, for the command line)
 from scalecl.methods import Method
-from scalecl.training.checkpoint import damage, read_meta
-from scalecl.training.fit import Runtime
+from scalecl.training.checkpoint import find_damage, read_meta
+from scalecl.training.fit import Fit, Runtime, TrainPlan
 from scalecl.training.record import Envelope, fft_reference, params
 from scalecl.training.run import Run
 
@@ -84,11 +87,23 @@ def products_numerics(method: Method) -> dict[str, Any]:
     return {"scale_products": products} if isinstance(method, ScaleMethod) and products != "blocks" else {}
 
 
-class ExperimentBase:
-    """The shared half of an experiment. A subclass sets `name` (its result.json `experiment`, its checkpoint
-    subfolder), `not_named` (config keys, dotted for nested ones, left out of a run's name: they cannot change
-    its numbers, or what they change is named apart: the method's options and rate, the run seed, the
-    numerics; `scalecl plot` leaves them out of its replicate groups too), `end_table`, and implements `lr_of`."""
+class ExperimentBase(abc.ABC):
+    """An experiment as the sweep (scalecl.experiments.sweep) drives it: the hooks below, called in this order on
+    every process (under torchrun, every method runs on every process; only rank 0 writes):
+
+      set_device, check                      every check that writes nothing (sweep.check)
+      run_of (per method)                    a run's name; a finished run is skipped before any data is built
+      prepare, budget_phases                 the shared data, then the memory and time estimate
+      stages                                 the cached stages every method starts from
+      per method: save_kw, plan, batches, build (or, to resume, a checkpoint and attach), evaluate, result
+      summary                                the end-of-sweep table (main process)
+
+    `rc` is the experiment's resolved config (a scalecl.experiments.config.RunConfig), `paths` where it writes,
+    `numerics` the device and CPU threads its runs compute with. A subclass sets `name` (its result.json
+    `experiment`, its checkpoint subfolder), `not_named` (config keys, dotted for nested ones, left out of a run's
+    name: they cannot change its numbers, or what they change is named apart: the method's options and rate, the
+    run seed, the numerics; `scalecl plot` leaves them out of its replicate groups too), `end_table`, and
+    implements the abstract hooks; the others have the shared behaviour written here."""
 
     name: ClassVar[str]
     not_named: ClassVar[tuple[str, ...]] = ("checkpoint", "methods", "compute", "run_seed")
@@ -106,16 +121,23 @@ class ExperimentBase:
         self.device = device
         self.numerics = run_numerics(self.rc.compute, device, apply=True)
 
-    def begin(self, rt: Runtime) -> None:
+    @abc.abstractmethod
+    def check(self, methods: dict[str, Method], dist: Dist) -> None:
+        """Every check of the experiment's own that writes nothing and needs no data (sizes, the corpora it names,
+        each of `methods`' options against the model), for `dist.world` processes; a ScaleclError says what to fix.
+        Called after the sweep's own checks (device, compute options, folders), before any run is named."""
+
+    def begin(self, runtime: Runtime) -> None:
         """Record the device and the provenance of the code that runs (called when the data are prepared)."""
-        self.device = rt.device
-        self.started = provenance() | {"device": str(rt.device)}
+        self.device = runtime.device
+        self.started = provenance() | {"device": str(runtime.device)}
 
     # -- naming ------------------------------------------------------------------------------------------
 
     def lr_of(self, method: Method) -> float:
-        """The rate `method` trains at."""
-        raise NotImplementedError
+        """The rate `method` trains at, by the config's scheme (RunConfig.method_lr); named in its run's name,
+        recorded in its result."""
+        return self.rc.method_lr(method.name)
 
     # keys added after runs were named, with their default (the behaviour before them): left out of a name while
     # at that default, so that every earlier run keeps its name
@@ -126,21 +148,21 @@ class ExperimentBase:
         added later while at their default (`named_when_set`)."""
         return named_dict(asdict(self.rc), self.not_named, self.named_when_set)
 
-    def name_parts(self, d: Any) -> tuple:
-        """Further values a run's name depends on under `d`'s processes (none by default)."""
+    def name_parts(self, dist: Dist) -> tuple:
+        """Further values a run's name depends on under `dist`'s processes (none by default)."""
         return ()
 
-    def run_of(self, method: Method, d: Any) -> Run:
+    def run_of(self, method: Method, dist: Dist) -> Run:
         """The run of one method, named by everything its numbers depend on."""
         rc = self.rc
         numerics = self.numerics | products_numerics(method)
-        h = config_hash(self.named_config(), method.name, method.options(), self.lr_of(method), *self.name_parts(d),
+        h = config_hash(self.named_config(), method.name, method.options(), self.lr_of(method), *self.name_parts(dist),
                         *seed_key(rc.run_seed), *numerics_key(numerics))
         name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"
         identity = {"experiment": self.name, "name": name, "method": method.name, "options": method.options(),
                     "config_hash": h, "numerics": numerics}
         return Run(identity, self.paths.out / name, self.paths.checkpoints / self.name / name,
-                   keep=rc.checkpoint.keep, main=d.main, method=method,
+                   keep=rc.checkpoint.keep, main=dist.main, method=method,
                    delta=rc.checkpoint.delta and method.delta)
 
     def attach(self, model: torch.nn.Module, method: Method) -> torch.nn.Module:
@@ -149,19 +171,72 @@ class ExperimentBase:
         never-target rows, whose logit shares it measures)."""
         return method.attach(model, never_rows=self.never_rows)
 
+    @abc.abstractmethod
+    def budget_phases(self, methods: list[str], world: int) -> list:
+        """What a sweep of `methods` over `world` processes will run, as scalecl.experiments.budget phases (its
+        memory and time estimate): from the prepared data once `prepare` ran, else from the config alone; a stage
+        already cached is left out."""
+
+    # -- shared data and stages --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def prepare(self, runtime: Runtime) -> None:
+        """The data every method shares (tokenizer, corpora, evaluation sets), made or read from the cache; calls
+        `begin`. Runs before the progress display starts (`runtime.progress` is None); `runtime.force` rebuilds a
+        damaged cache entry. The sweep also calls it on a throwaway copy of the experiment to check a replicate
+        ahead."""
+
+    @abc.abstractmethod
+    def stages(self, runtime: Runtime) -> None:
+        """The cached stages every method starts from (scalecl.experiments.base.cached_stage): trained under the
+        progress display when not cached, read otherwise; afterwards `build` can make any method's model."""
+
+    # -- one method ----------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def build(self, method: Method) -> torch.nn.Module:
+        """The model of step 0 for `method` (on the CPU; the sweep moves it): the stages' model with the method
+        applied, then `attach`ed, from the method's seed."""
+
+    def save_kw(self) -> dict[str, Any]:
+        """What every saved model of a method's run carries besides its weights (scalecl.training.run.Run.save_kw:
+        tokenizer, base model, extra record keys); nothing by default."""
+        return {}
+
+    @abc.abstractmethod
+    def batches(self, method: Method, runtime: Runtime) -> Iterator[dict[str, torch.Tensor]]:
+        """This process's training batches of `method`'s run (its share of every global batch, one micro-batch
+        per accumulation step), in the order the run's seed gives."""
+
+    @abc.abstractmethod
+    def plan(self, method: Method, runtime: Runtime) -> TrainPlan:
+        """How `method`'s run trains: steps, optimizer at `lr_of(method)`, accumulation, autocast, evaluation and
+        checkpoint steps (the sweep adds resume, force, stop and trackers)."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: torch.nn.Module, method: Method, step: int, loss: float) -> dict[str, Any]:
+        """One record of metrics.jsonl at `step` (`loss`: the step's training loss); every process runs it, in
+        lock-step."""
+
+    @abc.abstractmethod
+    def result(self, method: Method, run: Run, res: Fit, runtime: Runtime) -> dict[str, Any]:
+        """The result.json of a finished run: `envelope` plus the experiment's own keys (every process calls it;
+        final evaluations run in lock-step; rank 0's is written)."""
+
     # -- the result --------------------------------------------------------------------------------------
 
-    def envelope(self, method: Method, res: Any, rt: Runtime) -> dict[str, Any]:
+    def envelope(self, method: Method, res: Any, runtime: Runtime) -> dict[str, Any]:
         """The result keys every experiment records (scalecl.training.record.Envelope)."""
         rc = self.rc
         return Envelope(
             experiment=self.name, preset=self.preset, method=method.name, method_options=method.options(),
             description=method.describe(), lr=self.lr_of(method), seeds={"base": rc.seed, "run": rc.run_seed},
             **params(res.model), config=asdict(rc), provenance=self.started | {"finished": provenance()["date"]},
-            processes=rt.d.world, speed=res.speed).as_dict()
+            processes=runtime.d.world, speed=res.speed).as_dict()
 
     def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
-        """The end-of-run table (see print_end_table); a study compares with its main runs too."""
+        """The end-of-sweep table (see print_end_table), a row per result labelled by `labels` (default its
+        method); a study compares with its main runs too."""
         print_end_table(self.end_table, results, labels, [self.paths.out, *self.paths.shared])
 
 
@@ -207,36 +282,37 @@ def stage_run(folder: Path, name: str, experiment: str, key: str, keep: int, mai
 
 
 @contextlib.contextmanager
-def hold(target: Path, rt: Runtime, *, wait: bool, what: str) -> Iterator[None]:
+def hold(target: Path, runtime: Runtime, *, wait: bool, what: str) -> Iterator[None]:
     """The lock of a run folder or cache entry (scalecl.common.locks), taken by rank 0 for every process: a lock
     another process holds is one Busy error on every process (wait=False) or a wait (wait=True)."""
     with contextlib.ExitStack() as stack:
         refused = None
-        if rt.d.main:
+        if runtime.d.main:
             try:
-                stack.enter_context(locked(target, wait=wait, what=what, say=rt.say))
+                stack.enter_context(locked(target, wait=wait, what=what, say=runtime.say))
             except Busy as e:
                 refused = str(e)
-        refused = rt.d.share(refused)
+        refused = runtime.d.share(refused)
         if refused is not None:
             raise Busy(refused)
         yield
 
 
-def cached_stage(run: Run, rt: Runtime, train: Callable[[], dict], *, alone: bool = False) -> dict:
+def cached_stage(run: Run, runtime: Runtime, train: Callable[[], dict], *, alone: bool = False) -> dict:
     """A cached stage's record: read from the cache when its final model is there, else `train()` (which trains
     it, resuming its own checkpoints, caches it and returns its record). `alone`: rank 0 trains while the other
     processes wait and then read the cache; otherwise every process trains (rank 0 writes)."""
     trained = None
-    with hold(run.final_dir, rt, wait=True, what=f"cached {run.name}"):
-        rt.d.barrier()  # every process sees the same cache
-        refused = rt.d.share(_damaged_stage(run, rt) if rt.d.main else None)  # verified on read, by rank 0
+    with hold(run.final_dir, runtime, wait=True, what=f"cached {run.name}"):
+        runtime.d.barrier()  # every process sees the same cache
+        # verified on read, by rank 0
+        refused = runtime.d.share(_damaged_stage(run, runtime) if runtime.d.main else None)
         if refused is not None:
             raise ScaleclError(refused)
-        if read_meta(run.final_dir) is None and (rt.d.main or not alone):
+        if read_meta(run.final_dir) is None and (runtime.d.main or not alone):
             trained = train()
     if alone:
-        rt.d.barrier()  # rank 0 has written the cache
+        runtime.d.barrier()  # rank 0 has written the cache
     if trained is not None:
         return {**trained, "cached": False}
     meta = read_meta(run.final_dir) or {}
@@ -246,15 +322,15 @@ def cached_stage(run: Run, rt: Runtime, train: Callable[[], dict], *, alone: boo
     return {**meta.get("stage", {}), "cached": True}
 
 
-def _damaged_stage(run: Run, rt: Runtime) -> str | None:
+def _damaged_stage(run: Run, runtime: Runtime) -> str | None:
     """Verify a cached stage before it is used: every file its record lists must be what was written. A damaged
-    entry is the error returned, or with --force (rt.force) set aside (`<name>.damaged-N`, nothing deleted) so
+    entry is the error returned, or with --force (runtime.force) set aside (`<name>.damaged-N`, nothing deleted) so
     that it is trained again."""
     if not run.final_dir.exists():
         return None
     try:
         if read_meta(run.final_dir) is not None:
-            how = damage(run.final_dir)
+            how = find_damage(run.final_dir)
         elif run.final_dir.is_dir() and any(run.final_dir.iterdir()):  # files, but no record: it was removed
             how = f"{run.final_dir} holds no scalecl.json (its record was removed)"
         else:
@@ -263,9 +339,9 @@ def _damaged_stage(run: Run, rt: Runtime) -> str | None:
         how = str(e)
     if how is None:
         return None
-    if rt.force:
+    if runtime.force:
         aside = set_aside(run.final_dir)
-        rt.say(f"cached {run.name} is damaged ({how}); moved to {aside}, training it again")
+        runtime.say(f"cached {run.name} is damaged ({how}); moved to {aside}, training it again")
         return None
     return (f"cached {run.name} ({run.final_dir}) is damaged: {how}; --force moves it aside and trains it "
             f"again")

@@ -14,10 +14,11 @@ starts an unrelated biography); stages 2 and 3 use AdamW eps 1e-6 with a cosine 
 
 Several processes: run the same command under `torchrun --nproc_per_node N`. Every stage's batch is the
 global batch: each optimizer step's rows are cut into processes x accumulation micro-batches of
-`compute.micro_batch` rows (RowShards), so N processes compute what one process computes with the same
-micro-batches. Replicas are DDP or FSDP2 shards (`compute.parallel`). Every process runs every evaluation
-(the same forwards, as FSDP requires; an evaluation costs what it costs on one GPU), and only rank 0
-writes caches, checkpoints and results.
+`compute.micro_batch` rows (scalecl.data.batches.RowShards), so N processes compute what one process
+computes with the same micro-batches. Replicas are DDP or FSDP2 shards (`compute.parallel`). Every process
+runs every evaluation (the same forwards, as FSDP requires; an evaluation costs what it costs on one GPU),
+and only rank 0 writes caches, checkpoints and results. The data (people, tokenizer, QA sets) are prepared
+by scalecl.experiments.bio_data.
 """
 
 from __future__ import annotations
@@ -25,31 +26,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from scalecl.common.consoles import make_console
-from scalecl.common.errors import ScaleclError, cause
-from scalecl.common.files import TMP_PREFIX, atomic_dir, naming, remove_temporaries, seal, usable_entry
-from scalecl.common.locks import locked
+from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import config_hash, numerics_key, run_stream_seed
 from scalecl.compute.perf import autocast_dtype, compile_mode
 from scalecl.compute.processes import Dist
-from scalecl.data.biography import ATTRIBUTES, BioConfig, People, generate_people, preset, qa_pairs, ranges
-from scalecl.data.biography import biographies as render_biographies
-from scalecl.data.tokenizer import (
-    cached_encoding,
-    first_answer_tokens,
-    load_tokenizer,
-    open_tokenizer,
-    train_bio_tokenizer,
-)
-from scalecl.evaluation.qa import QATensors, encode_qa, qa_accuracy, qa_batches
+from scalecl.data.batches import RowShards, packed_batches
+from scalecl.data.biography import ATTRIBUTES, pretrain_texts, ranges
+from scalecl.data.tokenizer import cached_encoding, open_tokenizer
+from scalecl.evaluation.qa import QATensors, qa_accuracy, qa_batches
 from scalecl.experiments.base import (
     EndTable,
     ExperimentBase,
@@ -61,10 +53,21 @@ from scalecl.experiments.base import (
     stage_record,
     stage_run,
 )
+from scalecl.experiments.bio_data import (
+    LOCAL_HINT,
+    TEXT_FORMAT,
+    BioData,
+    attribute_priors,
+    base_model_config,
+    bio_config,
+    never_target_rows,
+    prepare_data,
+    qa_slice,
+)
 from scalecl.experiments.config import BioRunConfig, StageConfig
 from scalecl.methods import Method
 from scalecl.methods.average import BaseAverage
-from scalecl.models.build import model_from_config, shape_config
+from scalecl.models.build import model_from_config
 from scalecl.training.checkpoint import load_model
 from scalecl.training.fit import Runtime, TrainPlan, fit
 from scalecl.training.optim import OptimConfig
@@ -73,44 +76,11 @@ from scalecl.training.record import chance_floor
 from scalecl.training.run import Run
 
 console = make_console()  # off a terminal: lines are not wrapped at 80 columns
-# Version of the pre-training text format (leading space); part of the tokenizer and stage-1 cache keys, so
-# caches written by an older format are never reused.
-TEXT_FORMAT = 2
-# what to use instead of a --tokenizer that cannot be loaded
-LOCAL_HINT = "; offline, use --tokenizer local (a word-level tokenizer trained on the generated corpus)"
 
 
-class RowShards:
-    """The micro-batches of one process, cut by rows from a stream of global batches.
-
-    Every global batch of B rows is split into B / micro parts of `micro` rows; process r takes parts
-    r, r + world, r + 2 world, ... one per accumulation step. One process with accumulation A therefore sees
-    parts 0..A-1 in turn, and `world` processes with accumulation A / world see the same parts between them:
-    the same gradient up to float summation order. Each process draws every global batch (the data position
-    is the same on every process; train() skips micro-batches on resume by drawing them again).
-    """
-
-    def __init__(self, batches: Iterator[dict[str, torch.Tensor]], micro: int, world: int = 1, rank: int = 0) -> None:
-        self.batches, self.micro, self.world, self.rank = batches, micro, world, rank
-        self.queue: list[dict[str, torch.Tensor]] = []
-
-    def __iter__(self) -> RowShards:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        if not self.queue:
-            b = next(self.batches)
-            n = b["input_ids"].shape[0]
-            if n == self.micro and self.world == 1:
-                return b
-            for j in range(self.rank, n // self.micro, self.world):
-                self.queue.append({k: v[j * self.micro : (j + 1) * self.micro] for k, v in b.items()})
-        return self.queue.pop(0)
-
-
-def micro_batch(rc: BioRunConfig, sc: StageConfig, world: int) -> tuple[int, int]:
+def micro_batch(rc: BioRunConfig, stage: StageConfig, world: int) -> tuple[int, int]:
     """(rows per forward, accumulation steps) of a stage with `world` processes (checked by BioExperiment.check)."""
-    return micro_split(sc.batch, rc.compute.micro_batch, world)
+    return micro_split(stage.batch, rc.compute.micro_batch, world)
 
 
 def micro_key(rc: BioRunConfig, world: int, *stages: str) -> dict[str, int]:
@@ -119,142 +89,6 @@ def micro_key(rc: BioRunConfig, world: int, *stages: str) -> dict[str, int]:
     a stage's cache key. Empty without accumulation, so such names are what they always were."""
     rows = {s: micro_batch(rc, getattr(rc, s), world)[0] for s in stages}
     return {s: r for s, r in rows.items() if r != getattr(rc, s).batch}
-
-
-@dataclass
-class BioData:
-    cfg: BioConfig
-    people: People
-    tokenizer: Any
-    tokenizer_dir: str | None
-    qa: dict[str, QATensors]  # task0_train, task0_heldout, task1
-
-
-def bio_config(rc: BioRunConfig) -> BioConfig:
-    try:
-        return preset(rc.data, seed=rc.seed, **rc.data_overrides)
-    except (ValueError, TypeError) as e:
-        raise ScaleclError(f"biography data: {e}") from None
-
-
-def pretrain_texts(people: People, cfg: BioConfig, lo: int, hi: int) -> list[str]:
-    """The pre-training biographies of people [lo, hi), each starting with a space as the reference asserts."""
-    return [" " + t for t in render_biographies(people, cfg, lo, hi)]
-
-
-def prepare_data(rc: BioRunConfig, cache: Path, tokenizer=None, *, rebuild: bool = False) -> BioData:
-    """People, tokenizer (trained locally and cached unless one is given) and tokenised QA sets; `rebuild`
-    (--force): a damaged cached tokenizer is set aside and trained again."""
-    cfg = bio_config(rc)
-    people = generate_people(cfg)
-    if rc.tokenizer == "local":
-        tok_dir = cache / f"tokenizer-{config_hash(asdict(cfg), TEXT_FORMAT)}"
-        tokenizer = _cached_tokenizer(rc, people, tok_dir, rebuild)
-        tok_src = str(tok_dir)
-    else:
-        tokenizer = tokenizer or open_tokenizer(rc.tokenizer, LOCAL_HINT)
-        tok_src = rc.tokenizer
-    vocab_rows(rc, len(tokenizer))
-    r = ranges(cfg)
-    qa = {}
-    for name, (a, b) in (("task0_train", r.task0_train), ("task0_heldout", r.task0_heldout), ("task1", r.task1)):
-        pairs = qa_pairs(people, a, b)
-        probe = pairs.select(np.arange(min(len(pairs), 6_000)))  # a sample: the full check costs ~100 s at paper scale
-        first_answer_tokens(tokenizer, probe.prompts, probe.answers)  # the metric's token must be well defined
-        qa[name] = encode_qa(tokenizer, pairs.prompts, pairs.answers, pairs.attributes, ATTRIBUTES)
-    return BioData(cfg, people, tokenizer, tok_src, qa)
-
-
-def _cached_tokenizer(rc: BioRunConfig, people: People, tok_dir: Path, rebuild: bool = False):
-    """The local tokenizer from the cache (verified first: scalecl.common.files.usable_entry), or trained and
-    cached (one process at a time: scalecl.common.locks)."""
-    if (tok_dir / "tokenizer.json").exists() and usable_entry(tok_dir, "cached tokenizer", rebuild=rebuild):
-        return _load_cached_tokenizer(tok_dir)
-    tokenizer = train_bio_tokenizer(people)
-    vocab_rows(rc, len(tokenizer))  # a bad model.vocab fails before the cache is written
-    with locked(tok_dir, wait=True, what=f"tokenizer cache {tok_dir}"):
-        if (tok_dir / "tokenizer.json").exists():  # another process cached it meanwhile
-            return _load_cached_tokenizer(tok_dir)
-        remove_temporaries(tok_dir.parent, f"{TMP_PREFIX}{tok_dir.name}-")
-        with atomic_dir(tok_dir) as tmp, naming(tok_dir):
-            tokenizer.save_pretrained(str(tmp))
-            seal(tmp)
-    return tokenizer
-
-
-def _load_cached_tokenizer(tok_dir: Path):
-    """The cached local tokenizer, or one error naming the cache entry: a damaged one is deleted by hand (the
-    suite never deletes what it cannot prove it wrote) and trained again on the next run."""
-    try:
-        return load_tokenizer(tok_dir)
-    except (OSError, ValueError) as e:
-        raise ScaleclError(f"cached tokenizer {tok_dir} is damaged ({cause(e)}); delete "
-                           f"{tok_dir} and run again to train it anew") from None
-
-
-def packed_batches(docs: Sequence[Sequence[int]], eos: int, context: int, batch: int, seed: int) -> Iterator[dict]:
-    """Biographies + EOS, reshuffled every epoch, concatenated and cut into `context`-token chunks.
-
-    The token right after an EOS begins another person's biography, which nothing before it predicts: its
-    label is -100, as in the reference code (its labels mask every position that follows an EOS/pad).
-    """
-    rng = np.random.default_rng(seed)
-    arrays = [np.append(np.asarray(d, dtype=np.int64), eos) for d in docs]  # lists or arrays (cached encodings)
-    if sum(len(a) for a in arrays) // context < batch:  # no batch would ever be cut: refuse, never spin
-        raise ScaleclError(f"a batch of {batch} x {context} tokens is larger than the whole corpus")
-    while True:
-        stream = np.concatenate([arrays[i] for i in rng.permutation(len(arrays))])
-        n = len(stream) // context
-        chunks = torch.from_numpy(stream[: n * context].reshape(n, context))
-        for i in range(0, n - batch + 1, batch):
-            ids = chunks[i : i + batch]
-            labels = ids.clone()
-            labels[:, 1:][ids[:, :-1] == eos] = -100  # (B, T): position t follows an EOS at t - 1
-            yield {"input_ids": ids, "labels": labels}
-
-
-def vocab_rows(rc: BioRunConfig, n_tokens: int) -> int:
-    """Rows of the embedding and head: the tokenizer's size, or model.vocab when it pads beyond it."""
-    if rc.model.vocab and rc.model.vocab < n_tokens:
-        raise ScaleclError(f"model.vocab={rc.model.vocab} is smaller than the tokenizer's {n_tokens} tokens")
-    return rc.model.vocab or n_tokens
-
-
-def base_model_config(rc: BioRunConfig, tokenizer=None):
-    """The stage-1 model's config (with a placeholder vocabulary when no tokenizer is given: sizes only)."""
-    if tokenizer is None:
-        return shape_config(rc.model, max(rc.model.vocab, 8))
-    return shape_config(rc.model, vocab_rows(rc, len(tokenizer)), eos_token_id=tokenizer.eos_token_id,
-                        bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-
-
-def never_target_rows(docs: list[list[int]], qa_sets, rows: int, eos: int) -> torch.Tensor:
-    """(rows,) bool: the vocabulary rows no stage ever trains as a target, i.e. tokens that appear in no
-    pre-training biography, in no QA answer and are not EOS (model.vocab padding rows, unused tokens)."""
-    seen = np.zeros(rows, dtype=bool)
-    seen[np.concatenate([np.asarray(d, dtype=np.int64) for d in docs] + [np.asarray([eos])])] = True
-    for qa in qa_sets:
-        pos = torch.arange(qa.ids.shape[1])[None]
-        answer = (pos >= qa.prompt_len[:, None]) & (pos < qa.total_len[:, None])  # answer tokens and EOS
-        seen[qa.ids[answer].numpy()] = True
-    return torch.from_numpy(~seen)
-
-
-def attribute_priors(qa: QATensors) -> dict[str, float]:
-    """Chance floor per attribute: accuracy of always answering the most common first token."""
-    first = qa.ids[torch.arange(len(qa)), qa.prompt_len]
-    out = {}
-    for a, name in enumerate(qa.attributes):
-        vals = first[qa.attribute == a]
-        if len(vals):
-            out[name] = vals.bincount().max().item() / len(vals)
-    out["pooled"] = sum(out[n] * (qa.attribute == a).sum().item() for a, n in enumerate(qa.attributes)
-                        if n in out) / len(qa)
-    return out
-
-
-def _slice(qa: QATensors, people: int) -> QATensors:
-    return qa.subset(torch.arange(min(len(qa), people * len(ATTRIBUTES))))
 
 
 def _flat(prefix: str, d: dict[str, float]) -> dict[str, float]:
@@ -274,17 +108,17 @@ def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, d
                 for name, qa in sets.items()}
 
 
-def train_stage(run: Run, plan: TrainPlan, *, build, batches, info, rt: Runtime) -> dict:
+def train_stage(run: Run, plan: TrainPlan, *, build, batches, info, runtime: Runtime) -> dict:
     """Train a stage on every process (resuming its own checkpoints); rank 0 caches it. Its record."""
     t = time.perf_counter()
-    res = fit(run, plan, build=build, batches=batches, rt=rt)
+    res = fit(run, plan, build=build, batches=batches, rt=runtime)
     stage = stage_record(run, res, t, **info(res.model), accumulation=plan.accum, speed=res.speed)
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
-    if rt.d.main:
+    if runtime.d.main:
         run.finish(None, res.export.cpu(), extra={"stage": stage})
         run.remove_checkpoints()  # the cache folder now holds the stage: its own checkpoints are spent
-    rt.d.barrier()
+    runtime.d.barrier()
     return stage
 
 
@@ -377,13 +211,14 @@ class BioExperiment(ExperimentBase):
         cached = self.cached_stages(world)  # a cached stage will not run: its memory and time do not count
         return [p for p in phases if p.name not in cached] or phases
 
-    def check(self, methods: dict[str, Method], d: Dist) -> None:
+    def check(self, methods: dict[str, Method], dist: Dist) -> None:
         rc = self.rc
-        for stage in ("stage1", "stage2", "stage3"):
-            sc = getattr(rc, stage)
-            if sc.batch % d.world or (sc.batch // d.world) % micro_batch(rc, sc, d.world)[0]:
-                raise ScaleclError(f"{stage}.batch={sc.batch} must be a multiple of processes x "
-                                   f"compute.micro_batch = {d.world} x {rc.compute.micro_batch or 'batch / processes'}")
+        for key in ("stage1", "stage2", "stage3"):
+            stage = getattr(rc, key)
+            if stage.batch % dist.world or (stage.batch // dist.world) % micro_batch(rc, stage, dist.world)[0]:
+                per = rc.compute.micro_batch or "batch / processes"
+                raise ScaleclError(f"{key}.batch={stage.batch} must be a multiple of processes x "
+                                   f"compute.micro_batch = {dist.world} x {per}")
         r = ranges(bio_config(rc))
         for stage, (lo, hi) in (("stage2", r.task0_train), ("stage3", r.task1)):  # QA rows: 6 per person
             rows = (hi - lo) * len(ATTRIBUTES)
@@ -394,7 +229,7 @@ class BioExperiment(ExperimentBase):
         for m in methods.values():
             m.check(probe)
         compiled = compile_mode(rc.compute.compile, self.device, rc.stage3.steps) != "off"
-        if rc.ensemble.mode != "none" and (d.world > 1 or compiled or rc.compute.activation_checkpointing):
+        if rc.ensemble.mode != "none" and (dist.world > 1 or compiled or rc.compute.activation_checkpointing):
             raise ScaleclError(f"ensemble.mode={rc.ensemble.mode} runs in one process without compute.compile and "
                                f"compute.activation_checkpointing (the averaged model is not a transformers model)")
 
@@ -403,60 +238,57 @@ class BioExperiment(ExperimentBase):
         """Stage 3's seed (data order, random initialisation) from the base and run seeds."""
         return run_stream_seed(self.rc.seed, self.rc.run_seed)
 
-    def lr_of(self, method: Method) -> float:
-        """Task 1's learning rate: stage3.lr times the method's lr_scale."""
-        return self.rc.stage3.lr * self.rc.lr_scale.get(method.name, 1.0)
-
-    def name_parts(self, d: Dist) -> tuple:
-        micro = micro_key(self.rc, d.world, "stage1", "stage2", "stage3")  # accumulation changes the numbers
+    def name_parts(self, dist: Dist) -> tuple:
+        micro = micro_key(self.rc, dist.world, "stage1", "stage2", "stage3")  # accumulation changes the numbers
         return (micro,) if micro else ()
 
     # -- shared data and stages ----------------------------------------------------------------------------
 
-    def prepare(self, rt: Runtime) -> None:
-        rc, d = self.rc, rt.d
+    def prepare(self, runtime: Runtime) -> None:
+        rc, dist = self.rc, runtime.d
         tokenizer = open_tokenizer(rc.tokenizer, LOCAL_HINT) if rc.tokenizer != "local" else None  # fails before any write
-        self.begin(rt)  # the code that runs is this commit's
+        self.begin(runtime)  # the code that runs is this commit's
         t0 = time.perf_counter()
         for turn in ("main", "others"):  # rank 0 trains and caches the local tokenizer; the others then read it
-            if d.main == (turn == "main"):
-                with console.status("generating biographies and tokenizer") if d.main else contextlib.nullcontext():
-                    self.data = prepare_data(rc, self.cache, tokenizer, rebuild=rt.force and d.main)
-            d.barrier()
+            if dist.main == (turn == "main"):
+                with console.status("generating biographies and tokenizer") if dist.main else contextlib.nullcontext():
+                    self.data = prepare_data(rc, self.cache, tokenizer, rebuild=runtime.force and dist.main)
+            dist.barrier()
         data = self.data
         self.stage_info["data_s"] = round(time.perf_counter() - t0, 1)
         self.base_cfg = base_model_config(rc, data.tokenizer)
-        rt.say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows "
+        runtime.say(f"data: {len(data.people):,} people, vocab {len(data.tokenizer):,} (model rows "
                f"{self.base_cfg.vocab_size:,}), QA task0 {len(data.qa['task0_train']):,} / held-out "
                f"{len(data.qa['task0_heldout']):,} / task1 {len(data.qa['task1']):,} ({self.stage_info['data_s']} s)")
-        self.slices = {"task0": _slice(data.qa["task0_heldout"], rc.eval.slice_people),
-                       "task1": _slice(data.qa["task1"], rc.eval.slice_people)}
+        self.slices = {"task0": qa_slice(data.qa["task0_heldout"], rc.eval.slice_people),
+                       "task1": qa_slice(data.qa["task1"], rc.eval.slice_people)}
         lo, hi = ranges(data.cfg).pretrain
         encoded = self.cache / f"encoded-{config_hash(asdict(data.cfg), self.tokenizer_key, TEXT_FORMAT, (lo, hi))}"
-        if d.main:  # an entry keyed by an earlier version's spelling of --cache: renamed, not encoded again
+        if dist.main:  # an entry keyed by an earlier version's spelling of --cache: renamed, not encoded again
             adopt_entry(encoded.with_name(
-                f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}"), encoded, rt.say)
-        d.barrier()
+                f"encoded-{config_hash(asdict(data.cfg), data.tokenizer_dir, TEXT_FORMAT, (lo, hi))}"), encoded,
+                runtime.say)
+        dist.barrier()
         self.docs = cached_encoding(  # keyed like the stage caches; the encoding of the paper's corpus takes minutes
             data.tokenizer, lambda: pretrain_texts(data.people, data.cfg, lo, hi), encoded,
-            write=d.main, rebuild=rt.force and d.main, say=rt.say)
+            write=dist.main, rebuild=runtime.force and dist.main, say=runtime.say)
         corpus = sum(len(doc) + 1 for doc in self.docs)  # tokens of one epoch (each biography + EOS)
         if corpus // rc.model.context < rc.stage1.batch:  # a check on the data: before any stage or value trains
             raise ScaleclError(f"stage1.batch={rc.stage1.batch} exceeds the {corpus // rc.model.context} chunks of "
                                f"model.context={rc.model.context} tokens the biographies give; lower stage1.batch or "
                                f"model.context, or generate more people (data_overrides)")
 
-    def _stage_plan(self, sc: StageConfig, desc: str, d: Dist, **kw: Any) -> TrainPlan:
-        """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `d.world`
+    def _stage_plan(self, stage: StageConfig, desc: str, dist: Dist, **kw: Any) -> TrainPlan:
+        """A stage's plan: its optimizer (at rate `lr`, default the stage's), accumulation for `dist.world`
         processes, bf16 autocast on CUDA when asked for, checkpoint cadence and compute options."""
-        return TrainPlan(sc.steps, OptimConfig.of(sc, kw.pop("lr", sc.lr), sc.warmup),
-                         accum=micro_batch(self.rc, sc, d.world)[1],
+        return TrainPlan(stage.steps, OptimConfig.of(stage, kw.pop("lr", stage.lr), stage.warmup),
+                         accum=micro_batch(self.rc, stage, dist.world)[1],
                          autocast=autocast_dtype(self.rc.dtype, self.device, self.rc.compute.cpu_bf16),
                          save_every=self.rc.checkpoint.every, save_seconds=self.rc.checkpoint.seconds,
                          compute=self.rc.compute, desc=desc, **kw)
 
-    def _shards(self, batches: Iterator[dict], sc: StageConfig, d: Dist) -> RowShards:
-        return RowShards(batches, micro_batch(self.rc, sc, d.world)[0], d.world, d.rank)
+    def _shards(self, batches: Iterator[dict], stage: StageConfig, dist: Dist) -> RowShards:
+        return RowShards(batches, micro_batch(self.rc, stage, dist.world)[0], dist.world, dist.rank)
 
     @property
     def tokenizer_key(self) -> str:
@@ -468,9 +300,9 @@ class BioExperiment(ExperimentBase):
         (default `tokenizer_key`; an earlier version's spelled path, to find its entries)."""
         rc, data = self.rc, self.data
         m1, m2 = micro_key(rc, world, "stage1"), micro_key(rc, world, "stage2")
-        k1 = config_hash(asdict(data.cfg), tokenizer or self.tokenizer_key, rc.model, rc.stage1, rc.seed, TEXT_FORMAT,
-                         *([m1] if m1 else []), *numerics_key(self.numerics))  # k2 inherits it through k1
-        return k1, config_hash(k1, rc.stage2, *([m2] if m2 else []))
+        key1 = config_hash(asdict(data.cfg), tokenizer or self.tokenizer_key, rc.model, rc.stage1, rc.seed,
+                           TEXT_FORMAT, *([m1] if m1 else []), *numerics_key(self.numerics))
+        return key1, config_hash(key1, rc.stage2, *([m2] if m2 else []))  # stage 2's key holds stage 1's, numerics too
 
     def cached_stages(self, world: int) -> set[str]:
         """The stages ("stage 1", "stage 2") whose finished model is already in the cache (data prepared)."""
@@ -482,37 +314,38 @@ class BioExperiment(ExperimentBase):
                 done.add(label)
         return done
 
-    def stages(self, rt: Runtime) -> None:
+    def stages(self, runtime: Runtime) -> None:
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
-        rc, data, d = self.rc, self.data, rt.d
-        k1, k2 = self._stage_keys(d.world)
-        if d.main:  # entries keyed by an earlier version's spelling of the paths: renamed, not trained again
-            for stage, old, new in zip(("stage1", "stage2"), self._stage_keys(d.world, data.tokenizer_dir), (k1, k2),
-                                       strict=True):
-                adopt_entry(self.cache / f"{stage}-{old}", self.cache / f"{stage}-{new}", rt.say)
-        d.barrier()
+        rc, data, dist = self.rc, self.data, runtime.d
+        key1, key2 = self._stage_keys(dist.world)
+        if dist.main:  # entries keyed by an earlier version's spelling of the paths: renamed, not trained again
+            old_keys = self._stage_keys(dist.world, data.tokenizer_dir)
+            for stage, old, new in zip(("stage1", "stage2"), old_keys, (key1, key2), strict=True):
+                adopt_entry(self.cache / f"{stage}-{old}", self.cache / f"{stage}-{new}", runtime.say)
+        dist.barrier()
         docs = self.docs  # prepare: the encoded pre-training biographies
         corpus = sum(len(doc) + 1 for doc in docs)  # tokens of one epoch (each biography + EOS)
         self.never_rows = never_target_rows(docs, data.qa.values(), self.base_cfg.vocab_size,
                                             data.tokenizer.eos_token_id)
         s1_batches = packed_batches(docs, data.tokenizer.eos_token_id, rc.model.context, rc.stage1.batch, rc.seed)
-        s1_run, s2_run = (stage_run(self.cache, f"{stage}-{key}", f"bio-{stage}", key, rc.checkpoint.keep, d.main,
+        s1_run, s2_run = (stage_run(self.cache, f"{stage}-{key}", f"bio-{stage}", key, rc.checkpoint.keep, dist.main,
                                     {"tokenizer": data.tokenizer}, self.numerics)
-                          for stage, key in (("stage1", k1), ("stage2", k2)))
-        s1 = cached_stage(s1_run, rt, lambda: train_stage(
-            s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", d, resume="auto"),
+                          for stage, key in (("stage1", key1), ("stage2", key2)))
+        s1 = cached_stage(s1_run, runtime, lambda: train_stage(
+            s1_run, self._stage_plan(rc.stage1, "stage 1: pre-train", dist, resume="auto"),
             build=lambda: model_from_config(self.base_cfg, seed=rc.seed),
-            batches=self._shards(s1_batches, rc.stage1, d),
+            batches=self._shards(s1_batches, rc.stage1, dist),
             info=lambda m: {"params": sum(p.numel() for p in m.parameters()), "corpus_tokens": corpus,
-                            "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)}, rt=rt))
+                            "epochs": round(rc.stage1.steps * rc.stage1.batch * rc.model.context / corpus, 2)},
+            runtime=runtime))
         heldout, train0 = data.qa["task0_heldout"], data.qa["task0_train"]
-        s2 = cached_stage(s2_run, rt, lambda: train_stage(
-            s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", d, resume="auto"),
+        s2 = cached_stage(s2_run, runtime, lambda: train_stage(
+            s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", dist, resume="auto"),
             build=lambda: load_model(s1_run.final_dir),
-            batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, d),
+            batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, dist),
             info=lambda m: accuracies(m, {"task0_heldout": heldout, "task0_train": train0}, rc.eval.batch,
-                                      "stage 2: Task 0 accuracy"), rt=rt))
-        rt.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
+                                      "stage 2: Task 0 accuracy"), runtime=runtime))
+        runtime.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
                f"(prior {attribute_priors(heldout)['pooled']:.3f})" + (" [cached]" if s2["cached"] else ""))
         self.stage2_dir = s2_run.final_dir
         self.stage_info |= {"stage1": s1, "stage2": s2}
@@ -535,13 +368,14 @@ class BioExperiment(ExperimentBase):
     def save_kw(self) -> dict[str, Any]:
         return {"tokenizer": self.data.tokenizer, "base_model": str(self.stage2_dir)}
 
-    def batches(self, method: Method, rt: Runtime) -> Iterator[dict]:
+    def batches(self, method: Method, runtime: Runtime) -> Iterator[dict]:
         rc = self.rc
-        return self._shards(qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3), rc.stage3, rt.d)
+        task1 = qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3)
+        return self._shards(task1, rc.stage3, runtime.d)
 
-    def plan(self, method: Method, rt: Runtime) -> TrainPlan:
+    def plan(self, method: Method, runtime: Runtime) -> TrainPlan:
         rc, lr = self.rc, self.lr_of(method)
-        return self._stage_plan(rc.stage3, f"stage 3: {method.name}", rt.d, lr=lr,
+        return self._stage_plan(rc.stage3, f"stage 3: {method.name}", runtime.d, lr=lr,
                                 eval_steps=rc.eval.steps(rc.stage3.steps),
                                 tracker_config={"method": method.name, "options": method.options(), "lr": lr,
                                                 **asdict(rc)})
@@ -552,30 +386,30 @@ class BioExperiment(ExperimentBase):
                          method=method, quiet=True)  # dozens of these: in a log only a long one prints
         for split, r in got.items():
             rec |= _flat(split, r)
-        # routing over every token of the Task 0 slice (kept under its old name for older plots)
+        # routing over every token of the Task 0 slice, also under the unprefixed keys route_preserve, route_adapt
         rec |= {k.removeprefix("task0/"): v for k, v in rec.items() if k in ("task0/route_preserve",
                                                                               "task0/route_adapt")}
         return rec
 
-    def result(self, method: Method, run: Run, res, rt: Runtime) -> dict[str, Any]:
-        rc, data, model, st = self.rc, self.data, res.model, self.stage_info
-        rt.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
+    def result(self, method: Method, run: Run, res, runtime: Runtime) -> dict[str, Any]:
+        rc, data, model, info = self.rc, self.data, res.model, self.stage_info
+        runtime.say(f"{method.name}: evaluating the full Task 0 held-out and Task 1 ranges")
         final = accuracies(model, {k: data.qa[k] for k in ("task0_heldout", "task1")}, rc.eval.batch,
                            f"{method.name}: full-range evaluation", exact=True)  # every process: lock-step
         t0 = [r["task0/acc"] for r in res.records]
         t1 = [r["task1/acc"] for r in res.records]
-        stages = {k: {kk: vv for kk, vv in st[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
-        return self.envelope(method, res, rt) | {
+        stages = {k: {kk: vv for kk, vv in info[k].items() if kk != "cached"} for k in ("stage1", "stage2")}
+        return self.envelope(method, res, runtime) | {
             "never_target_rows": int(self.never_rows.sum()),
             **({"ensemble": asdict(rc.ensemble) | {"base": str(self.stage2_dir)}}
                if rc.ensemble.mode != "none" else {}),
             "data": asdict(data.cfg), "tokenizer": data.tokenizer_dir,
             "vocab": {"tokenizer": len(data.tokenizer), "model": model.config.vocab_size},
-            "wall_s": {"data": st["data_s"], "stage1": st["stage1"]["wall_s"], "stage2": st["stage2"]["wall_s"],
+            "wall_s": {"data": info["data_s"], "stage1": info["stage1"]["wall_s"], "stage2": info["stage2"]["wall_s"],
                        "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
-            "stages_cached": {"stage1": st["stage1"]["cached"], "stage2": st["stage2"]["cached"]},
-            "accumulation": {"stage1": st["stage1"].get("accumulation"), "stage2": st["stage2"].get("accumulation"),
-                             "stage3": micro_batch(rc, rc.stage3, rt.d.world)[1]},
+            "stages_cached": {"stage1": info["stage1"]["cached"], "stage2": info["stage2"]["cached"]},
+            "accumulation": {"stage1": info["stage1"].get("accumulation"), "stage2": info["stage2"].get("accumulation"),
+                             "stage3": micro_batch(rc, rc.stage3, runtime.d.world)[1]},
             **stages,
             "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
                        "task1": attribute_priors(data.qa["task1"])},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -62,7 +63,7 @@ class StageConfig(AdamWConfig):
 
 PARALLEL = ("ddp", "fsdp")
 # compute.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "blocks" (every decoder block), "off";
-# true and false, as before, are "blocks" and "off" (scalecl.compute.perf.compile_mode)
+# true and false are "blocks" and "off" (scalecl.compute.perf.compile_mode)
 COMPILE = (True, False, "auto", "model", "blocks", "off")
 LOSSES = ("auto", "model", "chunked", "liger", "cce")  # compute.loss (scalecl.compute.loss)
 
@@ -73,7 +74,7 @@ class ComputeConfig:
 
     None of these changes what is trained beyond floating-point rounding. Rounding alone, though, makes runs
     differ after many steps: the CPU thread count in force and the device are therefore part of every run
-    name and stage cache key (scalecl.common.schema.numerics_key; one CPU thread keeps the names runs always had).
+    name and stage cache key (scalecl.common.schema.numerics_key; at one CPU thread a name leaves them out).
     The other options are recorded in result.json only. Every option defaults to the plain behaviour.
     """
 
@@ -82,9 +83,8 @@ class ComputeConfig:
     parallel: str = opt("ddp", choices=PARALLEL)
     # on a CPU, torch's intra-op threads (torch.set_num_threads), set before a run builds anything; 0 = leave
     # torch's count (OMP_NUM_THREADS, else one per core). The count splits float sums: runs at 1 and 2 threads
-    # end with different numbers, so the count in force is part of a CPU run's name. 1, as every committed run
-    # used: their numbers are reproduced, and 2 was no faster at the cpu presets on 2 shared cores (docs/runs.md,
-    # "Reproducibility")
+    # end with different numbers, so the count in force is part of a CPU run's name. The default, 1, is the
+    # count of the committed runs, whose numbers it reproduces (docs/runs.md, "Reproducibility")
     threads: int = opt(1, ge=0, le=MAX_THREADS)  # at most max(256, 4 x the cores): schema.MAX_THREADS says why
     # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
     # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
@@ -179,8 +179,46 @@ class EnsembleConfig:
     base_weight: float = opt(0.5, ge=0.0, le=1.0)  # Route's average: 0.5
 
 
+class RunConfig:
+    """What every experiment's run config has, and reads the same way: per-method options (`methods`), how runs
+    use the hardware (`compute`), resumable checkpoints (`checkpoint`) and the two seeds. BioRunConfig and
+    CptRunConfig are dataclasses that declare these fields among their own, in the order each records in
+    result.json's `config` (this base is no dataclass, so that order stays each experiment's).
+
+    Learning rates follow one of two schemes, each named by `method_lr`: the biography's scaled rate (stage3.lr x
+    lr_scale.<method>, the paper's "10x for mostly frozen methods" written once as a multiplier) and continual
+    pre-training's table of rates (lr.<method>, paper Table 1)."""
+
+    methods: dict[str, dict[str, Any]]  # per-method options ("scale" = every SCALE variant)
+    checkpoint: CheckpointConfig
+    compute: ComputeConfig
+    seed: int  # base seed: what every method starts from (data, tokenizer, the cached stages or base)
+    run_seed: int  # run seed: the method's data order and random draws
+
+    def method_options(self, name: str) -> dict[str, Any]:
+        """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
+        opts = dict(self.methods.get("scale", {})) if name.startswith("scale-") else {}
+        return opts | dict(self.methods.get(name, {}))
+
+    def method(self, name: str) -> Any:
+        """The method `name` with this config's options, read into its declared fields (scalecl.methods): the
+        one place a run's method is made from the config."""
+        from scalecl.methods import get_method
+
+        return get_method(name, **self.method_options(name))
+
+    def method_lr(self, name: str) -> float:
+        """The learning rate method `name` trains at, by the experiment's scheme."""
+        raise NotImplementedError
+
+    def check_methods(self, where: str) -> None:
+        """Every methods.<name> table names a method (or 'scale'), its options get their declared types (in
+        place), and every configured method's resolved options are valid."""
+        _check_method_options(self.methods, f"{where}methods", self.method)
+
+
 @dataclass
-class BioRunConfig:
+class BioRunConfig(RunConfig):
     """Everything a biography run depends on; stage caches and run names are hashes of parts of it."""
 
     data: str = opt("cpu", choices=("tiny", "cpu", "paper"))  # biography data preset (data.biography.PRESETS)
@@ -200,10 +238,9 @@ class BioRunConfig:
     run_seed: int = opt(0, ge=0, le=MAX_SEED)  # run seed: stage 3's data order and the method's random draws
     ensemble: EnsembleConfig = opt(factory=EnsembleConfig)  # stage 3's model averaged with the stage-2 model
 
-    def method_options(self, name: str) -> dict[str, Any]:
-        """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
-        opts = dict(self.methods.get("scale", {})) if name.startswith("scale-") else {}
-        return opts | dict(self.methods.get(name, {}))
+    def method_lr(self, name: str) -> float:
+        """The scaled rate: Task 1's rate, stage3.lr, times the method's lr_scale (1 when it has none)."""
+        return self.stage3.lr * self.lr_scale.get(name, 1.0)
 
     def check(self, where: str = "") -> None:
         from scalecl.data.biography import BioConfig
@@ -215,7 +252,7 @@ class BioRunConfig:
         _check_method_table(self.lr_scale, f"{where}lr_scale", positive=True)
         check_evaluations(self.eval.count(self.stage3.steps),
                           f"{where}stage3.steps={self.stage3.steps} with {where}eval.every={self.eval.every}")
-        _check_method_options(self.methods, f"{where}methods", self.method_options)
+        self.check_methods(where)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -350,7 +387,7 @@ PAPER_CPT_LR = {"fft": 1e-5, "lora": 1e-5, "freeze": 1e-5, "llama-pro": 2e-4,
 
 
 @dataclass
-class CptRunConfig:
+class CptRunConfig(RunConfig):
     """Everything a CPT run depends on; the base cache and run names are hashes of parts of it."""
 
     base: str = "builtin"  # "builtin" pre-trains `model` on the stand-in's English (+5% Korean) corpus, cached; else hub id / dir
@@ -371,10 +408,11 @@ class CptRunConfig:
     seed: int = opt(0, ge=0, le=MAX_SEED)  # base seed: the builtin corpus and base (cached under it)
     run_seed: int = opt(0, ge=0, le=MAX_SEED)  # run seed: the training stream's order and the method's draws
 
-    def method_options(self, name: str) -> dict[str, Any]:
-        """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
-        opts = dict(self.methods.get("scale", {})) if name.startswith("scale-") else {}
-        return opts | dict(self.methods.get(name, {}))
+    def method_lr(self, name: str) -> float:
+        """The table's rate: lr.<name>, or one error naming the key to set."""
+        if name not in self.lr:
+            raise ScaleclError(f"no learning rate for {name}: set lr.{name}")
+        return self.lr[name]
 
     def check(self, where: str = "") -> None:
         if not self.base.strip():
@@ -382,7 +420,7 @@ class CptRunConfig:
         _check_method_table(self.lr, f"{where}lr", positive=True)
         check_evaluations(self.train.steps // (self.eval.every or self.train.steps) + 2,
                           f"{where}train.steps={self.train.steps} with {where}eval.every={self.eval.every}")
-        _check_method_options(self.methods, f"{where}methods", self.method_options)
+        self.check_methods(where)
 
 
 def _check_method_table(table: dict[str, float], where: str, positive: bool) -> None:
@@ -396,10 +434,10 @@ def _check_method_table(table: dict[str, float], where: str, positive: bool) -> 
             raise ScaleclError(f"{where}.{k} must be > 0, got {v}")
 
 
-def _check_method_options(methods: dict[str, dict], where: str, resolve) -> None:
+def _check_method_options(methods: dict[str, dict], where: str, method: Callable[[str], Any]) -> None:
     """Every methods.<name> table names a method (or 'scale'), its options get their declared types (in
-    place), and every method's resolved options are valid."""
-    from scalecl.methods import REGISTRY, get_method, method_names
+    place), and every configured method made from them (`method(name)`) is valid."""
+    from scalecl.methods import REGISTRY, method_names
 
     for k, v in methods.items():
         if k != "scale" and k not in method_names():
@@ -410,4 +448,4 @@ def _check_method_options(methods: dict[str, dict], where: str, resolve) -> None
         methods[k] = REGISTRY["scale-route" if k == "scale" else k].coerce_options(v, f"config key {where}.{k}")
     for name in method_names():
         if name in methods or (name.startswith("scale-") and "scale" in methods):
-            get_method(name, **resolve(name))  # types and config-free ranges (sizes need the model: later)
+            method(name)  # types and config-free ranges (sizes need the model: later)

@@ -17,8 +17,7 @@ from scalecl.common.schema import config_hash
 from scalecl.data.bilingual import FOLDERS, BilingualConfig
 from scalecl.data.corpus import CorpusSpec
 from scalecl.experiments.config import CorpusConfig, CptRunConfig
-
-BUILTIN = "builtin"
+from scalecl.experiments.sources import BUILTIN
 
 
 def builtin_root(rc: CptRunConfig, cache: Path) -> Path:

@@ -42,7 +42,7 @@ class PathState:
         self.never_rows: torch.Tensor | None = None
         self.path_hidden: tuple[torch.Tensor, torch.Tensor] | None = None
         # leading groups (decoder layers, then the final norm) whose original channels depend on no
-        # trainable parameter on each path; refreshed before every forward (upscale._ConstantHook)
+        # trainable parameter on each path; refreshed before every forward (scale_surgery._ConstantHook)
         self.const_preserve = 0
         self.const_adapt = 0
         self.n_groups = 1  # decoder layers + 1 (the final norm)
@@ -120,7 +120,7 @@ class _BlockLinear(torch.autograd.Function):
       - each block's weight gradient is formed only when that block trains;
       - rows flagged `const` have original input channels (the first `in`) that depend on no trainable
         parameter (below the first collaborative layer, and everywhere on the preserve path, see
-        `upscale._ConstantHook`). Their input gradient there is zero by definition and is not computed.
+        `scale_surgery._ConstantHook`). Their input gradient there is zero by definition and is not computed.
     The original output channels are computed as x W^T + b (+ x_up W12^T), the same product the base model
     computes, so they match the base's even before W12 is added.
 

@@ -90,7 +90,7 @@ def resolve_model(name: str | None, cache: Path) -> str | None:
 def gguf_folder(path: Path, cache: Path) -> Path:
     """The cached transformers folder of a GGUF file: <cache>/gguf/<sha256[:16]>, dequantized once (under a
     lock, written into a temporary folder renamed when complete, so a killed process leaves nothing used)."""
-    from scalecl.common.files import atomic_dir, check_writable_dir, naming, seal
+    from scalecl.common.files import atomic_dir, check_writable_dir, os_errors_named, seal
     from scalecl.common.locks import locked
 
     if not path.is_file():
@@ -105,7 +105,7 @@ def gguf_folder(path: Path, cache: Path) -> Path:
         if _cached(dest, digest):  # made by another process while this one waited
             return dest
         model, tokenizer = _read(path)
-        with atomic_dir(dest) as tmp, naming(dest):
+        with atomic_dir(dest) as tmp, os_errors_named(dest):
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             (tmp / RECORD).write_text(json.dumps(_record(path, digest), indent=2) + "\n")

@@ -36,7 +36,7 @@ from scalecl.common.files import (
     is_marked_temporary,
     large_digests,
     make_temporary,
-    naming,
+    os_errors_named,
     unmark,
     unowned_entries,
 )
@@ -44,12 +44,18 @@ from scalecl.common.locks import locked
 from scalecl.common.readers import check_weights_folder, field, model_weights_header
 from scalecl.methods import Method, get_method
 from scalecl.methods.base import method_of_model
-from scalecl.training.checkpoint_record import META_FILE, damage, read_meta, record_digest, recorded_config
+from scalecl.training.checkpoint_record import (
+    META_FILE,
+    find_damage,
+    read_meta,
+    record_digest,
+    recorded_config,
+)
 from scalecl.training.delta import check_delta_method, check_structure
 from scalecl.training.layouts import DELTA, LAYOUTS, Layout, Saving, layout_of_model, record_layout
 
 __all__ = ["FORMAT_VERSION", "META_FILE", "STEP_RECORD", "check_checkpoint_dest", "check_model_files",
-           "check_not_step", "damage", "load_model", "read_meta", "record_digest", "save_model"]
+           "check_not_step", "find_damage", "load_model", "read_meta", "record_digest", "save_model"]
 
 FORMAT_VERSION = 3  # what this scalecl reads; it writes 2, and 3 for a delta checkpoint (older ones refuse those)
 _WRITTEN_VERSION = 2
@@ -219,7 +225,7 @@ def save_model(
     (base_model, required, and a digest of its weights); load_model rebuilds the model from that base.
     """
     check_checkpoint_dest(out_dir, overwrite)  # first: a path that cannot be a folder takes no lock either
-    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"), naming(Path(out_dir)):  # one writer
+    with locked(out_dir, wait=False, what=f"checkpoint folder {out_dir}"), os_errors_named(Path(out_dir)):  # one writer
         return _save_model(model, out_dir, method, base_model, tokenizer, extra, overwrite, delta)
 
 
@@ -327,7 +333,7 @@ def check_model_files(path: str | os.PathLike, *, verify: bool = True) -> dict[s
         raise ScaleclError(f"model path {path} does not exist or is not a directory")
     check_not_step(p)
     meta = read_meta(p)
-    how = damage(p, meta) if verify and meta is not None else None
+    how = find_damage(p, meta) if verify and meta is not None else None
     if how is not None:
         raise ScaleclError(f"checkpoint {p} is damaged: {how} (verified against the fingerprints recorded when it "
                            f"was written); nothing was loaded: restore the file or write the checkpoint again")

@@ -29,7 +29,7 @@ _META_TYPES: dict[str, type | tuple] = {
     "lora_base": str, "delta": dict,
     "stage": dict, "merged_from": str, "merged_method": (str, type(None)), "merged_options": dict,
     "train_seq_len": int,  # the tokens per sequence it was trained at (train-cpt): eval-ppl's default length
-    "record_digest": str,  # sha256 of the rest of the record (record_digest): damage() finds an edited value
+    "record_digest": str,  # sha256 of the rest of the record (record_digest): find_damage() finds an edited value
 }
 
 
@@ -66,7 +66,7 @@ def record_digest(meta: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def damage(path: str | os.PathLike, meta: dict[str, Any] | None = None) -> str | None:
+def find_damage(path: str | os.PathLike, meta: dict[str, Any] | None = None) -> str | None:
     """How a checkpoint the suite wrote differs from what it wrote (its scalecl.json edited, checked against the
     digest of its content it records; a file changed, truncated or gone, checked against the fingerprints and
     digests it records), or None when intact. A folder without a record, or a checkpoint of an older scalecl that

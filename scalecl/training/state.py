@@ -27,7 +27,7 @@ import safetensors.torch as st
 import torch
 
 from scalecl.common.errors import ScaleclError
-from scalecl.common.files import naming
+from scalecl.common.files import os_errors_named
 from scalecl.common.readers import read_json, safetensors_header
 from scalecl.common.schema import show_value
 
@@ -95,7 +95,7 @@ def save_state(folder: str | os.PathLike, state: Any) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".tmp-{name}-", dir=folder)
         os.close(fd)
         try:
-            with naming(folder / name):  # a full disk met inside safetensors names the file
+            with os_errors_named(folder / name):  # a full disk met inside safetensors names the file
                 write(tmp)
             os.replace(tmp, folder / name)
         except BaseException:

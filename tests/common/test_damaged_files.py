@@ -301,7 +301,7 @@ def test_damaged_tokenizer_cache_is_one_line(tmp_path, monkeypatch, garbage):
 
     from scalecl.common.schema import config_hash
     from scalecl.experiments import load_preset
-    from scalecl.experiments.bio import TEXT_FORMAT, bio_config
+    from scalecl.experiments.bio_data import TEXT_FORMAT, bio_config
 
     monkeypatch.chdir(tmp_path)
     entry = Path("cache") / "bio" / f"tokenizer-{config_hash(asdict(bio_config(load_preset('bio', 'tiny', []))), TEXT_FORMAT)}"

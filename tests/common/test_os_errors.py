@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scalecl.cli.errors import os_error_line
-from scalecl.common.files import naming, os_error_code
+from scalecl.common.files import os_error_code, os_errors_named
 
 
 class SafetensorError(Exception):
@@ -42,7 +42,7 @@ def test_an_os_error_behind_another_error_and_one_named_by_its_writer():
             raise RuntimeError("saving failed") from e
     except RuntimeError as e:
         assert os_error_line(e) == "/cache/x: No space left on device (ENOSPC)"
-    with pytest.raises(OSError) as e, naming(Path("/out/model")):
+    with pytest.raises(OSError) as e, os_errors_named(Path("/out/model")):
         raise SafetensorError("I/O error: File too large (os error 27)")
     assert os_error_line(e.value) == "/out/model: File too large (EFBIG)"
     assert os_error_code(ValueError("a bug, not the machine")) is None and os_error_line(KeyError("x")) is None

@@ -129,9 +129,9 @@ def test_a_damaged_cached_base_is_refused_then_rebuilt_with_force(stopped, tmp_p
     aside = base.with_name(base.name + ".damaged-1")
     assert (aside / "model.safetensors").read_bytes() == damaged  # set aside, not deleted
     assert "moved to" in res.output and list(Path("out").glob("*lora*/result.json"))
-    from scalecl.training.checkpoint import damage
+    from scalecl.training.checkpoint import find_damage
 
-    assert damage(base) is None
+    assert find_damage(base) is None
 
 
 def test_a_damaged_stand_in_corpus_is_refused_then_rebuilt_with_force(stopped, tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from scalecl.common.errors import ScaleclError
 from scalecl.data import corpus as corpus_mod
+from scalecl.data.batches import RankBatches
 from scalecl.data.bilingual import (
     BilingualConfig,
     english_biographies,
@@ -22,7 +23,6 @@ from scalecl.data.bilingual import (
 from scalecl.data.corpus import (
     CorpusSpec,
     PackedChunks,
-    RankBatches,
     check_corpus,
     document_ids,
     eval_chunks,

@@ -9,9 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import scalecl.experiments.bio as bio
+import scalecl.experiments.bio_data as bio_data
 import scalecl.training.fit as fit_module
 from scalecl.cli import app
+from scalecl.data.batches import packed_batches
 from scalecl.data.biography import ATTRIBUTES, generate_people, preset, qa_pairs
 from scalecl.evaluation.qa import qa_accuracy, qa_train_batch
 from scalecl.experiments import load_preset
@@ -175,7 +176,7 @@ def test_packing_keeps_every_token_and_reshuffles():
     """Each epoch is the documents (+ EOS) in a fresh order, cut into full chunks: no token lost or repeated."""
     docs = [[i] * (i % 5 + 1) for i in range(3, 40)]
     context, batch = 8, 2
-    it = bio.packed_batches(docs, eos=1, context=context, batch=batch, seed=0)
+    it = packed_batches(docs, eos=1, context=context, batch=batch, seed=0)
     rng = np.random.default_rng(0)
     for _ in range(2):
         stream = [t for i in rng.permutation(len(docs)) for t in docs[i] + [1]]
@@ -191,11 +192,11 @@ def test_packing_keeps_every_token_and_reshuffles():
 
 def test_same_seed_same_stage1(tmp_path):
     rc = load_preset("bio", "tiny", ["stage1.steps=3", "stage2.steps=1"])
-    data = bio.prepare_data(rc, tmp_path)
+    data = bio_data.prepare_data(rc, tmp_path)
     blobs = []
     for _ in range(2):
         torch.manual_seed(rc.seed)
-        m = model_from_config(bio.base_model_config(rc, data.tokenizer), seed=rc.seed)
+        m = model_from_config(bio_data.base_model_config(rc, data.tokenizer), seed=rc.seed)
         from scalecl.evaluation.qa import qa_batches
         from scalecl.training.loop import train
 
@@ -221,7 +222,7 @@ def test_a_given_tokenizer_directory_is_used(tmp_path):
     backend.train_from_iterator(biographies(people) + qa.prompts + qa.answers, trainer=trainer)
     PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>").save_pretrained(tmp_path / "bpe")
     rc = load_preset("bio", "tiny", [f"tokenizer={tmp_path / 'bpe'}"])
-    data = bio.prepare_data(rc, tmp_path / "cache")
+    data = bio_data.prepare_data(rc, tmp_path / "cache")
     assert data.tokenizer_dir == str(tmp_path / "bpe") and len(data.tokenizer) <= 600
     assert data.tokenizer.pad_token_id == data.tokenizer.eos_token_id
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("tokenizer-*"))

@@ -12,9 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import scalecl.experiments.bio as bio
+import scalecl.experiments.bio_data as bio_data
 from scalecl.cli import app
-from scalecl.data.biography import generate_people, preset, ranges
+from scalecl.data.batches import packed_batches
+from scalecl.data.biography import generate_people, preset, pretrain_texts, ranges
 from scalecl.data.tokenizer import encode_plain, train_bio_tokenizer
 from scalecl.experiments import load_preset
 from scalecl.methods import METHOD_ORDER, get_method
@@ -26,9 +27,9 @@ def test_paper_preset_uses_the_pythia_tokenizer_and_its_padded_vocabulary():
     rc = load_preset("bio", "paper")
     assert rc.tokenizer == "EleutherAI/pythia-160m"
     assert rc.model.vocab == 50_304  # Pythia's rows for its 50,277 tokens
-    assert bio.vocab_rows(rc, 50_277) == 50_304
+    assert bio_data.vocab_rows(rc, 50_277) == 50_304
     with pytest.raises(Exception, match="smaller than the tokenizer"):
-        bio.vocab_rows(load_preset("bio", "paper", ["model.vocab=1000"]), 50_277)
+        bio_data.vocab_rows(load_preset("bio", "paper", ["model.vocab=1000"]), 50_277)
     assert load_preset("bio", "cpu").tokenizer == "local" and load_preset("bio", "cpu").model.vocab == 0
 
 
@@ -68,7 +69,7 @@ def test_every_pretraining_text_starts_with_a_space():
     cfg = preset("tiny")
     people = generate_people(cfg)
     lo, hi = ranges(cfg).pretrain
-    texts = bio.pretrain_texts(people, cfg, lo, hi)
+    texts = pretrain_texts(people, cfg, lo, hi)
     assert len(texts) == (hi - lo) * cfg.n_texts and all(t[0] == " " and t[1] != " " for t in texts)
     tok = train_bio_tokenizer(people)
     first = [ids[0] for ids in encode_plain(tok, texts)]
@@ -82,7 +83,7 @@ def test_every_pretraining_text_starts_with_a_space():
 def test_the_token_after_an_eos_is_no_target():
     eos = 1
     docs = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
-    it = bio.packed_batches(docs, eos=eos, context=6, batch=2, seed=0)
+    it = packed_batches(docs, eos=eos, context=6, batch=2, seed=0)
     for _ in range(5):
         b = next(it)
         ids, labels = b["input_ids"], b["labels"]
@@ -108,7 +109,7 @@ def test_evaluation_cadence():
 @pytest.mark.parametrize("name", ["tiny", "cpu", "paper"])
 def test_every_method_fits_every_bio_preset(name):
     rc = load_preset("bio", name)
-    config = bio.base_model_config(rc)
+    config = bio_data.base_model_config(rc)
     for method in METHOD_ORDER:
         get_method(method, **rc.method_options(method)).check(config)
     assert math.isclose(rc.lr_scale["scale-route"], 10.0)  # paper Sec. 5.1: Route at 10x the FFT rate

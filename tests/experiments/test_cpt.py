@@ -18,7 +18,8 @@ import torch
 from typer.testing import CliRunner
 
 from scalecl.cli import app
-from scalecl.data.corpus import CorpusSpec, PackedChunks, RankBatches, iter_texts
+from scalecl.data.batches import RankBatches
+from scalecl.data.corpus import CorpusSpec, PackedChunks, iter_texts
 from scalecl.experiments import load_preset
 from scalecl.experiments.config import PAPER_CPT_LR
 from scalecl.methods import METHOD_ORDER

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from scalecl.cli import app
+from scalecl.common.errors import ScaleclError
 from scalecl.data.corpus import CorpusSpec, document_ids, run_on_share, wrap_warning
 from scalecl.experiments import load_preset
 from scalecl.training.record import checkpoint_dir
@@ -103,15 +104,23 @@ def test_one_command_trains_own_model_on_own_files_and_scores_the_whole_files(ow
 
 
 def test_the_options_are_the_config_keys_and_leave_other_run_names_alone(own):
-    """--model and --data are --set base / data.path: a run named by them is the run named by those keys; a
-    text unit at its default is left out of run names, so every run named before it keeps its name."""
-    from scalecl.cli.train import own_sets
+    """--data is --set data.path, and --model, resolved into a ModelSource, names the run --set base=... names:
+    the run named by the options is the run named by those keys; a text unit at its default is left out of run
+    names, so every run named before it keeps its name."""
+    from scalecl.cli.train import model_source, own_sets
     from scalecl.experiments.base import Paths
     from scalecl.experiments.cpt import CptExperiment
+    from scalecl.experiments.sources import ModelSource
 
-    sets = own_sets({"base": str(own / "my-model"), "data.path": "x.txt", "old_eval.path": None,
-                     "new_eval.path": None}, None, ["train.steps=3"])
-    assert sets == [f"base={own / 'my-model'}", "data.path=x.txt", "train.steps=3"]
+    sets = own_sets({"data.path": "x.txt", "old_eval.path": None, "new_eval.path": None}, None, ["train.steps=3"])
+    assert sets == ["data.path=x.txt", "train.steps=3"]
+    source = model_source(f" {own / 'my-model'} ", sets)  # stripped, as a --set value is
+    assert source == ModelSource("hub_or_folder", str(own / "my-model"), str(own / "my-model"))
+    by_flag = CptExperiment(load_preset("cpt", "tiny", sets), "tiny", Paths(Path("o")), source=source)
+    by_key = CptExperiment(load_preset("cpt", "tiny", [f"base={own / 'my-model'}", *sets]), "tiny", Paths(Path("o")))
+    assert by_flag.named_config() == by_key.named_config() and by_flag.rc == by_key.rc
+    with pytest.raises(ScaleclError, match="base is given twice"):
+        model_source(str(own / "my-model"), ["base=builtin"])
 
     def name_of(s: list[str]) -> dict:
         return CptExperiment(load_preset("cpt", "tiny", s), "tiny", Paths(Path("o"))).named_config()

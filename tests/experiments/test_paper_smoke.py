@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from scalecl.cli import app
 from scalecl.experiments import load_preset
 from scalecl.experiments.budget import PAPER_SETTINGS, llama_32_1b_config, trainable_counts
-from scalecl.experiments.cpt import builtin_model_config
+from scalecl.experiments.cpt_pretrain import builtin_model_config
 
 SHAPE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
          "intermediate_size", "tie_word_embeddings", "model_type")

@@ -16,7 +16,7 @@ import torch
 
 from scalecl.evaluation.qa import QUANTILES
 from scalecl.experiments import load_preset
-from scalecl.experiments.cpt import route_stats
+from scalecl.experiments.cpt_eval import route_stats
 from scalecl.methods import METHOD_ORDER, get_method
 from tests.conftest import SMOLLM2_GGUF, needs_smollm2, run
 

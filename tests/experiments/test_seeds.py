@@ -52,7 +52,7 @@ def test_every_replicate_is_checked_against_its_data_before_the_first_trains(tmp
     from scalecl.data.biography import generate_people
     from scalecl.data.tokenizer import train_bio_tokenizer
     from scalecl.experiments import load_preset
-    from scalecl.experiments.bio import bio_config
+    from scalecl.experiments.bio_data import bio_config
 
     sizes = {s: len(train_bio_tokenizer(generate_people(bio_config(load_preset("bio", "tiny", [f"seed={s}"])))))
              for s in (0, 1, 2, 3)}
