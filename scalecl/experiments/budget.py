@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, Pretr
 from scalecl.common.environment import env
 from scalecl.compute.machine import MEMORY_MARGIN, available_memory
 from scalecl.experiments import load_preset
-from scalecl.methods import count_parameters, get_method
+from scalecl.methods import REGISTRY, count_parameters, get_method
 from scalecl.models.build import shape_config
 
 
@@ -361,13 +361,10 @@ def _model_numbers(config: PretrainedConfig, method: str | None, opts: dict[str,
 
 
 def _widths(cfg: PretrainedConfig, method: str | None, opts: dict[str, Any]) -> tuple[int, int, int, int]:
-    """(layers, width, ffn, paths) of a model after `method`: SCALE widens, LLaMA Pro deepens, Route forks."""
+    """(layers, width, ffn, paths) of a model after `method` (Method.shape: SCALE widens, LLaMA Pro deepens,
+    Route takes two paths)."""
     layers, width, ffn = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
-    if method and method.startswith("scale-"):
-        width, ffn = width + int(opts.get("hidden_up", 0) or 0), ffn + int(opts.get("ffn_up", 0) or 0)
-    if method == "llama-pro":
-        layers += int(opts.get("n", 0) or 0)
-    return layers, width, ffn, 2 if method == "scale-route" else 1
+    return (layers, width, ffn, 1) if method is None else get_method(method, **opts).shape(layers, width, ffn)
 
 
 def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, Any], shape: tuple[int, int],
@@ -378,7 +375,8 @@ def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, 
     total, trainable = _model_numbers(cfg, method, opts)
     layers, width, ffn, paths = _widths(cfg, method, opts)
     return Phase(name, total, trainable if train or method else 0, layers, width, ffn, cfg.vocab_size, rows, seq,
-                 train, paths, tokens, keys, glu=gated_mlp(cfg), plain_head=not (method or "").startswith("scale-"))
+                 train, paths, tokens, keys, glu=gated_mlp(cfg),
+                 plain_head=method is None or REGISTRY[method].plain_head)
 
 
 def gated_mlp(cfg: PretrainedConfig) -> bool:

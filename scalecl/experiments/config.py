@@ -197,8 +197,10 @@ class RunConfig:
 
     def method_options(self, name: str) -> dict[str, Any]:
         """Options of one method: methods.scale applies to every SCALE variant, methods.<name> on top."""
-        opts = dict(self.methods.get("scale", {})) if name.startswith("scale-") else {}
-        return opts | dict(self.methods.get(name, {}))
+        from scalecl.methods import REGISTRY
+
+        group = REGISTRY[name].options_group if name in REGISTRY else None
+        return dict(self.methods.get(group, {}) if group else {}) | dict(self.methods.get(name, {}))
 
     def method(self, name: str) -> Any:
         """The method `name` with this config's options, read into its declared fields (scalecl.methods): the
@@ -437,15 +439,15 @@ def _check_method_table(table: dict[str, float], where: str, positive: bool) -> 
 def _check_method_options(methods: dict[str, dict], where: str, method: Callable[[str], Any]) -> None:
     """Every methods.<name> table names a method (or 'scale'), its options get their declared types (in
     place), and every configured method made from them (`method(name)`) is valid."""
-    from scalecl.methods import REGISTRY, method_names
+    from scalecl.methods import REGISTRY, method_names, option_groups, options_class
 
     for k, v in methods.items():
-        if k != "scale" and k not in method_names():
+        if k not in option_groups() and k not in method_names():
             raise ScaleclError(f"unknown method {where}.{k}; use 'scale' (all SCALE variants) or one of "
                                f"{', '.join(method_names())}")
         if not isinstance(v, dict):
             raise ScaleclError(f"{where}.{k} is a table of options, not a value")
-        methods[k] = REGISTRY["scale-route" if k == "scale" else k].coerce_options(v, f"config key {where}.{k}")
+        methods[k] = options_class(k).coerce_options(v, f"config key {where}.{k}")
     for name in method_names():
-        if name in methods or (name.startswith("scale-") and "scale" in methods):
+        if name in methods or REGISTRY[name].options_group in methods:
             method(name)  # types and config-free ranges (sizes need the model: later)

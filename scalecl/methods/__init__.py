@@ -8,7 +8,10 @@ from scalecl.methods.base import (
     count_parameters,
     get_method,
     method_names,
+    option_groups,
+    options_class,
     trainable_parameters,
 )
 
-__all__ = ["METHOD_ORDER", "REGISTRY", "Method", "count_parameters", "get_method", "method_names", "trainable_parameters"]
+__all__ = ["METHOD_ORDER", "REGISTRY", "Method", "count_parameters", "get_method", "method_names", "option_groups",
+           "options_class", "trainable_parameters"]

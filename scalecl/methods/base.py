@@ -43,6 +43,15 @@ class Method:
     # the layout of the method's full checkpoint (scalecl.training.layouts, scalecl.json `layout`): "plain", a
     # transformers folder its model loads from as any model; a method whose model is not one names its own
     layout: ClassVar[str] = "plain"
+    # the table under a config's `methods` that holds options shared by a family of methods (`methods.scale`: every
+    # SCALE variant), or None; a method's own table (`methods.<name>`) applies on top
+    options_group: ClassVar[str | None] = None
+    plain_head: ClassVar[bool] = True  # the model's head is a plain linear layer (the chunked loss applies)
+
+    def shape(self, layers: int, width: int, ffn: int) -> tuple[int, int, int, int]:
+        """(layers, hidden width, FFN width, paths a token takes) of the model the method trains, from its base's
+        (the memory and time estimate reads them: scalecl.experiments.budget)."""
+        return layers, width, ffn, 1
 
     def check(self, config) -> None:
         """Validate options against a base config before any heavy work (raise ScaleclError)."""
@@ -128,6 +137,23 @@ def get_method(name: str, **opts: Any) -> Method:
     if name not in REGISTRY:
         raise ScaleclError(f"unknown method {name!r}; choose one of {', '.join(method_names())}")
     return REGISTRY[name].from_options(**opts)
+
+
+def options_class(key: str) -> type[Method]:
+    """The method class whose options a config's `methods.<key>` table holds: a method's own, or for a group
+    (options_group) its member with the most options (SCALE's variants share theirs)."""
+    if key in REGISTRY:
+        return REGISTRY[key]
+    members = [cls for cls in REGISTRY.values() if cls.options_group == key]
+    if not members:
+        raise ScaleclError(f"unknown method {key!r}; choose one of {', '.join(method_names())} or a group "
+                           f"({', '.join(option_groups())})")
+    return max(members, key=lambda cls: len(fields(cls)))
+
+
+def option_groups() -> list[str]:
+    """The config tables that hold options of several methods (`scale`)."""
+    return sorted({cls.options_group for cls in REGISTRY.values() if cls.options_group})
 
 
 def method_of_model(model: nn.Module) -> Method | None:

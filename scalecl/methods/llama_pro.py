@@ -28,6 +28,10 @@ class LlamaPro(Method):
     delta: ClassVar[bool] = True  # frozen tensors stay the base's: a delta checkpoint stores the rest
     n: int = 4  # paper: Pythia-160M 12 -> 16 layers, Llama-3.2-1B 16 -> 20
 
+    def shape(self, layers: int, width: int, ffn: int) -> tuple[int, int, int, int]:
+        """n more layers."""
+        return layers + self.n, width, ffn, 1
+
     def __post_init__(self) -> None:
         """The check that needs no model (n against the layers: check)."""
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_SIZE:

@@ -61,6 +61,8 @@ class ScaleMethod(Method):
     delta: ClassVar[bool] = True  # frozen tensors stay the base's: a delta checkpoint stores the rest
     # a transformers folder with SCALE's own model code (remote code): the widened model is no family's own
     layout: ClassVar[str] = "scale"
+    options_group: ClassVar[str | None] = "scale"  # methods.scale: options of every variant
+    plain_head: ClassVar[bool] = False  # the widened head is SCALE's own
     # the options are ScaleSpec's fields (less the variant), with the defaults declared there (ScaleConfig
     # inherits them): one place defines them
     hidden_up: int = ScaleConfig.hidden_up
@@ -71,6 +73,10 @@ class ScaleMethod(Method):
     tau: float = ScaleConfig.tau
     router: str = ScaleConfig.router
     embed_init: str = ScaleConfig.embed_init
+
+    def shape(self, layers: int, width: int, ffn: int) -> tuple[int, int, int, int]:
+        """Wider by hidden_up and ffn_up; Route computes both paths for every token."""
+        return layers, width + self.hidden_up, ffn + self.ffn_up, 2 if self.variant == "route" else 1
 
     def __post_init__(self) -> None:
         self.config = ScaleConfig(
