@@ -128,6 +128,37 @@ def test_no_private_imports():
     assert not private, "underscore names imported from another module:\n" + "\n".join(private)
 
 
+# the one method the code may single out by name: FFT, the reference run every other method is compared with
+REFERENCE_METHOD = "fft"
+
+
+def _names_a_method(node: ast.AST, methods: set[str]) -> bool:
+    """Whether `node` compares a value with a method's name (`== "lora"`, `in ("fft", "freeze")`) or a SCALE
+    prefix (`.startswith("scale-")`)."""
+    if isinstance(node, ast.Compare):
+        consts = [c for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        return any(c.value in methods for c in consts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith":
+        return any(isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("scale")
+                   for a in node.args for c in ast.walk(a))
+    return False
+
+
+def test_no_branch_on_a_method_name_outside_methods():
+    """Training, model loading, the experiments and the CLI ask a method (its layout, shape, options group,
+    numerics and hooks) instead of comparing its name; FFT, the reference run, is the one name they may test."""
+    from scalecl.methods import method_names
+
+    methods = set(method_names()) - {REFERENCE_METHOD}
+    found = []
+    for name, path in sorted(_modules().items()):
+        if name.split(".")[0] not in ("training", "models", "experiments", "cli"):
+            continue
+        found += [f"{name}:{node.lineno} {ast.unparse(node)}" for node in ast.walk(ast.parse(path.read_text()))
+                  if _names_a_method(node, methods)]
+    assert not found, "method names compared outside methods/:\n" + "\n".join(found)
+
+
 def _exempt(fn: ast.FunctionDef, parents: list[ast.AST]) -> bool:
     typer_command = any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "command"
                         for d in fn.decorator_list)

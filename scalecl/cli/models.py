@@ -46,12 +46,13 @@ def upscale(
 
     The same as `scalecl prepare --method scale-<variant>`, with SCALE's options as flags.
     """
+    from scalecl.methods.scale import ScaleMethod
     from scalecl.methods.scale.config import ScaleConfig
 
     cfg = ScaleConfig(variant=variant, hidden_up=hidden_up, ffn_up=ffn_up, l_fp=l_fp, collab=_csv(collab),
                       init=_csv(init), tau=tau, router=router, embed_init=embed_init)  # names and ranges first
     options = {k: v for k, v in cfg.to_dict().items() if k != "variant"}
-    _prepare(f"scale-{cfg.variant}", options, out, model, random_config, seed, overwrite, cache)
+    _prepare(ScaleMethod.for_variant(cfg.variant).name, options, out, model, random_config, seed, overwrite, cache)
 
 
 def _prepare(method_name: str, options: dict, out: Path, model: str | None, random_config: str | None,

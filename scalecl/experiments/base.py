@@ -76,17 +76,6 @@ def print_end_table(table: EndTable, results: list[dict[str, Any]], labels: list
     console.print(shown)
 
 
-def products_numerics(method: Method) -> dict[str, Any]:
-    """What SCALECL_SCALE_PRODUCTS adds to a SCALE run's numerics: its forward products formed otherwise than by
-    blocks (the default, left out so that every earlier run keeps its name) give other last bits, and through
-    training other numbers; other methods have no such products."""
-    from scalecl.common.environment import env
-    from scalecl.methods.scale import ScaleMethod
-
-    products = env("SCALECL_SCALE_PRODUCTS")
-    return {"scale_products": products} if isinstance(method, ScaleMethod) and products != "blocks" else {}
-
-
 class ExperimentBase(abc.ABC):
     """An experiment as the sweep (scalecl.experiments.sweep) drives it: the hooks below, called in this order on
     every process (under torchrun, every method runs on every process; only rank 0 writes):
@@ -155,7 +144,7 @@ class ExperimentBase(abc.ABC):
     def run_of(self, method: Method, dist: Dist) -> Run:
         """The run of one method, named by everything its numbers depend on."""
         rc = self.rc
-        numerics = self.numerics | products_numerics(method)
+        numerics = self.numerics | method.numerics()
         h = config_hash(self.named_config(), method.name, method.options(), self.lr_of(method), *self.name_parts(dist),
                         *seed_key(rc.run_seed), *numerics_key(numerics))
         name = f"{self.preset}-{method.name}-{seed_tag(rc.seed, rc.run_seed)}{h}"

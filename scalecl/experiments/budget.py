@@ -215,7 +215,7 @@ def family_budgets() -> list[FamilyRow]:
             trainable, total = trainable_counts(config, name, **opts)
             budgets.append(BudgetRow(model, name, trainable, total, opts, config.vocab_size))
         hd, kv = head_dim(config), kv_heads(config)
-        up = next(o["hidden_up"] for n, o in paper_like_methods(config) if n == "scale-preserve")
+        up = next(o["hidden_up"] for _, o in paper_like_methods(config) if "hidden_up" in o)  # SCALE's widening
         rows.append(FamilyRow(config.model_type, model, config.hidden_size, config.num_attention_heads, kv, hd,
                               hd * (config.num_attention_heads // kv), up, FAMILY_NOTES[config.model_type], budgets))
     return rows

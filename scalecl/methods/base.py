@@ -53,6 +53,11 @@ class Method:
         (the memory and time estimate reads them: scalecl.experiments.budget)."""
         return layers, width, ffn, 1
 
+    def numerics(self) -> dict[str, Any]:
+        """What changes the last bits of this method's runs besides its options and the machine (it names the
+        run): none by default."""
+        return {}
+
     def check(self, config) -> None:
         """Validate options against a base config before any heavy work (raise ScaleclError)."""
 

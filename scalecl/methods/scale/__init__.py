@@ -74,6 +74,15 @@ class ScaleMethod(Method):
     router: str = ScaleConfig.router
     embed_init: str = ScaleConfig.embed_init
 
+    def numerics(self) -> dict[str, Any]:
+        """SCALECL_SCALE_PRODUCTS when the forward's products are formed otherwise than by blocks (the default,
+        left out so that runs at the default keep their names): other last bits, and through training other
+        numbers."""
+        from scalecl.common.environment import env
+
+        products = env("SCALECL_SCALE_PRODUCTS")
+        return {"scale_products": products} if products != "blocks" else {}
+
     def shape(self, layers: int, width: int, ffn: int) -> tuple[int, int, int, int]:
         """Wider by hidden_up and ffn_up; Route computes both paths for every token."""
         return layers, width + self.hidden_up, ffn + self.ffn_up, 2 if self.variant == "route" else 1
