@@ -18,7 +18,7 @@ class Plot:
     deferred: nothing is written before every output was checked), `skipped` file -> why a run was left out,
     `unverified` whether results their run folder's manifest does not prove are drawn (marked so) instead,
     `formats` and `dpi` how figures are saved (None: draw.FIGURE_FORMATS, draw.FIGURE_DPI), `loaded` the runs
-    already read for an experiment (scalecl.report.runs.load_runs: a plot reads each results folder once)."""
+    and logs already read (scalecl.report.runs: a plot reads each results folder and each log once)."""
 
     roots: list[Path]
     out: Path | None = None

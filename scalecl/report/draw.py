@@ -13,6 +13,7 @@ from pathlib import Path
 
 import matplotlib.colors
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -91,6 +92,11 @@ def mean_curve(frames: Sequence[pd.DataFrame], column: str) -> pd.DataFrame | No
     parts = [x for x in parts if len(x)]
     if not parts:
         return None
+    if len(parts) == 1 and parts[0]["step"].is_unique and parts[0]["step"].is_monotonic_increasing:
+        one = parts[0]  # one run (most curves): each step its own value, n = 1, no interval
+        values = one[column].astype(float).to_numpy()
+        return pd.DataFrame({"step": one["step"].to_numpy(), "n": np.ones(len(one), dtype=np.int64), "mean": values,
+                             "sd": np.nan, "lo": np.nan, "hi": np.nan})
     long = pd.concat(parts, ignore_index=True)
     values = long[column].astype(float).groupby(long["step"])
     out = pd.DataFrame({"n": values.count(), "mean": values.mean(), "sd": values.std(ddof=1)})

@@ -553,7 +553,17 @@ def metrics_with(plot: Plot, run_dir: Path, *columns: str) -> pd.DataFrame | Non
 
 def _read_jsonl(plot: Plot, path: Path, required: bool = False) -> pd.DataFrame | None:
     """A JSON-lines log as a frame sorted by step; None when the run has none (older runs) or it is empty.
-    A malformed log (and, if `required`, a missing one) is recorded as skipped."""
+    A malformed log (and, if `required`, a missing one) is recorded as skipped. Read once per plot (several
+    figures draw one run's log); each call gets its own copy."""
+    key = ("jsonl", Path(path), required)
+    if key not in plot.loaded:
+        plot.loaded[key] = _parse_jsonl(plot, Path(path), required)
+    df = plot.loaded[key]
+    return None if df is None else df.copy()
+
+
+def _parse_jsonl(plot: Plot, path: Path, required: bool) -> pd.DataFrame | None:
+    """_read_jsonl's frame, read from the file."""
     if not path.exists() or (path.is_file() and path.stat().st_size == 0):
         if required:
             plot.skip(path, f"{path} is missing or empty")
