@@ -21,7 +21,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from machine import loadavg, provenance  # benchmarks/machine.py
 
 REPO = Path(__file__).resolve().parents[1]
 UNITS = {"s": 1, "min": 60, "h": 3600, "days": 86400}
@@ -57,13 +58,6 @@ def own_data_files(folder: Path) -> list[str]:
             "--set", "train.steps=10"]
 
 
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
 def run(argv: list[str], folder: Path) -> dict:
     """Run `scalecl <argv>` in folder; its estimate line (seconds) and wall time, its output echoed as it comes."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -81,18 +75,6 @@ def run(argv: list[str], folder: Path) -> dict:
     est = estimate_seconds(line) if line else None
     return {"argv": argv, "rc": rc, "estimate_line": line, "estimate_s": est, "estimate_printed_at_s": seen_at,
             "wall_s": wall, "ratio_wall_to_estimate": wall / est if est else None, "runs_wall_s": recorded}
-
-
-def provenance() -> dict:
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip() or None
-    return {"commit": commit, "machine": {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(),
-                                          "python": platform.python_version()}}
 
 
 def main() -> None:
@@ -113,7 +95,7 @@ def main() -> None:
         if not argv:
             p.error("the command case needs a scalecl command after --")
         res = run(argv, folder)
-    doc = {"date": start.isoformat(timespec="seconds"), "case": a.case, **provenance(), "loadavg_start": load0,
+    doc = {"date": start.isoformat(timespec="seconds"), "case": a.case, **provenance(torch_version=False), "loadavg_start": load0,
            "loadavg_end": loadavg(), **res}
     out = a.out or REPO / "benchmarks" / "results" / f"estimate_{a.case}_{start:%Y%m%d_%H%M}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from machine import loadavg, provenance  # benchmarks/machine.py
 
 REPO = Path(__file__).resolve().parents[1]
 THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "OMP_PROC_BIND",
@@ -88,13 +89,6 @@ def child_env(order: str) -> dict[str, str]:
     return env
 
 
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
 def run_one(a: argparse.Namespace, order: str, compete: str) -> dict:
     me = [sys.executable, str(Path(__file__).resolve()), "--worker", "--order", order, "--hidden", str(a.hidden),
           "--layers", str(a.layers), "--steps", str(a.steps)]
@@ -112,20 +106,6 @@ def run_one(a: argparse.Namespace, order: str, compete: str) -> dict:
             rival.terminate()
             rival.wait()
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "loadavg_before": load}
-
-
-def provenance() -> dict:
-    import torch
-
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip() or None
-    return {"commit": commit, "machine": {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(),
-                                          "python": platform.python_version(), "torch": torch.__version__}}
 
 
 def summarize(runs: dict[tuple, list[dict]]) -> list[dict]:

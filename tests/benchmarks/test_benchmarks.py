@@ -47,3 +47,31 @@ def test_bench_delta_runs_and_every_delta_loads_to_its_full_checkpoint(tmp_path)
     assert all(x["delta_equals_full"] for x in r["real"]["rows"])
     paper = {x["method"]: x for x in r["paper_llama_3_2_1b"]}
     assert paper["scale-route"]["full_bytes"] > 4 * 1_235_814_400  # more than Llama-3.2-1B's own float32 weights
+
+
+def test_bench_import_threads_sees_the_default_only_when_scalecl_comes_first(tmp_path):
+    """In a fresh process, importing scalecl before torch sets OMP_WAIT_POLICY=PASSIVE; torch first is warned and
+    keeps libgomp's default; SCALECL_CPU_DEFAULTS=0 sets nothing and warns nothing."""
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, str(BENCH / "bench_import_threads.py"), "--compete", "none", "--rounds", "1",
+                    "--hidden", "64", "--layers", "2", "--steps", "1", "--out", str(out)], check=True,
+                   capture_output=True, text=True, cwd=tmp_path)
+    seen = {r["order"]: (r["omp_wait_policy"], r["warned"]) for r in json.loads(out.read_text())["results"]}
+    assert seen == {"scalecl-first": ("PASSIVE", False), "torch-first": (None, True), "opt-out": (None, False)}
+
+
+def test_bench_estimate_reads_the_estimate_line_and_times_the_command(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_estimate import estimate_seconds
+    finally:
+        sys.path.remove(str(BENCH))
+    assert estimate_seconds("estimate: peak memory ~5.8 GiB ...; time ~32 min (rough: FLOPs / ...)") == 32 * 60
+    assert estimate_seconds("...; time ~45 s (rough") == 45 and estimate_seconds("...; time unknown") is None
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, str(BENCH / "bench_estimate.py"), "command", "--out", str(out), "--",
+                    "train-cpt", "--preset", "tiny", "--method", "fft"], check=True, capture_output=True, text=True,
+                   cwd=tmp_path)
+    r = json.loads(out.read_text())
+    assert r["rc"] == 0 and r["estimate_line"].startswith("estimate: ") and r["wall_s"] > 0
+    assert r["runs_wall_s"] and r["runs_wall_s"][0]["total"] > 0  # the run's own recorded phases

@@ -1,0 +1,35 @@
+"""What a benchmark records about the machine it ran on: the load average, the CPU, the commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def loadavg() -> list[float]:
+    """The 1-, 5- and 15-minute load averages ([] where /proc is absent)."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def provenance(torch_version: bool = True) -> dict:
+    """The checkout's commit and the machine: CPU model and count, platform, Python (and torch's version)."""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=REPO).stdout.strip() or None
+    machine = {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    if torch_version:
+        import torch
+
+        machine["torch"] = torch.__version__
+    return {"commit": commit, "machine": machine}
