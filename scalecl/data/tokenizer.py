@@ -21,6 +21,16 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from scalecl.common.errors import ScaleclError, cause
+from scalecl.common.files import (
+    TMP_PREFIX,
+    atomic_dir,
+    os_errors_named,
+    remove_temporaries,
+    seal,
+    usable_entry,
+)
+from scalecl.common.locks import locked
 from scalecl.data.biography import People, biographies, qa_pairs, ranges
 
 EOS_TOKEN = "<eos>"
@@ -203,16 +213,6 @@ def cached_bio_tokenizer(people: People, folder: Path, *, rebuild: bool = False,
     `rebuild`, --force: a damaged entry is set aside), or trained, passed to `check` (which raises for a
     tokenizer the run cannot use, before anything is written) and cached (one process at a time:
     scalecl.common.locks)."""
-    from scalecl.common.files import (
-        TMP_PREFIX,
-        atomic_dir,
-        os_errors_named,
-        remove_temporaries,
-        seal,
-        usable_entry,
-    )
-    from scalecl.common.locks import locked
-
     if (folder / "tokenizer.json").exists() and usable_entry(folder, "cached tokenizer", rebuild=rebuild):
         return _load_cached_tokenizer(folder)
     tokenizer = train_bio_tokenizer(people)
@@ -230,8 +230,6 @@ def cached_bio_tokenizer(people: People, folder: Path, *, rebuild: bool = False,
 def _load_cached_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     """The cached local tokenizer, or one error naming the cache entry: a damaged one is deleted by hand (the
     suite never deletes what it cannot prove it wrote) and trained again on the next run."""
-    from scalecl.common.errors import ScaleclError, cause
-
     try:
         return load_tokenizer(folder)
     except (OSError, ValueError) as e:
@@ -247,7 +245,6 @@ def _looks_local(name_or_path: str) -> bool:
 def open_tokenizer(source: str, hint: str = "") -> PreTrainedTokenizerBase:
     """load_tokenizer for a source a user named (hub id or folder), failing in one line: no hub retries when the
     hub cannot be reached (scalecl.common.hub), the reason, then `hint` (what to use instead)."""
-    from scalecl.common.errors import ScaleclError, cause
     from scalecl.common.hub import before_hub_load, miss_reason
 
     before_hub_load(source)  # no network: one line at once instead of a minute of retries
@@ -269,7 +266,6 @@ def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: object) -> Pr
     if Path(name).is_dir() and not any((Path(name) / f).exists() for f in TOKENIZER_FILES):
         # transformers would build an empty tokenizer from config.json alone (2 tokens; text encodes to nothing)
         raise FileNotFoundError(f"{name!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    from scalecl.common.errors import ScaleclError
     from scalecl.common.remote_code import NO_REMOTE_CODE, is_refusal, refusal_line
 
     try:  # never the folder's own code (scalecl.common.remote_code), whatever the caller passes
@@ -321,17 +317,6 @@ def cached_encoding(
     An entry is verified before it is read (its files against the fingerprints sealed when it was written): a
     damaged one is one error naming it, or with `rebuild` (--force) set aside and encoded again.
     """
-    from scalecl.common.errors import ScaleclError
-    from scalecl.common.files import (
-        TMP_PREFIX,
-        atomic_dir,
-        os_errors_named,
-        remove_temporaries,
-        seal,
-        usable_entry,
-    )
-    from scalecl.common.locks import locked
-
     def load() -> list[np.ndarray]:
         try:
             ids = np.load(folder / "ids.npy", allow_pickle=False)
