@@ -18,7 +18,6 @@ import argparse
 import importlib
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from machine import loadavg, provenance  # benchmarks/machine.py
+from machine import interleaved, loadavg, provenance  # benchmarks/machine.py
 
 REPO = Path(__file__).resolve().parents[1]
 THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "OMP_PROC_BIND",
@@ -137,15 +136,13 @@ def main() -> None:
     grid = [(o, c) for c in a.compete.split(",") for o in a.order.split(",")]
     runs: dict[tuple, list[dict]] = {k: [] for k in grid}
     start, load0 = datetime.now(UTC), loadavg()
-    rng = random.Random(a.seed)
-    for r in range(a.rounds):
-        for k in rng.sample(grid, len(grid)):
-            res = run_one(a, *k)
-            runs[k].append(res)
-            print(f"round {r + 1}/{a.rounds}  {k[0]:<13} compete={k[1]:<4} upscale {res['upscale_s']:6.2f} s  "
-                  f"step {res['step_s'] * 1e3:7.0f} ms (cpu {res['cpu_per_step_s'] * 1e3:.0f})  "
-                  f"OMP_WAIT_POLICY={res['omp_wait_policy']} warned={res['warned']}  load {res['loadavg_before']}",
-                  flush=True)
+    for r, k in interleaved(grid, a.rounds, a.seed):
+        res = run_one(a, *k)
+        runs[k].append(res)
+        print(f"round {r + 1}/{a.rounds}  {k[0]:<13} compete={k[1]:<4} upscale {res['upscale_s']:6.2f} s  "
+              f"step {res['step_s'] * 1e3:7.0f} ms (cpu {res['cpu_per_step_s'] * 1e3:.0f})  "
+              f"OMP_WAIT_POLICY={res['omp_wait_policy']} warned={res['warned']}  load {res['loadavg_before']}",
+              flush=True)
     results = summarize(runs)
     doc = {"date": start.isoformat(timespec="seconds"), **provenance(), "loadavg_start": load0,
            "loadavg_end": loadavg(), "args": {k: v for k, v in vars(a).items() if k not in ("worker", "forever", "out")},

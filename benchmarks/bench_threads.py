@@ -22,13 +22,14 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from machine import interleaved, loadavg  # benchmarks/machine.py
 
 REPO = Path(__file__).resolve().parents[1]
 # anything that changes threading, stripped from the environment so "default" means torch's own default
@@ -85,13 +86,6 @@ def child_env(threads: str, wait: str) -> dict[str, str]:
     return env
 
 
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
 def run_one(a: argparse.Namespace, threads: str, wait: str, compete: str) -> dict:
     env = child_env(threads, wait)
     me = [sys.executable, str(Path(__file__).resolve()), "--worker", "--vocab", str(a.vocab),
@@ -138,14 +132,12 @@ def main() -> None:
     grid = [(t, w, c) for c in a.compete.split(",") for t in a.threads.split(",") for w in a.wait.split(",")]
     runs: dict[tuple, list[dict]] = {k: [] for k in grid}
     start, load0 = datetime.now(UTC), loadavg()
-    rng = random.Random(a.seed)
-    for r in range(a.rounds):
-        for k in rng.sample(grid, len(grid)):
-            res = run_one(a, *k)
-            runs[k].append(res)
-            print(f"round {r + 1}/{a.rounds}  threads={k[0]:<7} wait={k[1]:<7} compete={k[2]:<6} "
-                  f"{res['median_step_s'] * 1e3:7.1f} ms/step  cpu {res['cpu_per_step_s'] * 1e3:7.1f} ms/step  "
-                  f"load {res['loadavg_before']}", flush=True)
+    for r, k in interleaved(grid, a.rounds, a.seed):
+        res = run_one(a, *k)
+        runs[k].append(res)
+        print(f"round {r + 1}/{a.rounds}  threads={k[0]:<7} wait={k[1]:<7} compete={k[2]:<6} "
+              f"{res['median_step_s'] * 1e3:7.1f} ms/step  cpu {res['cpu_per_step_s'] * 1e3:7.1f} ms/step  "
+              f"load {res['loadavg_before']}", flush=True)
     results = [{"threads": t, "wait": w, "compete": c, "threads_in_effect": runs[t, w, c][0]["threads_in_effect"],
                 "median_step_s": statistics.median(x["median_step_s"] for x in runs[t, w, c]),
                 "cpu_per_step_s": statistics.median(x["cpu_per_step_s"] for x in runs[t, w, c]),

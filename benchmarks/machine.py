@@ -33,3 +33,14 @@ def provenance(torch_version: bool = True) -> dict:
 
         machine["torch"] = torch.__version__
     return {"commit": commit, "machine": machine}
+
+
+def interleaved(grid: list, rounds: int, seed: int):
+    """(round, setting) for every setting of `grid` once per round, in an order shuffled anew each round (seeded),
+    so that a change in the machine's other load spreads over all settings."""
+    import random
+
+    rng = random.Random(seed)
+    for r in range(rounds):
+        for setting in rng.sample(grid, len(grid)):
+            yield r, setting
