@@ -220,41 +220,49 @@ def measure(cfgs: dict, name: str, make, batch: dict, a, how=("auto", "auto"), p
         free(a.dev)
 
 
-def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator) -> None:
-    """Stage 1 (96 x 512 packed tokens) as the issue measured it (eager, the model's own loss) and as a run trains
-    it (compute.compile=auto compiles a 3,500-step stage, the chunked loss); the QA step (48 x 32, stages 2-3) of
+def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator, targets_only: bool) -> None:
+    """Stage 1 (96 x 512 packed tokens) as a run trains it (compute.compile=auto compiles a 3,500-step stage, the
+    chunked loss), and as the issue measured it (eager, the model's own loss); the QA step (48 x 32, stages 2-3) of
     FFT and of the preset's SCALE-Route as a run trains them (auto does not compile a 1,000-step stage), and FFT's
-    compiled and as the issue measured it."""
+    compiled and as the issue measured it. `targets_only`: the configurations the targets read (measured first, so
+    a check stopped at its time limit has them); else the others."""
     seq = 64 if a.tiny else 512
     ids = torch.randint(0, pythia["vocab_size"], (a.pythia_batch, seq), generator=g)
     s1 = {"input_ids": ids, "labels": ids}
     neox = lambda: build("gpt_neox", pythia, a.dev)  # noqa: E731
-    measure(cfgs, "pythia160m_stage1_eager", neox, s1, a, ("off", "model"))
-    measure(cfgs, "pythia160m_stage1_chunked", neox, s1, a, ("off", "chunked"))
-    measure(cfgs, "pythia160m_stage1", neox, s1, a, ("model", "auto"))  # as the preset's stage 1 runs
-    for extra in a.fused:
-        measure(cfgs, f"pythia160m_stage1_{extra}", neox, s1, a, ("model", extra))
     qa = qa_batch(pythia["vocab_size"], a.qa_rows, a.qa_seq, g)
     route = ScaleConfig(variant="route", **(dict(hidden_up=64, ffn_up=32, l_fp=1) if a.tiny else ROUTE_GPU))
     routed = lambda: build("gpt_neox", pythia, a.dev, route)  # noqa: E731
+    if targets_only:
+        measure(cfgs, "pythia160m_stage1", neox, s1, a, ("model", "auto"))  # as the preset's stage 1 runs
+        measure(cfgs, "qa_fft", neox, qa, a, ("off", "auto"))  # as stages 2-3 run
+        measure(cfgs, "qa_route", routed, qa, a, ("off", "auto"))
+        return
+    measure(cfgs, "pythia160m_stage1_eager", neox, s1, a, ("off", "model"))
     measure(cfgs, "qa_fft_eager", neox, qa, a, ("off", "model"))
-    measure(cfgs, "qa_fft", neox, qa, a, ("off", "auto"))  # as stages 2-3 run
     measure(cfgs, "qa_fft_compiled", neox, qa, a, ("model", "auto"))
-    measure(cfgs, "qa_route", routed, qa, a, ("off", "auto"))
+    measure(cfgs, "pythia160m_stage1_chunked", neox, s1, a, ("off", "chunked"))
+    for extra in a.fused:
+        measure(cfgs, f"pythia160m_stage1_{extra}", neox, s1, a, ("model", extra))
     if a.full:
         measure(cfgs, "qa_route_compiled", routed, qa, a, ("model", "auto"))
 
 
-def llama_configs(cfgs: dict, res: dict, a, llama: dict, batch: dict) -> None:
-    """Our FFT step at Llama-3.2-1B shapes (the defaults; eager with the chunked loss too) against Trainer's; with
-    --full, SCALE's Adapt and Route and the products settings as issue 14 measured them."""
+def llama_configs(cfgs: dict, res: dict, a, llama: dict, batch: dict, targets_only: bool) -> None:
+    """Our FFT step at Llama-3.2-1B shapes (the defaults) against Trainer's (`targets_only`); else our step eager
+    with the chunked loss and, with --full, SCALE's Adapt and Route and the products settings as issue 14 measured
+    them."""
     L = llama["num_hidden_layers"]
 
     def scale(variant: str, l_fp: int | None) -> ScaleConfig:
         return ScaleConfig(variant=variant, hidden_up=a.hidden_up, ffn_up=a.ffn_up, l_fp=l_fp, init=("rnd", "zero"))
 
     base = lambda: build("llama", llama, a.dev)  # noqa: E731
-    measure(cfgs, "fft_base_shape", base, batch, a, ("model", "auto"))  # as a CPT run of >= 2,000 steps trains
+    if targets_only:
+        measure(cfgs, "fft_base_shape", base, batch, a, ("model", "auto"))  # as a CPT run of >= 2,000 steps trains
+        if not a.skip_trainer:
+            trainer(cfgs, res, a, base, batch)
+        return
     measure(cfgs, "fft_base_shape_eager_chunked", base, batch, a, ("off", "auto"))
     if a.full:
         measure(cfgs, "fft_same_shape", lambda: build("llama", widened_kw(llama, a.hidden_up, a.ffn_up), a.dev),
@@ -266,10 +274,13 @@ def llama_configs(cfgs: dict, res: dict, a, llama: dict, batch: dict) -> None:
                                               ("adapt_lfp3", "adapt", min(3, L - 1), "blocks")):
             measure(cfgs, name, lambda v=variant, lf=l_fp: build("llama", llama, a.dev, scale(v, lf)), batch, a,
                     products=products)
-    if a.skip_trainer:
-        return
+
+
+def trainer(cfgs: dict, res: dict, a, base, batch: dict) -> None:
+    """transformers.Trainer's step on the same model and batch (another transformers version may refuse an
+    argument: the error is recorded and the other numbers kept)."""
     model = base()
-    try:  # another transformers version may refuse an argument: record it, keep the other numbers
+    try:
         with tempfile.TemporaryDirectory() as tmp:  # Trainer wants an output folder; it writes nothing here
             cfgs["trainer_fft_base_shape"] = trainer_step(model, batch, a.steps, a.dev, a.autocast is not None,
                                                           Path(tmp))
@@ -277,12 +288,13 @@ def llama_configs(cfgs: dict, res: dict, a, llama: dict, batch: dict) -> None:
     except Exception as e:  # noqa: BLE001
         res["trainer_error"] = f"{type(e).__name__}: {e}"
         print(f"trainer FFT failed: {res['trainer_error']}", flush=True)
+    a.save()
     del model
     free(a.dev)
 
 
-def summarise(res: dict) -> None:
-    """Ratios and the issue's targets, from the configurations."""
+def summarise(res: dict, show: bool = True) -> None:
+    """Ratios and the issue's targets, from the configurations measured so far (`show`: print one line each)."""
     cfgs = res["configs"]
 
     def step(x: str) -> float | None:
@@ -315,7 +327,7 @@ def summarise(res: dict) -> None:
         measured = dict.fromkeys(measured)
     res["targets"] = {k: {"measured": measured[k], "target": f"{op} {bound}", "verdict": verdict(measured[k], op, bound)}
                       for k, (op, bound) in TARGETS.items()}
-    for k, t in res["targets"].items():
+    for k, t in res["targets"].items() if show else ():
         print(f"TARGET {k}: measured {t['measured']} (target {t['target']}): {t['verdict']}", flush=True)
 
 
@@ -357,9 +369,16 @@ def main() -> None:
     res: dict = {"provenance": provenance(), "device": str(a.dev), "settings": {k: str(v) for k, v in vars(a).items()},
                  "peak": peak_tflops(a.dev, a.autocast), "configs": {}}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    a.save = lambda: Path(a.out).write_text(json.dumps(res, indent=2, default=str) + "\n")
-    pythia_configs(res["configs"], a, pythia, g)
-    llama_configs(res["configs"], res, a, llama, {"input_ids": ids, "labels": ids})
+
+    def save() -> None:  # after every configuration, targets included: a bench stopped at its limit keeps them
+        summarise(res, show=False)
+        Path(a.out).write_text(json.dumps(res, indent=2, default=str) + "\n")
+
+    a.save = save
+    batch = {"input_ids": ids, "labels": ids}
+    for targets_only in (True, False):  # what the targets read first
+        pythia_configs(res["configs"], a, pythia, g, targets_only)
+        llama_configs(res["configs"], res, a, llama, batch, targets_only)
     res["preservation_max_abs_diff"] = preservation_diff("llama", llama, a.dev, a.autocast, ids[:1, :256].to(a.dev),
                                                          a.hidden_up, a.ffn_up)
     summarise(res)

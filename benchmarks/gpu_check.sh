@@ -139,7 +139,7 @@ step tests "$(share 100)" "$PY" -m pytest -q -m gpu tests/compute/test_gpu.py -p
 # 3. step benchmarks (bench.json is written after every configuration: a stopped bench keeps what it measured)
 BENCH=(benchmarks/bench_gpu.py --out "$OUT/bench.json" "${DEV[@]}")
 [ "$DRY" = 1 ] && BENCH+=(--tiny --steps 1)
-step bench "$(share 150 200)" "$PY" "${BENCH[@]}"
+step bench "$(share 170 200)" "$PY" "${BENCH[@]}"
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. one CPT step per method at Llama-3.2-1B's shapes (random weights), bf16, without compiling (one step)
@@ -152,7 +152,7 @@ if [ "$DRY" = 1 ]; then
 else
   CPT+=(--set dtype=bfloat16 --set train.batch=4 --set train.seq_len=2048 --set model.context=2048)
 fi
-step cpt1b "$(share 80 120)" "$PY" "${CPT[@]}"
+step cpt1b "$(share 70 120)" "$PY" "${CPT[@]}"
 
 # ---------------------------------------------------------------------------------------------------------
 # 5. the biography `gpu` preset, its stages scaled by --bio-scale, in the time left but the report's

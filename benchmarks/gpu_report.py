@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
@@ -134,6 +135,8 @@ def provenance(command: str, env: dict | None) -> dict:
                                     text=True, cwd=REPO, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
+    if commit is None:  # a copy without .git (a device machine): the commit the caller names
+        commit, dirty = os.environ.get("SCALECL_COMMIT") or None, None
     gpu = (env or {}).get("gpu", {})
     return {"commit": commit, "uncommitted_changes": dirty, "command": command,
             "date": datetime.now(UTC).isoformat(timespec="seconds"), "gpu": gpu.get("name"), "torch": gpu.get("torch"),
@@ -171,7 +174,7 @@ def main() -> None:
     rows.append(check("GPU tests failed or errored", tests["failures"] + tests["errors"] if tests else None, "<=", 0,
                       f"{tests.get('tests')} run, {tests.get('skipped')} skipped"))
     if bench is not None:
-        for k, t in bench["targets"].items():
+        for k, t in bench.get("targets", {}).items():
             op, bound = t["target"].split()
             rows.append(check(k, t["measured"], op, float(bound)))
         figure(bench, out / "figures" / "step_times.png")
