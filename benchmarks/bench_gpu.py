@@ -205,6 +205,8 @@ def verdict(value: float | None, op: str, bound: float) -> str:
 
 def measure(cfgs: dict, name: str, make, batch: dict, a, how=("auto", "auto"), products: str = "blocks") -> None:
     """Train one configuration (our_step), record it under `name`, print one line, free it."""
+    if a.only and name not in a.only:
+        return
     with env("SCALECL_SCALE_PRODUCTS", products):
         t, model = time.perf_counter(), None
         try:
@@ -241,6 +243,7 @@ def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator, targets_only
     measure(cfgs, "pythia160m_stage1_eager", neox, s1, a, ("off", "model"))
     measure(cfgs, "qa_fft_eager", neox, qa, a, ("off", "model"))
     measure(cfgs, "qa_fft_compiled", neox, qa, a, ("model", "auto"))
+    measure(cfgs, "pythia160m_stage1_compiled_model_loss", neox, s1, a, ("model", "model"))
     measure(cfgs, "pythia160m_stage1_chunked", neox, s1, a, ("off", "chunked"))
     for extra in a.fused:
         measure(cfgs, f"pythia160m_stage1_{extra}", neox, s1, a, ("model", extra))
@@ -260,7 +263,7 @@ def llama_configs(cfgs: dict, res: dict, a, llama: dict, batch: dict, targets_on
     base = lambda: build("llama", llama, a.dev)  # noqa: E731
     if targets_only:
         measure(cfgs, "fft_base_shape", base, batch, a, ("model", "auto"))  # as a CPT run of >= 2,000 steps trains
-        if not a.skip_trainer:
+        if not a.skip_trainer and (not a.only or "trainer_fft_base_shape" in a.only):
             trainer(cfgs, res, a, base, batch)
         return
     measure(cfgs, "fft_base_shape_eager_chunked", base, batch, a, ("off", "auto"))
@@ -347,6 +350,8 @@ def main() -> None:
     ap.add_argument("--fused", default="auto", help="also stage 1 with these fused losses (liger, cce; comma-"
                     "separated); auto: those installed, on CUDA (carried wheels: benchmarks/gpu_wheels.sh)")
     ap.add_argument("--skip-trainer", action="store_true")
+    ap.add_argument("--only", default="", help="measure only these configurations (comma-separated names, as in "
+                    "bench.json; --full's too), in the bench's order; no preservation check")
     ap.add_argument("--out", required=True, help="JSON file to write")
     a = ap.parse_args()
     a.dev = pick_device(a.device)
@@ -356,6 +361,8 @@ def main() -> None:
         a.fused = ",".join(k for k, mod in (("liger", "liger_kernel"), ("cce", "cut_cross_entropy"))
                            if a.dev.type == "cuda" and importlib.util.find_spec(mod) is not None)
     a.fused = [x for x in a.fused.split(",") if x]
+    a.only = {x for x in a.only.split(",") if x}
+    a.full = a.full or bool(a.only)
     if a.tiny:
         a.seq, a.batch, a.hidden_up, a.ffn_up, a.pythia_batch, a.steps = 32, 2, 128, 64, 4, min(a.steps, 2)
         a.qa_rows, a.qa_seq = 4, 16
@@ -379,8 +386,9 @@ def main() -> None:
     for targets_only in (True, False):  # what the targets read first
         pythia_configs(res["configs"], a, pythia, g, targets_only)
         llama_configs(res["configs"], res, a, llama, batch, targets_only)
-    res["preservation_max_abs_diff"] = preservation_diff("llama", llama, a.dev, a.autocast, ids[:1, :256].to(a.dev),
-                                                         a.hidden_up, a.ffn_up)
+    if not a.only:
+        res["preservation_max_abs_diff"] = preservation_diff("llama", llama, a.dev, a.autocast,
+                                                             ids[:1, :256].to(a.dev), a.hidden_up, a.ffn_up)
     summarise(res)
     a.save()
 
