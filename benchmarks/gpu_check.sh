@@ -9,7 +9,8 @@
 # (PYTHONPATH). Wheels carried in .whl/ (benchmarks/gpu_wheels.sh) are installed into OUT/work/site, which goes
 # first on PYTHONPATH (a newer transformers, the optional fused losses). --venv instead makes a venv and pip installs
 # the suite (a machine with PyPI and no CUDA torch). --device DEV is passed to every step (default: cuda when
-# available, as every command does).
+# available, as every command does). --commit SHA is recorded as the tree's commit (a device machine's copy of the
+# repository may carry no .git, or an older one).
 #
 # Steps, each logged in OUT/logs/<step>.log, recorded in OUT/status.json as it ends, and stopped at its share of
 # the time (a stopped or failed step is recorded and the check goes on):
@@ -39,6 +40,7 @@ DEVICE=""
 VENV=0
 EXPORT=""
 PLOT=0
+COMMIT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -50,7 +52,8 @@ while [ $# -gt 0 ]; do
     --venv) VENV=1; shift ;;
     --export) EXPORT="$2"; shift 2 ;;
     --plot) PLOT=1; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    --commit) COMMIT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -195,7 +198,7 @@ step bio "$(share 900 25)" env SCALECL_COMPILE_MIN_STEPS="$MIN_STEPS" "$PY" "${B
 # ---------------------------------------------------------------------------------------------------------
 # 6. report: every number with its provenance, one line per target, figures
 status total "$([ "$FAILED" = 0 ] && echo ok || echo 'some steps failed or stopped')" $(( $(date +%s) - START ))
-step report 60 "$PY" benchmarks/gpu_report.py --out "$OUT" --command "$COMMAND"
+step report 60 "$PY" benchmarks/gpu_report.py --out "$OUT" --command "$COMMAND" --commit "$COMMIT"
 [ "$PLOT" = 1 ] && step plot 90 "$PY" -m scalecl.cli plot --results "$OUT/bio" --out "$OUT/figures"
 grep '^TARGET' "$OUT/logs/report.log" 2> /dev/null || true
 

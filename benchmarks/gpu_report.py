@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
@@ -94,7 +93,8 @@ def cpt_part(out: Path) -> tuple[list[dict], dict]:
 
 
 def estimate_part(bench: dict | None) -> list[dict]:
-    """The memory estimate of Pythia-160M's stage 1 (and the QA step) against the peaks the bench measured."""
+    """The memory estimate of Pythia-160M's stage 1 and QA step against every peak the bench measured for them,
+    each with the loss and compile mode that configuration recorded."""
     if not bench or not str(bench.get("device", "")).startswith("cuda"):
         return [check("estimate / measured peak, stage 1 (model loss)", None, "<=", 1.15, "needs a GPU")]
     import torch
@@ -104,16 +104,19 @@ def estimate_part(bench: dict | None) -> list[dict]:
     from scalecl.experiments.budget import on_device
 
     rows = []
-    for cfg, phase, loss in (("pythia160m_stage1_eager", "stage 1", "model"), ("pythia160m_stage1", "stage 1", "auto"),
-                             ("qa_fft_eager", "stage 2", "model")):
-        peak = bench["configs"].get(cfg, {}).get("peak_mem_gib")
+    for cfg, c in bench["configs"].items():
+        phase = "stage 1" if cfg.startswith("pythia160m_stage1") else "stage 2" if cfg.startswith("qa_fft") else None
+        peak, loss = c.get("peak_mem_gib"), (c.get("loss") or {}).get("name")
+        if phase is None or peak is None or loss is None:
+            continue
         phases = on_device(bio_phases(load_preset("bio", "gpu"), ["fft"], 1), torch.device("cuda", 0),
-                           torch.bfloat16, loss)
+                           torch.bfloat16, loss, c.get("compile", "off"))
         est = next(p for p in phases if p.name == phase).bytes() / 2**30
-        ratio = round(est / peak, 3) if peak else None
+        ratio = round(est / peak, 3)
         rows.append(check(f"estimate / measured peak, {cfg}", ratio, "<=", 1.15,
-                          f"estimate {est:.1f} GiB, measured {peak} GiB; within 15% both ways"))
-        if ratio is not None and ratio < 1 / 1.15:
+                          f"estimate {est:.1f} GiB, measured {peak} GiB (loss {loss}, compile "
+                          f"{c.get('compile')}); within 15% both ways"))
+        if ratio < 1 / 1.15:
             rows[-1]["verdict"] = "FAIL"
     return rows
 
@@ -127,7 +130,9 @@ def gpu_tests(out: Path) -> dict:
     return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 
 
-def provenance(command: str, env: dict | None) -> dict:
+def provenance(command: str, env: dict | None, named: str = "") -> dict:
+    """Where the numbers came from; `named`: the commit the caller names (a device machine's copy of the tree may
+    carry no .git, or an older one)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO,
                                 timeout=10).stdout.strip() or None
@@ -135,8 +140,8 @@ def provenance(command: str, env: dict | None) -> dict:
                                     text=True, cwd=REPO, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    if commit is None:  # a copy without .git (a device machine): the commit the caller names
-        commit, dirty = os.environ.get("SCALECL_COMMIT") or None, None
+    if named:
+        commit, dirty = named, None
     gpu = (env or {}).get("gpu", {})
     return {"commit": commit, "uncommitted_changes": dirty, "command": command,
             "date": datetime.now(UTC).isoformat(timespec="seconds"), "gpu": gpu.get("name"), "torch": gpu.get("torch"),
@@ -166,6 +171,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--command", default="", help="the command that ran the check (recorded)")
+    ap.add_argument("--commit", default="", help="the commit the tree is at (recorded instead of git's answer)")
     a = ap.parse_args()
     out: Path = a.out
     env, status, bench = read(out / "env.json"), read(out / "status.json") or {}, read(out / "bench.json")
@@ -185,7 +191,7 @@ def main() -> None:
     total = (status.get("total") or {}).get("seconds")
     rows.append(check("whole check (s)", total if on_gpu else None, "<=", CHECK_BUDGET_S,
                       f"{(status.get('total') or {}).get('result', '')}" + ("" if on_gpu else f"; no GPU: {total} s")))
-    res = {"provenance": provenance(a.command, env), "status": status, "targets": rows, "gpu_tests": tests,
+    res = {"provenance": provenance(a.command, env, a.commit), "status": status, "targets": rows, "gpu_tests": tests,
            "env": env, "bench": bench, "bio": bio, "cpt1b": cpt}
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     p = res["provenance"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wheels for a GPU machine that cannot reach PyPI (run HERE, where pip works; the GPU check installs them there).
 #
-#   bash benchmarks/gpu_wheels.sh                       # the optional fused losses: liger-kernel, cut-cross-entropy
+#   bash benchmarks/gpu_wheels.sh                       # the optional fused losses, and datasets (train-cpt's corpora)
 #   bash benchmarks/gpu_wheels.sh transformers filelock # also these, at constraints.txt's versions
 #
 # Downloads pure-Python or manylinux x86-64 wheels for CPython 3.12 (the GPU image's Python) into .whl/ (ignored by
@@ -14,7 +14,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 mkdir -p .whl
 PY="${PYTHON:-python3}"
-names=(liger-kernel cut-cross-entropy "$@")
+names=(liger-kernel cut-cross-entropy datasets dill multiprocess "$@")  # datasets: its two the GPU image lacks
 specs=()
 for n in "${names[@]}"; do
   pin=$(grep -i -E "^${n//-/[-_]}==" constraints.txt | head -1 || true)  # the version the suite is tested with

@@ -213,6 +213,13 @@ def compiled(model: nn.Module) -> bool:
     return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
 
+def whole_model_compiled(model: nn.Module) -> bool:
+    """Whether `model` (or the model a wrapper such as DDP holds) runs through torch.compile as one graph
+    (compile_model's "model"; not "blocks", whose head and loss run eagerly)."""
+    return any(getattr(m, "_scalecl_compile", None) == "model" and getattr(m, "_compiled_call_impl", None) is not None
+               for m in model.modules())
+
+
 def uncompile(model: nn.Module, why: str) -> None:
     """Undo compile_model: every module runs eagerly again; `why` is kept for the result (compile_failure)."""
     for m in model.modules():

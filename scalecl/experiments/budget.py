@@ -258,6 +258,10 @@ SCORE_WIDTHS, SCORE_FFNS, SCORE_LOGIT_COPIES = 4, 3, 3
 HALF = 2
 HALF_LOGIT_BYTES = 2 + 4 + 4
 HALF_EVAL_LOGIT_BYTES = 2 + 4
+# the model's own loss with the whole model compiled (inductor fuses the float32 copies): the bf16 logits kept for
+# the backward and one float32 tensor of their size; calibrated on one H200 (torch 2.11): stage 1 of the `gpu`
+# preset peaked at 32.2 GiB compiled, 46.0 GiB eager
+HALF_COMPILED_LOGIT_BYTES = 2 + 4
 
 
 def train_logit_copies() -> int:
@@ -293,6 +297,8 @@ class Phase(NamedTuple):
     plain_head: bool = True  # the head is a plain linear layer (not SCALE's): the chunked loss can apply
     half: bool = False  # on CUDA under bf16 autocast (on_device): activations and logits as measured there
     loss: str = "model"  # the training step's loss: "model" (the model's own, whole logits) or "chunked"
+    steps: int = 0  # training steps (compute.compile=auto compiles long phases; 0: not known)
+    compiled: bool = False  # the whole model compiled (on_device): inductor fuses the model loss's float32 copies
 
     def parts(self) -> dict[str, int]:
         """Bytes of weights, gradients, AdamW state, activations and logits at the phase's peak."""
@@ -324,7 +330,9 @@ class Phase(NamedTuple):
         if not self.train:
             return rows * (HALF_EVAL_LOGIT_BYTES if self.half else FLOAT)
         if self.loss != "chunked":
-            return rows * (HALF_LOGIT_BYTES if self.half else FLOAT * train_logit_copies())
+            if self.half:
+                return rows * (HALF_COMPILED_LOGIT_BYTES if self.compiled else HALF_LOGIT_BYTES)
+            return rows * FLOAT * train_logit_copies()
         from scalecl.compute.loss import chunk_positions
 
         width = HALF if self.half else FLOAT
@@ -368,15 +376,15 @@ def _widths(cfg: PretrainedConfig, method: str | None, opts: dict[str, Any]) -> 
 
 
 def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, Any], shape: tuple[int, int],
-          tokens: int, keys: tuple[str, ...], train: bool = True) -> Phase:
+          tokens: int, keys: tuple[str, ...], train: bool = True, steps: int = 0) -> Phase:
     """One phase of a sweep: a model (`cfg` widened by `method` with `opts`), its forward's (rows, sequence
-    length), the tokens it processes in all, and the `--set` keys that shrink it."""
+    length), the tokens it processes in all, the `--set` keys that shrink it and its training steps."""
     rows, seq = shape
     total, trainable = _model_numbers(cfg, method, opts)
     layers, width, ffn, paths = _widths(cfg, method, opts)
     return Phase(name, total, trainable if train or method else 0, layers, width, ffn, cfg.vocab_size, rows, seq,
                  train, paths, tokens, keys, glu=gated_mlp(cfg),
-                 plain_head=method is None or REGISTRY[method].plain_head)
+                 plain_head=method is None or REGISTRY[method].plain_head, steps=steps if train else 0)
 
 
 def gated_mlp(cfg: PretrainedConfig) -> bool:
@@ -415,26 +423,35 @@ def cpu_matmul_rate() -> float:
     return 2 * 1024**3 / best
 
 
-def on_device(phases: list[Phase], device: torch.device, autocast: Any = None, loss: str = "auto") -> list[Phase]:
+def on_device(phases: list[Phase], device: torch.device, autocast: Any = None, loss: str = "auto",
+              compile: bool | str = "off") -> list[Phase]:
     """The phases as `device` runs them: on CUDA, under bf16 (or fp16) autocast, activations and logits at the
-    widths measured there (HALF_*), and each training phase's loss as compute.loss `loss` resolves for the
-    device where the head allows it (scalecl.compute.loss). Pure arithmetic: no GPU is needed to evaluate it.
-    Elsewhere the phases as they are (CPU estimates: float32, the model's own loss)."""
+    widths measured there (HALF_*), each training phase compiled as compute.compile `compile` decides for its
+    steps, and its loss as compute.loss `loss` resolves for the device and that (scalecl.compute.loss) where the
+    head allows it. Pure arithmetic: no GPU is needed to evaluate it. Elsewhere the phases as they are (CPU
+    estimates: float32, the model's own loss)."""
     if device.type != "cuda":
         return phases
     from scalecl.compute.loss import resolve_loss
+    from scalecl.compute.perf import compile_mode
 
     half = autocast in (torch.bfloat16, torch.float16)
-    fused = resolve_loss(loss, device) != "model"  # chunked, or Liger's / CCE's, which hold less
-    return [p._replace(half=half, loss="chunked" if fused and p.plain_head and p.train and not p.scoring
-                       else "model") for p in phases]
+    out = []
+    for p in phases:
+        trains = p.train and not p.scoring
+        whole = trains and compile_mode(compile, device, p.steps or None) == "model"
+        fused = resolve_loss(loss, device, whole) != "model"  # chunked, or Liger's / CCE's, which hold less
+        out.append(p._replace(half=half, compiled=whole, loss="chunked" if fused and p.plain_head and trains
+                              else "model"))
+    return out
 
 
 def estimate(phases: list[Phase], device: torch.device, world: int = 1, autocast: Any = None,
-             rate: float | None = None, loss: str = "auto") -> Estimate:
+             rate: float | None = None, loss: str = "auto", compile: bool | str = "off") -> Estimate:
     """Peak memory (the largest phase plus what the process holds now: interpreter, torch, the prepared data)
-    and time of a sweep; `loss` is compute.loss (on CUDA the chunked loss holds less: on_device)."""
-    phases = on_device(phases, device, autocast, loss)
+    and time of a sweep; `loss` and `compile` are compute.loss and compute.compile (on CUDA the chunked loss and
+    a compiled model's own loss hold less: on_device)."""
+    phases = on_device(phases, device, autocast, loss, compile)
     peak_phase = max(phases, key=Phase.bytes)
     flops = sum(p.flops() for p in phases)
     if device.type == "cuda":
@@ -501,4 +518,4 @@ def sweep_estimate(exp: Any, methods: list[str], device: torch.device, world: in
 
     cc = exp.rc.compute
     return estimate(exp.budget_phases(methods, world), device, world, autocast_dtype(exp.rc.dtype, device, cc.cpu_bf16),
-                    loss=cc.loss)
+                    loss=cc.loss, compile=cc.compile)

@@ -93,8 +93,9 @@ class ComputeConfig:
     # place), "off"; true = "blocks", false = "off". A model that fails to compile trains eagerly (one line says
     # so). On a CPU it needs a C/C++ compiler for inductor's kernels
     compile: bool | str = opt("auto", choices=COMPILE)
-    # the training step's loss (scalecl.compute.loss): "auto" (the chunked linear cross-entropy on CUDA, the
-    # model's own elsewhere), "model", "chunked", or a fused one where installed ("liger", "cce": CUDA)
+    # the training step's loss (scalecl.compute.loss): "auto" (on CUDA the chunked linear cross-entropy for an
+    # eager model and the model's own for a whole model compiled, which is faster there; the model's own
+    # elsewhere), "model", "chunked", or a fused one where installed ("liger", "cce": CUDA)
     loss: str = opt("auto", choices=LOSSES)
     # optimizer steps between host reads of the loss and gradient norm (the GPU runs ahead in between);
     # 0 = automatic: 50 on CUDA, 1 elsewhere. Evaluation and checkpoint steps always read.

@@ -153,9 +153,11 @@ def _sig(x: float, digits: int = 4) -> float:
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """Host batch -> device; on CUDA through pinned memory, so the copy overlaps the running step."""
+    """Batch -> device: a host tensor to CUDA through pinned memory, so the copy overlaps the running step; a
+    tensor already on a device (a caller's batch made there) as `.to` moves it (only host memory can be pinned)."""
     if device.type == "cuda":
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+        return {k: v.pin_memory().to(device, non_blocking=True) if v.device.type == "cpu" else v.to(device)
+                for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
 
 

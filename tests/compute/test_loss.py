@@ -23,6 +23,7 @@ from scalecl.compute.loss import (
     select_labelled,
     step_loss,
 )
+from scalecl.compute.perf import compile_model, whole_model_compiled
 from scalecl.models.build import model_from_config, tiny_config
 from tests.conftest import ARCH_CASES, make_base, method_cases
 
@@ -129,7 +130,18 @@ def test_where_the_chunked_loss_cannot_apply_the_models_own_runs():
 
     device = torch.device("cpu")
     assert resolve_loss("auto", device) == "model" and resolve_loss("auto", torch.device("cuda", 0)) == "chunked"
+    # a whole model compiled keeps its own loss on CUDA (inductor fuses it: 101.6 against 146.5 ms on one H200)
+    assert resolve_loss("auto", torch.device("cuda", 0), compiled=True) == "model"
+    assert resolve_loss("chunked", torch.device("cuda", 0), compiled=True) == "chunked"  # asked for: kept
     assert isinstance(step_loss(make_base("neox-parallel"), "auto", device), ModelLoss)  # CPU: as before
+    cuda = torch.device("cuda", 0)  # only resolves the kind here: nothing runs on it
+    assert isinstance(step_loss(make_base("neox-parallel"), "auto", cuda), HeadLoss)  # eager: chunked
+    whole, blocks = make_base("neox-parallel"), make_base("neox-parallel")
+    compile_model(whole, "model", backend="eager")
+    compile_model(blocks, "blocks", backend="eager")
+    assert whole_model_compiled(whole) and not whole_model_compiled(blocks)
+    assert type(step_loss(whole, "auto", cuda)) is ModelLoss  # the whole model compiled: its own loss
+    assert isinstance(step_loss(blocks, "auto", cuda), HeadLoss)  # blocks compiled: the head runs eagerly
     opts = method_cases(l_fp=2)["scale-route"]
     route = get_method("scale-route", **opts).apply(make_base("llama-gqa-untied"))
     assert type(step_loss(route, "chunked", device)) is ModelLoss  # SCALE's head is its own

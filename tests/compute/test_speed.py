@@ -223,3 +223,23 @@ def test_bio_micro_batch_must_divide_and_compile_needs_a_compiler(tmp_path, monk
                                    str(tmp_path / "c"), "--set", "compute.compile=true", "--device", "cpu"])
     assert res.exit_code == 2 and "needs a C++ compiler" in res.output, res.output
     assert not (tmp_path / "c").exists()
+
+
+def test_a_batch_already_on_the_gpu_is_not_pinned():
+    """The loop pins host batches on their way to CUDA; a tensor already on a device cannot be pinned (a GPU test
+    gave it batches made on the GPU: "cannot pin 'torch.cuda.LongTensor'"). Tensors stand in for CUDA ones."""
+    from unittest import mock
+
+    from scalecl.training.loop import _to_device
+
+    cuda = torch.device("cuda", 0)
+    on_gpu = mock.Mock(device=cuda)
+    on_gpu.pin_memory.side_effect = RuntimeError("cannot pin 'torch.cuda.LongTensor'")
+    host = mock.Mock(device=torch.device("cpu"))
+    out = _to_device({"input_ids": on_gpu, "labels": host}, cuda)
+    on_gpu.to.assert_called_once_with(cuda)
+    assert not on_gpu.pin_memory.called and out["input_ids"] is on_gpu.to.return_value
+    host.pin_memory.assert_called_once_with()  # a host tensor: pinned, then copied without blocking
+    host.pin_memory.return_value.to.assert_called_once_with(cuda, non_blocking=True)
+    cpu = torch.arange(3)
+    assert _to_device({"x": cpu}, torch.device("cpu"))["x"] is cpu
