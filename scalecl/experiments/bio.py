@@ -144,16 +144,16 @@ def bio_phases(rc: Any, methods: list[str], world: int, vocab: int = 0, qa_len: 
     ctx = rc.model.context
     phases = [
         phase("stage 1", cfg, None, {}, (s1, ctx), rc.stage1.steps * rc.stage1.batch * ctx // world,
-              ("stage1.batch", mb, "model.context"), steps=rc.stage1.steps),
+              ("stage1.batch", mb, "model.context"))._replace(steps=rc.stage1.steps),
         phase("stage 2", cfg, None, {}, (s2, qa), rc.stage2.steps * rc.stage2.batch * qa // world,
-              ("stage2.batch", mb), steps=rc.stage2.steps),
+              ("stage2.batch", mb))._replace(steps=rc.stage2.steps),
     ]
     for name in methods:
         opts = rc.method_options(name)
         evals = rc.eval.count(rc.stage3.steps) * 2 * rc.eval.slice_people * 6 + data.n_people * 6
         phases += [
             phase(f"stage 3 ({name})", cfg, name, opts, (s3, qa),
-                  rc.stage3.steps * rc.stage3.batch * qa // world, ("stage3.batch", mb), steps=rc.stage3.steps),
+                  rc.stage3.steps * rc.stage3.batch * qa // world, ("stage3.batch", mb))._replace(steps=rc.stage3.steps),
             phase(f"evaluation ({name})", cfg, name, opts, (min(rc.eval.batch, data.n_people * 6), qa),
                   evals * qa, ("eval.batch",), train=False),
         ]

@@ -376,15 +376,16 @@ def _widths(cfg: PretrainedConfig, method: str | None, opts: dict[str, Any]) -> 
 
 
 def phase(name: str, cfg: PretrainedConfig, method: str | None, opts: dict[str, Any], shape: tuple[int, int],
-          tokens: int, keys: tuple[str, ...], train: bool = True, steps: int = 0) -> Phase:
+          tokens: int, keys: tuple[str, ...], train: bool = True) -> Phase:
     """One phase of a sweep: a model (`cfg` widened by `method` with `opts`), its forward's (rows, sequence
-    length), the tokens it processes in all, the `--set` keys that shrink it and its training steps."""
+    length), the tokens it processes in all, and the `--set` keys that shrink it (a training phase's steps:
+    `._replace(steps=...)`)."""
     rows, seq = shape
     total, trainable = _model_numbers(cfg, method, opts)
     layers, width, ffn, paths = _widths(cfg, method, opts)
     return Phase(name, total, trainable if train or method else 0, layers, width, ffn, cfg.vocab_size, rows, seq,
                  train, paths, tokens, keys, glu=gated_mlp(cfg),
-                 plain_head=method is None or REGISTRY[method].plain_head, steps=steps if train else 0)
+                 plain_head=method is None or REGISTRY[method].plain_head)
 
 
 def gated_mlp(cfg: PretrainedConfig) -> bool:

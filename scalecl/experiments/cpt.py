@@ -217,8 +217,8 @@ class BuiltinBase(PlainBase):
             return []
         ctx = rc.model.context
         return [phase("base pre-training", config, None, {}, (rc.pretrain.batch, ctx),
-                      rc.pretrain.steps * rc.pretrain.batch * ctx, ("pretrain.batch", "model.context"),
-                      steps=rc.pretrain.steps)]
+                      rc.pretrain.steps * rc.pretrain.batch * ctx,
+                      ("pretrain.batch", "model.context"))._replace(steps=rc.pretrain.steps)]
 
     def stage(self, exp: CptExperiment, runtime: Runtime) -> tuple[str, dict[str, Any]]:
         path, info = pretrain_base(exp.rc, exp.tokenizer, exp.tok_src, exp.root, exp.paths.cache, runtime, exp.numerics)
@@ -285,7 +285,7 @@ def cpt_phases(rc: Any, base: PlainBase, methods: list[str], world: int, eval_to
         opts = rc.method_options(name)
         phases += [
             phase(f"training ({name})", cfg, name, opts, (micro, seq), t.steps * t.batch * seq // world,
-                  ("train.micro_batch", "train.seq_len"), steps=t.steps),
+                  ("train.micro_batch", "train.seq_len"))._replace(steps=t.steps),
             phase(f"evaluation ({name})", cfg, name, opts, (rc.eval.batch, seq),
                   (t.steps // (rc.eval.every or t.steps) + 2) * eval_tokens, ("eval.batch",), train=False),
         ]
