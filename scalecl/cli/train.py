@@ -63,9 +63,9 @@ def train_bio(
                                                "blocks, LoRA)")] = None,
 ) -> None:
     """Biography continual-learning benchmark (paper Fig. 8): pre-train, Task 0 QA, then Task 1 QA per method."""
-    extra = [f"tokenizer={tokenizer}"] if tokenizer else []
-    methods, opts, configs = checked_sweep("bio", method, preset, [rep + extra for rep in replicates(sets, seeds,
-                                           run_seeds)], SweepArgs(force, resume, stop_after, report_to, device))
+    named = own_inputs({"tokenizer": tokenizer}, None, list(sets))
+    methods, opts, configs = checked_sweep("bio", method, preset, replicates(sets, seeds, run_seeds, named),
+                                           SweepArgs(force, resume, stop_after, report_to, device))
     results = sweep_configs("bio", configs, preset, Paths(out, cache, checkpoints), methods, opts)
     console.print(f"results in {out} ({len(results)} run(s)); metrics.jsonl + result.json per run; "
                   f"`scalecl plot --results {out}` draws them", highlight=False)
@@ -125,8 +125,9 @@ def train_cpt(
 ) -> None:
     """Continual pre-training on a new language per method: forgetting / learning perplexity (paper Fig. 4, 9)."""
     source = model_source(model, sets)
-    sets = own_sets({"data.path": data, "old_eval.path": old_eval, "new_eval.path": new_eval}, text_unit, list(sets))
-    methods, opts, configs = checked_sweep("cpt", method, preset, replicates(sets, seeds, run_seeds),
+    named = own_inputs({"data.path": data, "old_eval.path": old_eval, "new_eval.path": new_eval}, text_unit,
+                       list(sets))
+    methods, opts, configs = checked_sweep("cpt", method, preset, replicates(sets, seeds, run_seeds, named),
                                            SweepArgs(force, resume, stop_after, report_to, device))
     results = sweep_configs("cpt", configs, preset, Paths(out, cache, checkpoints), methods, opts, source=source)
     if results:
@@ -143,23 +144,24 @@ class SweepArgs(NamedTuple):
     device: str | None
 
 
-def replicates(sets: list[str], seeds: str | None, run_seeds: str | None) -> list[list[str]]:
-    """The --set list of each replicate (--seeds x --run-seeds)."""
-    from scalecl.experiments.args import replicate_sets
+def replicates(sets: list[str], seeds: str | None, run_seeds: str | None,
+               inputs: dict[str, Any] | None = None) -> list:
+    """Each replicate (--seeds x --run-seeds): the --set list and the typed values of the command's own flags
+    (scalecl.experiments.args.Replicate)."""
+    from scalecl.experiments.args import replicates as each_replicate
 
-    return replicate_sets(list(sets), seeds, run_seeds)
+    return each_replicate(list(sets), seeds, run_seeds, inputs)
 
 
-def checked_sweep(kind: str, method: str, preset: str, reps: list[list[str]], args: SweepArgs) -> tuple:
+def checked_sweep(kind: str, method: str, preset: str, reps: list, args: SweepArgs) -> tuple:
     """(methods, options, one resolved config per replicate): every argument a user gives checked, each local
     path named, before torch loads (scalecl.experiments.args), so a mistake is one line in well under a second."""
-    from scalecl.experiments import EXPERIMENTS
     from scalecl.experiments.args import SweepOptions, check_device_name, check_sources, parse_methods
 
     methods = parse_methods(method)
     check_device_name(args.device)
     opts = SweepOptions(args.force, args.resume, args.stop_after, args.report_to, args.device)
-    configs = [EXPERIMENTS[kind].load(preset, rep) for rep in reps]
+    configs = [rep.load(kind, preset) for rep in reps]
     for config in configs:
         check_sources(config, kind)
     return methods, opts, configs
@@ -189,28 +191,41 @@ def model_source(model: str | None, sets: list[str]) -> ModelSource | None:
     return ModelSource.parse(model.strip()).check()  # stripped as a --set value is
 
 
-def own_sets(named: dict[str, str | None], text_unit: str | None, sets: list[str]) -> list[str]:
-    """train-cpt's --data, --old-eval, --new-eval and --text-unit as the --set overrides they stand for, before
-    `sets` (a key given both ways is refused). --text-unit applies to every corpus whose path is named."""
+def own_inputs(named: dict[str, str | None], text_unit: str | None, sets: list[str]) -> dict[str, Any]:
+    """A command's own text flags (train-cpt's --data, --old-eval, --new-eval, --text-unit; train-bio's
+    --tokenizer) as the config values they set, nested as the config ({"data": {"path": "x.txt"}}), each
+    stripped as a --set value is; a key also given by --set is refused. --text-unit applies to every corpus
+    whose path is named, by a flag or by --set."""
     from scalecl.common.errors import ScaleclError
+    from scalecl.experiments.args import set_keys
     from scalecl.experiments.config import TEXT_UNITS
 
-    given = {s.split("=", 1)[0].strip() for s in sets}
-    out = []
+    given = set_keys(sets)
+    out: dict[str, Any] = {}
     for key, value in named.items():
         if value is None:
             continue
         if key in given:
             raise ScaleclError(f"{key} is given twice (--{_flag(key)} and --set {key}=...); give it once")
-        out.append(f"{key}={value}")
+        _put(out, key, value.strip())
     if text_unit is not None:
         if text_unit not in TEXT_UNITS:
             raise ScaleclError(f"--text-unit must be one of {', '.join(TEXT_UNITS)}, got {text_unit!r}")
         corpora = [k.split(".")[0] for k in (*named, *given) if k.endswith(".path") and (k in given or named.get(k))]
         if not corpora:
             raise ScaleclError("--text-unit applies to the text you name: give --data, --old-eval or --new-eval")
-        out += [f"{c}.text_unit={text_unit}" for c in dict.fromkeys(corpora) if f"{c}.text_unit" not in given]
-    return out + sets
+        for c in dict.fromkeys(corpora):
+            if f"{c}.text_unit" not in given:
+                _put(out, f"{c}.text_unit", text_unit)
+    return out
+
+
+def _put(tree: dict[str, Any], key: str, value: Any) -> None:
+    """tree['a']['b'] = value for key 'a.b'."""
+    *parents, leaf = key.split(".")
+    for p in parents:
+        tree = tree.setdefault(p, {})
+    tree[leaf] = value
 
 
 def _flag(key: str) -> str:
@@ -250,7 +265,7 @@ def study(
     opts = SweepOptions(force, resume, None, report_to, device)
     reps = replicates(sets, seeds, run_seeds)
     for rep in reps:  # every value of every replicate, before torch loads
-        for config in study_configs(name, preset, values, rep)[2]:
+        for config in study_configs(name, preset, values, rep.sets, rep.inputs)[2]:
             check_sources(config, STUDIES[name].experiment)
     results = run_study(name, preset, values, reps, Paths(out, cache, checkpoints), opts)
     console.print(f"{len(results)} run(s) in {out / name}; `scalecl plot --results {out.parent}` draws the figure",

@@ -354,6 +354,20 @@ def parse_value(text: str) -> Any:
     return parse_scalar(text)
 
 
+def overlay(updates: dict[str, Any], inputs: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """`updates` (parsed --set overrides) with `inputs` (a command's own flags, already typed, nested as the
+    config) added; a key both give is refused (the command line names the flag first; this is the guard)."""
+    out = dict(updates)
+    for k, v in inputs.items():
+        if k in out and isinstance(out[k], dict) and isinstance(v, dict):
+            out[k] = overlay(out[k], v, f"{where}{k}.")
+        elif k in out:
+            raise ScaleclError(f"{where}{k} is given twice (an option and --set {where}{k}=...); give it once")
+        else:
+            out[k] = v
+    return out
+
+
 def parse_sets(items: list[str]) -> dict[str, Any]:
     """["stage1.steps=100", "methods.scale.hidden_up=64"] -> nested dict of Raw texts (typed when merged)."""
     out: dict[str, Any] = {}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from scalecl.common.errors import ScaleclError
+from scalecl.common.schema import overlay
 from scalecl.experiments.config import (
     BioRunConfig,
     CptRunConfig,
@@ -40,9 +41,9 @@ class ExperimentSpec:
     def report_spec(self) -> Any:
         return getattr(importlib.import_module("scalecl.experiments.reports"), self.report)
 
-    def load(self, preset: str, sets: list[str]) -> Any:
-        """The preset's config with `sets` applied, every key, type and range checked."""
-        return load_preset(self.name, preset, sets, self.config)
+    def load(self, preset: str, sets: list[str], inputs: dict[str, Any] | None = None) -> Any:
+        """The preset's config with `sets` and the typed `inputs` applied, every key, type and range checked."""
+        return load_preset(self.name, preset, sets, self.config, inputs)
 
     def make(self, preset: str, sets: list[str], paths: Path | Any) -> Any:
         """An experiment of this kind: the preset's config with `sets`, writing where `paths` say."""
@@ -77,11 +78,14 @@ register(ExperimentSpec("bio", BioRunConfig, "scalecl.experiments.bio", "BioExpe
 register(ExperimentSpec("cpt", CptRunConfig, "scalecl.experiments.cpt", "CptExperiment", "CPT_REPORT"))
 
 
-def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type: type | None = None) -> Any:
+def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type: type | None = None,
+                inputs: dict[str, Any] | None = None) -> Any:
     """Resolve a preset file (scalecl/presets/<kind>_<name>.toml) plus --set overrides into a checked config.
 
     config_type is the dataclass the file overrides; by default that of the experiment registered as `kind`
-    (scalecl.experiments.EXPERIMENTS).
+    (scalecl.experiments.EXPERIMENTS). `inputs`: values of a command's own flags (--data, --seeds, ...), already
+    in their types and nested as the config ({"data": {"path": "x.txt"}, "seed": 1}), merged and checked as the
+    overrides are, never written as --set text.
     """
     if config_type is None:
         config_type = experiment(kind).config
@@ -94,7 +98,7 @@ def load_preset(kind: str, name: str, sets: list[str] | None = None, config_type
                        for p in resources.files("scalecl.presets").iterdir() if p.name.startswith(f"{kind}_"))
         raise ScaleclError(f"unknown preset {name!r}; choose one of {', '.join(avail)}")
     cfg = merge(config_type(), tomllib.loads(path.read_text()), "")
-    updates = parse_sets(sets or [])
+    updates = overlay(parse_sets(sets or []), inputs or {})
     cfg = merge(fresh_corpora(cfg, updates), updates, "")  # a corpus the user names: none of the preset's selection
     check_config(cfg)
     return cfg

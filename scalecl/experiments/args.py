@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from scalecl.common.errors import ScaleclError
 from scalecl.common.sources import check_corpus_ref, check_model_ref, check_tokenizer_ref
@@ -93,17 +93,39 @@ def parse_seeds(text: str | None, key: str) -> list[int] | None:
     return list(dict.fromkeys(check_seed(v, key) for v in vals))
 
 
-def replicate_sets(sets: list[str], seeds: str | None, run_seeds: str | None) -> list[list[str]]:
-    """The --set lists of every replicate: each base seed (--seeds) with each run seed (--run-seeds); just
-    `sets` when neither is given. A seed given both ways is refused rather than silently overridden."""
+class Replicate(NamedTuple):
+    """One replicate of a sweep: the user's --set overrides as written, and the values of the command's own
+    flags in their types, nested as the config ({"seed": 1, "data": {"path": "x.txt"}}; load_preset merges
+    both and checks them alike)."""
+
+    sets: list[str]
+    inputs: dict[str, Any]
+
+    def load(self, kind: str, preset: str) -> Any:
+        """This replicate's config of experiment `kind` (every key, type and range checked)."""
+        from scalecl.experiments import experiment
+
+        return experiment(kind).load(preset, self.sets, self.inputs)
+
+
+def set_keys(sets: list[str]) -> set[str]:
+    """The config keys a --set list names ('data.path', 'seed')."""
+    return {s.split("=", 1)[0].strip() for s in sets}
+
+
+def replicates(sets: list[str], seeds: str | None, run_seeds: str | None,
+               inputs: dict[str, Any] | None = None) -> list[Replicate]:
+    """Every replicate: each base seed (--seeds) with each run seed (--run-seeds), beside `inputs` (the
+    command's other flags, typed); one replicate when neither is given. A seed given both ways is refused
+    rather than silently overridden."""
     base, run = parse_seeds(seeds, "--seeds"), parse_seeds(run_seeds, "--run-seeds")
     for given, key in ((base, "seed"), (run, "run_seed")):
-        if given is not None and any(s.split("=", 1)[0].strip() == key for s in sets):
+        if given is not None and key in set_keys(sets):
             raise ScaleclError(f"the {key.replace('_', ' ')} is given twice (--set {key}=... and "
                                f"--{key.replace('_', '-')}s); give it once")
-    if base is None and run is None:
-        return [list(sets)]
-    return [sets + ([f"seed={b}"] if base is not None else []) + ([f"run_seed={r}"] if run is not None else [])
+    inputs = inputs or {}
+    return [Replicate(list(sets), inputs | ({"seed": b} if b is not None else {})
+                      | ({"run_seed": r} if r is not None else {}))
             for b in (base or [None]) for r in (run or [None])]
 
 

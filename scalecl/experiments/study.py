@@ -35,7 +35,7 @@ from typing import Any
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import int_span, show_text
 from scalecl.experiments import load_preset
-from scalecl.experiments.args import Paths, SweepOptions
+from scalecl.experiments.args import Paths, Replicate, SweepOptions
 from scalecl.training.record import REFERENCE_WRITER
 
 # the study's name, values and configs load no torch (the command line checks them first); the sweep that trains
@@ -96,17 +96,19 @@ def study_values(study: str, rc, values: str | None) -> list[str]:
     return [str(v) for v in vals]
 
 
-def study_configs(study: str, preset: str, values: str | None, sets: list[str]) -> tuple[Study, list[str], list]:
-    """(study, values, one resolved config per value): every key, type and range checked."""
+def study_configs(study: str, preset: str, values: str | None, sets: list[str],
+                  inputs: dict[str, Any] | None = None) -> tuple[Study, list[str], list]:
+    """(study, values, one resolved config per value): every key, type and range checked; `inputs`: the typed
+    values of the command's own flags (its seeds: scalecl.experiments.args.Replicate)."""
     if study not in STUDIES:
         raise ScaleclError(f"unknown study {study!r}; choose one of {', '.join(STUDIES)}")
     s = STUDIES[study]
-    rc = load_preset(s.experiment, preset, sets)
+    rc = load_preset(s.experiment, preset, sets, inputs=inputs)
     vals = study_values(study, rc, values)
     configs, kept = [], []
     for v in vals:
         try:
-            config = load_preset(s.experiment, preset, sets + s.extra(rc) + [f"{s.key}={v}"])
+            config = load_preset(s.experiment, preset, sets + s.extra(rc) + [f"{s.key}={v}"], inputs=inputs)
         except ScaleclError as e:
             raise ScaleclError(f"{study} value {v!r}: {e}") from None
         if config not in configs:  # a value given twice ('0.9;0.9', '0.9;0.90') is one run, run and reported once
@@ -115,25 +117,25 @@ def study_configs(study: str, preset: str, values: str | None, sets: list[str]) 
     return s, kept, configs
 
 
-def experiments(study: str, preset: str, values: str | None, sets: list[str], paths: Paths
+def experiments(study: str, preset: str, values: str | None, rep: Replicate, paths: Paths
                 ) -> tuple[Study, list[tuple[str, Any]]]:
     """(study, [(value, experiment)]): one experiment per swept value, writing under <out>/<study>/."""
     from scalecl.experiments import experiment
 
-    s, vals, configs = study_configs(study, preset, values, sets)
+    s, vals, configs = study_configs(study, preset, values, rep.sets, rep.inputs)
     kind = experiment(s.experiment).experiment_class()
     where = Paths(paths.out / study, paths.cache, paths.checkpoints, shared=(paths.out.parent / s.experiment,))
     return s, [(v, kind(cfg, preset, where)) for v, cfg in zip(vals, configs, strict=True)]
 
 
-def run_study(study: str, preset: str, values: str | None, sets: list[str] | list[list[str]], paths: Paths,
+def run_study(study: str, preset: str, values: str | None, sets: list[str] | list[Replicate], paths: Paths,
               opts: SweepOptions | None = None) -> list[dict[str, Any]]:
     """Run one run per swept value (after checking all of them); returns their result dicts. `sets` is one
-    --set list, or one list per replicate (scalecl.experiments.sweep.replicate_sets): every value runs in every replicate."""
+    --set list, or the replicates (scalecl.experiments.args.replicates): every value runs in every replicate."""
     from scalecl.experiments.sweep import check, check_ahead, sweep
 
     opts = opts or SweepOptions()
-    replicas = sets if sets and isinstance(sets[0], list) else [sets]
+    replicas = sets if sets and isinstance(sets[0], Replicate) else [Replicate(list(sets), {})]
     s, exps = None, []
     for rep in replicas:
         s, some = experiments(study, preset, values, rep, paths)

@@ -28,7 +28,7 @@ from scalecl.experiments.args import (  # noqa: F401  (the arguments of a sweep,
     SweepOptions,
     parse_methods,
     parse_seeds,
-    replicate_sets,
+    replicates,
 )
 from scalecl.experiments.base import ExperimentBase, hold
 from scalecl.methods import Method, method_names

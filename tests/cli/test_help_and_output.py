@@ -143,6 +143,7 @@ def test_bio_summary_shows_chance_floor_and_fft_of_the_same_base(tmp_path, capsy
 
 def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys):
     """A study writes into <out>/<study>/; its table finds the FFT run among the main runs, <out>/../bio."""
+    from scalecl.experiments.args import Replicate
     from scalecl.experiments.base import Paths
     from scalecl.experiments.bio import BioExperiment
     from scalecl.experiments.study import experiments
@@ -152,7 +153,7 @@ def test_a_study_table_shows_the_main_runs_fft_of_the_same_base(tmp_path, capsys
         (main / name).mkdir(parents=True)
         (main / name / "result.json").write_text(json.dumps(_bio_result("fft", name, 0.25 if loss == 0.5 else 0.75,
                                                                         loss)))
-    _, exps = experiments("tau", "tiny", "0.9;-1", [], Paths(tmp_path / "studies"))
+    _, exps = experiments("tau", "tiny", "0.9;-1", Replicate([], {}), Paths(tmp_path / "studies"))
     assert all(exp.paths.out == tmp_path / "studies" / "tau" and exp.paths.shared == (main,) for _, exp in exps)
     route = _bio_result("scale-route", "tiny-scale-route-cccc", 0.5)
     BioExperiment.summary(exps[0][1], [route], ["scale-route tau=0.9"])

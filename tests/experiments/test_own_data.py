@@ -107,18 +107,22 @@ def test_the_options_are_the_config_keys_and_leave_other_run_names_alone(own):
     """--data is --set data.path, and --model, resolved into a ModelSource, names the run --set base=... names:
     the run named by the options is the run named by those keys; a text unit at its default is left out of run
     names, so every run named before it keeps its name."""
-    from scalecl.cli.train import model_source, own_sets
+    from scalecl.cli.train import model_source, own_inputs
     from scalecl.experiments.base import Paths
     from scalecl.experiments.cpt import CptExperiment
     from scalecl.experiments.sources import ModelSource
 
-    sets = own_sets({"data.path": "x.txt", "old_eval.path": None, "new_eval.path": None}, None, ["train.steps=3"])
-    assert sets == ["data.path=x.txt", "train.steps=3"]
+    sets = ["train.steps=3"]
+    named = own_inputs({"data.path": " x.txt ", "old_eval.path": None, "new_eval.path": None}, None, sets)
+    assert named == {"data": {"path": "x.txt"}}  # typed, stripped as a --set value is; never --set text
     source = model_source(f" {own / 'my-model'} ", sets)  # stripped, as a --set value is
     assert source == ModelSource("hub_or_folder", str(own / "my-model"), str(own / "my-model"))
-    by_flag = CptExperiment(load_preset("cpt", "tiny", sets), "tiny", Paths(Path("o")), source=source)
-    by_key = CptExperiment(load_preset("cpt", "tiny", [f"base={own / 'my-model'}", *sets]), "tiny", Paths(Path("o")))
+    by_flag = CptExperiment(load_preset("cpt", "tiny", sets, inputs=named), "tiny", Paths(Path("o")), source=source)
+    by_key = CptExperiment(load_preset("cpt", "tiny", [f"base={own / 'my-model'}", "data.path=x.txt", *sets]), "tiny",
+                           Paths(Path("o")))
     assert by_flag.named_config() == by_key.named_config() and by_flag.rc == by_key.rc
+    with pytest.raises(ScaleclError, match="data.path is given twice"):
+        own_inputs({"data.path": "x.txt"}, None, ["data.path=y.txt"])
     with pytest.raises(ScaleclError, match="base is given twice"):
         model_source(str(own / "my-model"), ["base=builtin"])
 
@@ -127,8 +131,8 @@ def test_the_options_are_the_config_keys_and_leave_other_run_names_alone(own):
 
     assert "text_unit" not in json.dumps(name_of([]))
     assert name_of(["data.path=x.txt", "data.text_unit=paragraph"])["data"]["text_unit"] == "paragraph"
-    assert own_sets({"data.path": "x.txt", "old_eval.path": None}, "paragraph", ["new_eval.path=y.txt"]) == [
-        "data.path=x.txt", "data.text_unit=paragraph", "new_eval.text_unit=paragraph", "new_eval.path=y.txt"]
+    assert own_inputs({"data.path": "x.txt", "old_eval.path": None}, "paragraph", ["new_eval.path=y.txt"]) == {
+        "data": {"path": "x.txt", "text_unit": "paragraph"}, "new_eval": {"text_unit": "paragraph"}}
 
 
 def test_a_preset_selection_never_applies_to_a_corpus_the_user_names():

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from scalecl.cli import app
 from scalecl.common.errors import ScaleclError
 from scalecl.common.schema import run_stream_seed, seed_tag
-from scalecl.experiments.sweep import parse_seeds, replicate_sets
+from scalecl.experiments.args import Replicate
+from scalecl.experiments.sweep import parse_seeds, replicates
 from tests.conftest import local_sets, records, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,12 +39,16 @@ def test_seed_lists_are_parsed_and_checked():
     for bad in ("", "a", "1.5", "2..0", "-1", "0..5000", str(2**32), "0..100000000000", f"0..{10**30}"):
         with pytest.raises(ScaleclError, match="--seeds"):
             parse_seeds(bad, "--seeds")
-    assert replicate_sets(["x=1"], None, None) == [["x=1"]]
-    assert replicate_sets([], "0,1", "5") == [["seed=0", "run_seed=5"], ["seed=1", "run_seed=5"]]
+    assert replicates(["x=1"], None, None) == [Replicate(["x=1"], {})]
+    # the seeds stay integers beside the --set list: no flag is written back as --set text
+    assert replicates([], "0,1", "5", {"tokenizer": "local"}) == [
+        Replicate([], {"tokenizer": "local", "seed": 0, "run_seed": 5}),
+        Replicate([], {"tokenizer": "local", "seed": 1, "run_seed": 5})]
+    assert replicates([], "3", None)[0].load("bio", "tiny").seed == 3
     with pytest.raises(ScaleclError, match="given twice"):
-        replicate_sets(["seed=2"], "0,1", None)
+        replicates(["seed=2"], "0,1", None)
     with pytest.raises(ScaleclError, match="given twice"):
-        replicate_sets([" run_seed = 2"], None, "0")
+        replicates([" run_seed = 2"], None, "0")
 
 
 def test_every_replicate_is_checked_against_its_data_before_the_first_trains(tmp_path):
