@@ -68,12 +68,12 @@ def eval_ppl(
     _check_eval_args(model, dataset, tokenizer, device)  # before torch loads: a mistake is one line within a second
     from scalecl.experiments.eval_ppl import check_record_out, write_record
     from scalecl.experiments.eval_ppl import eval_ppl as run_eval
-    from scalecl.models.gguf import resolve_model
+    from scalecl.experiments.sources import ModelSource
 
     if out is not None:
         check_record_out(out)  # replace only a record this command wrote
 
-    r = run_eval(resolve_model(model, cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device,
+    r = run_eval(ModelSource.parse(model, "--model").loadable(cache), spec, seq_len, batch, cache, tokenizer=tokenizer, device=device,
                  say=lambda line: err_console.print(line, highlight=False, soft_wrap=True, markup=False))
     if out is not None:
         write_record(out, r)  # checked again: the file may have appeared while the model ran
@@ -144,10 +144,10 @@ def eval_harness(
     """lm-evaluation-harness benchmarks (paper Table 2) on any checkpoint, with the paper's averages beside ours."""
     from scalecl.evaluation.harness import HarnessSettings, data_lines, parse_metric_overrides, run_harness
     from scalecl.evaluation.harness_scores import format_rows
-    from scalecl.models.gguf import resolve_model
+    from scalecl.experiments.sources import ModelSource
 
     _check_eval_args(model, None, tokenizer, device)  # before anything loads
-    model = Path(resolve_model(model, cache))  # a .gguf file: its dequantized transformers folder
+    model = Path(ModelSource.parse(model, "--model").loadable(cache))  # a .gguf file: its dequantized folder
 
     settings = HarnessSettings(num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, max_length=max_length,
                                bootstrap_iters=bootstrap_iters, device=device, dtype=dtype,

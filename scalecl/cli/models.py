@@ -64,12 +64,13 @@ def _prepare(method_name: str, options: dict, out: Path, model: str | None, rand
     check_seed(seed)  # 0..2**32 - 1, before anything is loaded
     method = get_method(method_name, **options)
     _check_base_args(model, random_config)  # what needs no torch first: a mistake is one line within a second
-    from scalecl.models.gguf import resolve_model
+    from scalecl.experiments.sources import ModelSource
     from scalecl.training.checkpoint import check_checkpoint_dest
     from scalecl.training.prepare import prepare_checkpoint
 
     check_checkpoint_dest(out, overwrite)  # before anything is written or read: a folder of the user's is never touched
-    model = resolve_model(model, cache)  # a .gguf file: its dequantized transformers folder
+    if model is not None:  # a .gguf file or a packaged model: its dequantized transformers folder
+        model = ModelSource.parse(model, "--model").loadable(cache)
     done = prepare_checkpoint(method, out, model, random_config, seed=seed, overwrite=overwrite)
     _print_params(method, done.source, done.base_total, done.model)
     console.print(f"wrote {done.path}")

@@ -146,10 +146,8 @@ def resolved(source: ModelSource, cache: Path | None) -> ModelSource:
     """A source with what only its files tell: a .gguf file or a packaged model as its dequantized transformers
     folder, named by the file's sha256 (made once, in `cache`; None: left as named, its config read from the file),
     and a folder holding a method's checkpoint (method_checkpoint) as kind "checkpoint"."""
-    from scalecl.models.gguf import resolve_model
-
     if source.kind in ("gguf", "package"):
-        return source if cache is None else replace(source, path=resolve_model(source.text, cache))
+        return source if cache is None else replace(source, path=source.loadable(cache))
     if source.kind == "hub_or_folder" and method_checkpoint(source.path) is not None:
         return replace(source, kind="checkpoint")
     return source

