@@ -83,9 +83,9 @@ def main() -> None:
         return real(run, *a, **k)
 
     bio.cached_stage = cached_only
-    rt = Runtime(say=print)
-    exp.prepare(rt)
-    exp.stages(rt)
+    runtime = Runtime(say=print)
+    exp.prepare(runtime)
+    exp.stages(runtime)
     n_evals, n_steps = len(rc.eval.steps(rc.stage3.steps)), rc.stage3.steps
     peak = matmul_gflops()
     out = {"date": provenance()["date"], "commit": provenance().get("commit"), "threads": torch.get_num_threads(),
@@ -95,8 +95,8 @@ def main() -> None:
     for name in args.methods.split(","):
         method = get_method(name, **rc.method_options(name))
         model = exp.build(method)
-        batches = exp.batches(method, rt)
-        plan = exp.plan(method, rt)
+        batches = exp.batches(method, runtime)
+        plan = exp.plan(method, runtime)
         rows: dict[str, list[float]] = {"plain": [], "fast": [], "step": []}
         same = True
         for r in range(args.rounds + 1):  # round 0 warms up

@@ -143,9 +143,9 @@ def route_case(rc, cache: Path):
 
     bio.cached_stage = cached_only
     exp = bio.BioExperiment(rc, "cpu", Paths(out=Path("/nonexistent"), cache=cache))
-    rt = Runtime(say=print)
-    exp.prepare(rt)
-    exp.stages(rt)
+    runtime = Runtime(say=print)
+    exp.prepare(runtime)
+    exp.stages(runtime)
     method = get_method("scale-route", **rc.method_options("scale-route"))
     model = exp.build(method)
     stream = qa_batches(exp.data.qa["task1"], rc.stage3.batch, exp.stream_seed + 3)

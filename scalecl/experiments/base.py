@@ -221,7 +221,7 @@ class ExperimentBase(abc.ABC):
             experiment=self.name, preset=self.preset, method=method.name, method_options=method.options(),
             description=method.describe(), lr=self.lr_of(method), seeds={"base": rc.seed, "run": rc.run_seed},
             **params(res.model), config=asdict(rc), provenance=self.started | {"finished": provenance()["date"]},
-            processes=runtime.d.world, speed=res.speed).as_dict()
+            processes=runtime.dist.world, speed=res.speed).as_dict()
 
     def summary(self, results: list[dict[str, Any]], labels: list[str] | None = None) -> None:
         """The end-of-sweep table (see print_end_table), a row per result labelled by `labels` (default its
@@ -276,12 +276,12 @@ def hold(target: Path, runtime: Runtime, *, wait: bool, what: str) -> Iterator[N
     another process holds is one Busy error on every process (wait=False) or a wait (wait=True)."""
     with contextlib.ExitStack() as stack:
         refused = None
-        if runtime.d.main:
+        if runtime.dist.main:
             try:
                 stack.enter_context(locked(target, wait=wait, what=what, say=runtime.say))
             except Busy as e:
                 refused = str(e)
-        refused = runtime.d.share(refused)
+        refused = runtime.dist.share(refused)
         if refused is not None:
             raise Busy(refused)
         yield
@@ -293,15 +293,15 @@ def cached_stage(run: Run, runtime: Runtime, train: Callable[[], dict], *, alone
     processes wait and then read the cache; otherwise every process trains (rank 0 writes)."""
     trained = None
     with hold(run.final_dir, runtime, wait=True, what=f"cached {run.name}"):
-        runtime.d.barrier()  # every process sees the same cache
+        runtime.dist.barrier()  # every process sees the same cache
         # verified on read, by rank 0
-        refused = runtime.d.share(_damaged_stage(run, runtime) if runtime.d.main else None)
+        refused = runtime.dist.share(_damaged_stage(run, runtime) if runtime.dist.main else None)
         if refused is not None:
             raise ScaleclError(refused)
-        if read_meta(run.final_dir) is None and (runtime.d.main or not alone):
+        if read_meta(run.final_dir) is None and (runtime.dist.main or not alone):
             trained = train()
     if alone:
-        runtime.d.barrier()  # rank 0 has written the cache
+        runtime.dist.barrier()  # rank 0 has written the cache
     if trained is not None:
         return {**trained, "cached": False}
     meta = read_meta(run.final_dir) or {}

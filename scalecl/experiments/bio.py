@@ -111,14 +111,14 @@ def accuracies(model: torch.nn.Module, sets: dict[str, QATensors], batch: int, d
 def train_stage(run: Run, plan: TrainPlan, *, build, batches, info, runtime: Runtime) -> dict:
     """Train a stage on every process (resuming its own checkpoints); rank 0 caches it. Its record."""
     t = time.perf_counter()
-    res = fit(run, plan, build=build, batches=batches, rt=runtime)
+    res = fit(run, plan, build=build, batches=batches, runtime=runtime)
     stage = stage_record(run, res, t, **info(res.model), accumulation=plan.accum, speed=res.speed)
     if res.resumed_from:
         stage["resumed_from"] = res.resumed_from
-    if runtime.d.main:
+    if runtime.dist.main:
         run.finish(None, res.export.cpu(), extra={"stage": stage})
         run.remove_checkpoints()  # the cache folder now holds the stage: its own checkpoints are spent
-    runtime.d.barrier()
+    runtime.dist.barrier()
     return stage
 
 
@@ -245,7 +245,7 @@ class BioExperiment(ExperimentBase):
     # -- shared data and stages ----------------------------------------------------------------------------
 
     def prepare(self, runtime: Runtime) -> None:
-        rc, dist = self.rc, runtime.d
+        rc, dist = self.rc, runtime.dist
         tokenizer = open_tokenizer(rc.tokenizer, LOCAL_HINT) if rc.tokenizer != "local" else None  # fails before any write
         self.begin(runtime)  # the code that runs is this commit's
         t0 = time.perf_counter()
@@ -316,7 +316,7 @@ class BioExperiment(ExperimentBase):
 
     def stages(self, runtime: Runtime) -> None:
         """Stage 1 (pre-training on biographies) and stage 2 (Task 0 QA), each cached under its key."""
-        rc, data, dist = self.rc, self.data, runtime.d
+        rc, data, dist = self.rc, self.data, runtime.dist
         key1, key2 = self._stage_keys(dist.world)
         if dist.main:  # entries keyed by an earlier version's spelling of the paths: renamed, not trained again
             old_keys = self._stage_keys(dist.world, data.tokenizer_dir)
@@ -371,11 +371,11 @@ class BioExperiment(ExperimentBase):
     def batches(self, method: Method, runtime: Runtime) -> Iterator[dict]:
         rc = self.rc
         task1 = qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3)
-        return self._shards(task1, rc.stage3, runtime.d)
+        return self._shards(task1, rc.stage3, runtime.dist)
 
     def plan(self, method: Method, runtime: Runtime) -> TrainPlan:
         rc, lr = self.rc, self.lr_of(method)
-        return self._stage_plan(rc.stage3, f"stage 3: {method.name}", runtime.d, lr=lr,
+        return self._stage_plan(rc.stage3, f"stage 3: {method.name}", runtime.dist, lr=lr,
                                 eval_steps=rc.eval.steps(rc.stage3.steps),
                                 tracker_config={"method": method.name, "options": method.options(), "lr": lr,
                                                 **asdict(rc)})
@@ -409,7 +409,7 @@ class BioExperiment(ExperimentBase):
                        "stage3": res.timing["train_s"], "stage3_eval": res.timing["eval_s"]},
             "stages_cached": {"stage1": info["stage1"]["cached"], "stage2": info["stage2"]["cached"]},
             "accumulation": {"stage1": info["stage1"].get("accumulation"), "stage2": info["stage2"].get("accumulation"),
-                             "stage3": micro_batch(rc, rc.stage3, runtime.d.world)[1]},
+                             "stage3": micro_batch(rc, rc.stage3, runtime.dist.world)[1]},
             **stages,
             "priors": {"task0_heldout": attribute_priors(data.qa["task0_heldout"]),
                        "task1": attribute_priors(data.qa["task1"])},

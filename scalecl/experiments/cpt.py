@@ -381,7 +381,7 @@ class CptExperiment(ExperimentBase):
 
     def prepare(self, runtime: Runtime) -> None:
         """The builtin corpus (generated once), the tokenizer and the evaluation sets."""
-        rc, dist = self.rc, runtime.d
+        rc, dist = self.rc, runtime.dist
         t0 = time.perf_counter()
         self.begin(runtime)
         self.root = builtin_root(rc, self.paths.cache) if self.bilingual is not None else None
@@ -436,7 +436,7 @@ class CptExperiment(ExperimentBase):
                                                     if info else ""))
         runtime.say(f"{base_line}; tokenizer {escape(self.tok_src)}, vocab {len(self.tokenizer):,}; old-domain eval: "
                     f"{ev.line('old')}; new-domain eval: {ev.line('new')} (seq {rc.train.seq_len}); "
-                    f"{runtime.d.world} process(es)")
+                    f"{runtime.dist.world} process(es)")
 
     def _never_rows(self, rows: int) -> torch.Tensor:
         """(rows,) bool: vocabulary rows that occur in none of the first eval.never_tokens tokens of the
@@ -481,14 +481,14 @@ class CptExperiment(ExperimentBase):
         order = run_stream_seed(rc.seed, rc.run_seed) if rc.run_seed else None  # run seed 0: stream order
         self.chunks = PackedChunks(lambda: iter_texts(self.train_spec), self.tokenizer, rc.train.seq_len,
                                    loop=True, name="training corpus", order_seed=order)
-        return RankBatches(self.chunks, self._micro(runtime.d)[0], runtime.d.world, runtime.d.rank)
+        return RankBatches(self.chunks, self._micro(runtime.dist)[0], runtime.dist.world, runtime.dist.rank)
 
     def plan(self, method: Method, runtime: Runtime) -> TrainPlan:
         rc, t = self.rc, self.rc.train
         lr = self.lr_of(method)
         every = rc.eval.every or t.steps
         return TrainPlan(t.steps, OptimConfig.of(t, lr, round(t.warmup_ratio * t.steps)),
-                         accum=self._micro(runtime.d)[1],
+                         accum=self._micro(runtime.dist)[1],
                          autocast=autocast_dtype(rc.dtype, runtime.device, rc.compute.cpu_bf16),
                          eval_steps=set(range(0, t.steps + 1, every)) | {t.steps},
                          save_every=rc.checkpoint.every, save_seconds=rc.checkpoint.seconds, compute=rc.compute,
@@ -542,7 +542,7 @@ class CptExperiment(ExperimentBase):
     def result(self, method: Method, run: Run, res, runtime: Runtime) -> dict[str, Any]:
         ev, records = self.evals, res.records
         first, last = records[0], records[-1]
-        micro, accum = self._micro(runtime.d)
+        micro, accum = self._micro(runtime.dist)
         heldout = {}
         if self.final_sets:
             self.heldout_scores(res.model, method, "end")

@@ -58,9 +58,9 @@ def pretrain_base(rc: CptRunConfig, tokenizer, tok_src: str, root: Path, cache: 
                            *numerics_key(numerics or run_numerics(rc.compute, runtime.device)))
 
     key = key_of(path_key(tok_src, cache))  # however --cache or --tokenizer is spelled
-    if runtime.d.main:  # an entry keyed by an earlier version's spelling of the paths: renamed, not trained again
+    if runtime.dist.main:  # an entry keyed by an earlier version's spelling of the paths: renamed, not trained again
         adopt_entry(cache / "cpt" / f"base-{key_of(tok_src)}", cache / "cpt" / f"base-{key}", runtime.say)
-    run = stage_run(cache / "cpt", f"base-{key}", "cpt-base", key, rc.checkpoint.keep, runtime.d.main,
+    run = stage_run(cache / "cpt", f"base-{key}", "cpt-base", key, rc.checkpoint.keep, runtime.dist.main,
                     {"tokenizer": tokenizer}, numerics)
     info = cached_stage(run, runtime, lambda: _train_base(rc, run, tokenizer, root, runtime), alone=True)
     return run.final_dir, info
@@ -85,7 +85,7 @@ def _train_base(rc: CptRunConfig, run: Run, tokenizer, root: Path, runtime: Runt
         return info
     res = fit(run, plan, build=lambda: model_from_config(config, seed=rc.seed),
               batches=RankBatches(chunks, rc.pretrain.batch),
-              rt=Runtime(Dist(), runtime.device, runtime.progress, runtime.say))
+              runtime=Runtime(Dist(), runtime.device, runtime.progress, runtime.say))
     info = stage_record(run, res, t, epochs_completed=chunks.epoch,
                         tokens=rc.pretrain.steps * rc.pretrain.batch * rc.model.context,
                         params=sum(p.numel() for p in res.model.parameters()))

@@ -226,8 +226,8 @@ def train_one(exp: ExperimentBase, method: Method, run: Run, runtime: Runtime, o
         for folder in (run.out_dir, run.ckpt_root):
             if folder is not None:
                 held.enter_context(hold(folder, runtime, wait=False, what=f"run {run.name} ({folder})"))
-        finished = run.result() if runtime.d.main and not opts.force else None
-        if runtime.d.share(finished is not None):  # finished by another process since the sweep looked
+        finished = run.result() if runtime.dist.main and not opts.force else None
+        if runtime.dist.share(finished is not None):  # finished by another process since the sweep looked
             runtime.say(f"{method.name}: another process finished this run while this one prepared it: {run.out_dir} "
                    f"(use --force to rerun)")
             return finished
@@ -240,7 +240,7 @@ def _train_locked(exp: ExperimentBase, method: Method, run: Run, runtime: Runtim
     plan = replace(exp.plan(method, runtime), resume=opts.resume, force=opts.force, stop_at=opts.stop_after,
                    report_to=opts.report_to)
     res = fit(run, plan, build=lambda: exp.build(method), batches=exp.batches(method, runtime),
-              evaluate=lambda model, step, loss: exp.evaluate(model, method, step, loss), rt=runtime,
+              evaluate=lambda model, step, loss: exp.evaluate(model, method, step, loss), runtime=runtime,
               attach=lambda model: exp.attach(model, method))
     if run.wall is not None:
         run.wall.lap("run")  # building the model, training, evaluations and checkpoints (fit)
@@ -249,10 +249,10 @@ def _train_locked(exp: ExperimentBase, method: Method, run: Run, runtime: Runtim
     result = exp.result(method, run, res, runtime)
     if run.wall is not None:
         run.wall.lap("final_eval")  # what the experiment does after training (biography: the full ranges)
-    if runtime.d.main:
+    if runtime.dist.main:
         if res.resumed_from:
             result["resumed_from_step"] = res.resumed_from
         run.finish(result, res.export.cpu())
         runtime.say(f"{method.name}: wrote {run.out_dir}; final model {run.final_dir}")
-    runtime.d.barrier()
-    return result if runtime.d.main else None
+    runtime.dist.barrier()
+    return result if runtime.dist.main else None

@@ -34,7 +34,7 @@ class Runtime:
     """Where runs execute: this process's place in the job, the device, the progress display (None: none)
     and the printer (main process only)."""
 
-    d: Dist = field(default_factory=Dist)
+    dist: Dist = field(default_factory=Dist)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     progress: Any = None
     say: Callable[[str], None] = say
@@ -61,14 +61,14 @@ class Fit:
     speed: dict[str, Any] = field(default_factory=dict)
 
 
-def _start(run: Run, plan: TrainPlan, rt: Runtime) -> tuple[Path, dict] | None:
+def _start(run: Run, plan: TrainPlan, runtime: Runtime) -> tuple[Path, dict] | None:
     """The checkpoint and state to resume from (None: step 0): rank 0 decides, every process follows."""
-    start = run.begin(resume=plan.resume, force=plan.force, say=rt.say) if rt.d.main else None
+    start = run.begin(resume=plan.resume, force=plan.force, say=runtime.say) if runtime.dist.main else None
     if start is not None:  # resuming at or past the step to stop at would train past it (Run.check_stop)
         check_stop(run.name, int(start[1]["step"]), plan.stop_at)
-    if rt.d.main:  # a folder named like a checkpoint the run will write, and not the run's own: refused now
+    if runtime.dist.main:  # a folder named like a checkpoint the run will write, and not the run's own: refused now
         run.check_free(_save_steps(plan, int(start[1]["step"]) if start else 0, run))
-    if rt.d.world > 1:
+    if runtime.dist.world > 1:
         box = [None if start is None else str(start[0])]
         dist.broadcast_object_list(box, src=0)
         start = None if box[0] is None else (Path(box[0]), load_state(box[0]))
@@ -121,7 +121,7 @@ class _Clock:
             self.totals["flops"] += (r.get("model_tflops") or 0.0) * 1e12 * r["seconds"]
 
 
-def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, evaluate, d: Dist) -> Hooks:
+def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, evaluate, job: Dist) -> Hooks:
     """Evaluation, checkpoint and log callbacks of one run."""
     from scalecl.compute.parallel import gather, reshard
 
@@ -141,9 +141,9 @@ def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, ev
     def on_save(step: int, tstate: dict[str, Any]) -> None:
         clock.lap("train_s")
         full = gather(model, host)  # every process takes part under FSDP
-        if d.main:
+        if job.main:
             run.save_checkpoint(step, full, tstate | {"records": run.records, "timing": clock.timing})
-        d.barrier()
+        job.barrier()
 
     def on_log(rows: list[dict[str, Any]]) -> None:
         clock.count(rows)
@@ -152,12 +152,12 @@ def _hooks(run: Run, model: nn.Module, host: nn.Module | None, clock: _Clock, ev
     return Hooks(on_step=on_step if evaluate is not None else None, on_save=on_save, on_log=on_log)
 
 
-def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, rt: Runtime) -> dict[str, Any]:
+def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, runtime: Runtime) -> dict[str, Any]:
     """tokens/s, model TFLOP/s and MFU of the steps this process trained, and how the run was spread."""
     from scalecl.compute.parallel import describe
     from scalecl.compute.perf import speed_provenance
 
-    t, d = clock.totals, rt.d
+    t, job = clock.totals, runtime.dist
     sec = t["seconds"]
     tflops = t["flops"] / sec / 1e12 if sec > 0 else None
     speed = {
@@ -165,13 +165,13 @@ def _speed(clock: _Clock, flops, peak: dict, plan: TrainPlan, model: nn.Module, 
         "tokens_per_s": round(t["tokens"] / sec, 1) if sec > 0 else None,
         "model_flops_per_token": {"definition": "6N + 12 L H Q T (scalecl.compute.perf)", **flops.to_dict()},
         "model_tflops": None if tflops is None else float(f"{tflops:.4g}"),
-        "mfu": float(f"{tflops / (peak['tflops'] * d.world):.4g}") if tflops is not None and peak["tflops"] else None,
+        "mfu": float(f"{tflops / (peak['tflops'] * job.world):.4g}") if tflops is not None and peak["tflops"] else None,
         "sync_every": plan.sync_every,
         "loss": plan.loss.describe() if plan.loss is not None else {"name": "model"},
     }
     if plan.compute is None:
-        return speed | {"parallel": {"mode": "single", "processes": d.world}, "peak": peak}
-    return speed | {"parallel": describe(plan.compute, d.world, model)} | speed_provenance(plan.compute, rt.device,
+        return speed | {"parallel": {"mode": "single", "processes": job.world}, "peak": peak}
+    return speed | {"parallel": describe(plan.compute, job.world, model)} | speed_provenance(plan.compute, runtime.device,
                                                                                          plan.autocast)
 
 
@@ -182,7 +182,7 @@ def fit(
     build: Callable[[], nn.Module],
     batches: Iterator[dict[str, torch.Tensor]],
     evaluate: Callable[[nn.Module, int, float], dict[str, Any]] | None = None,
-    rt: Runtime | None = None,
+    runtime: Runtime | None = None,
     attach: Callable[[nn.Module], nn.Module] | None = None,
 ) -> Fit:
     """Train one run from step 0 or its latest checkpoint, evaluating at plan.eval_steps and checkpointing.
@@ -191,38 +191,38 @@ def fit(
     loaded instead (checked to be of the run's method and options) and given to attach(), which adds what
     build() adds besides weights (the experiment's measurement state). evaluate(model, step, loss) returns one
     record; it runs on every process (under FSDP every process must run the same forwards). The model is
-    moved to rt.device and prepared by plan.compute (activation checkpointing, compile, DDP or FSDP2 across
-    rt.d.world processes; scalecl.compute.parallel.prepare).
+    moved to runtime.device and prepared by plan.compute (activation checkpointing, compile, DDP or FSDP2 across
+    runtime.dist.world processes; scalecl.compute.parallel.prepare).
     """
     from scalecl.compute.loss import step_loss
     from scalecl.compute.parallel import gather, host_copy, prepare
     from scalecl.compute.perf import model_flops, peak_tflops
     from scalecl.compute.perf import sync_every as auto_sync
 
-    rt = rt or Runtime()
-    d = rt.d
-    start = _start(run, plan, rt)
+    runtime = runtime or Runtime()
+    job = runtime.dist
+    start = _start(run, plan, runtime)
     state = start[1] if start else None
     model = run.load_checkpoint_model(start[0]) if start else build()
     if start and attach is not None:
         model = attach(model)
-    sharding = plan.compute is not None and plan.compute.parallel == "fsdp" and d.world > 1
-    host = host_copy(model) if sharding and d.main else None  # rank 0 saves full models from it
+    sharding = plan.compute is not None and plan.compute.parallel == "fsdp" and job.world > 1
+    host = host_copy(model) if sharding and job.main else None  # rank 0 saves full models from it
     flops = model_flops(model)
-    model = model.to(rt.device)
-    wrapped = prepare(model, plan.compute, rt.device, d.world, plan.steps) if plan.compute is not None else model
+    model = model.to(runtime.device)
+    wrapped = prepare(model, plan.compute, runtime.device, job.world, plan.steps) if plan.compute is not None else model
     if plan.compute is not None and plan.loss is None:  # the chunked loss where it applies (scalecl.compute.loss)
-        plan = replace(plan, loss=step_loss(wrapped, plan.compute.loss, rt.device))
+        plan = replace(plan, loss=step_loss(wrapped, plan.compute.loss, runtime.device))
     if plan.sync_every is None:
-        plan = replace(plan, sync_every=auto_sync(plan.compute, rt.device) if plan.compute is not None else 1)
-    peak = peak_tflops(rt.device, plan.autocast)
+        plan = replace(plan, sync_every=auto_sync(plan.compute, runtime.device) if plan.compute is not None else 1)
+    peak = peak_tflops(runtime.device, plan.autocast)
     run.restore(state)
     clock = _Clock(state)
-    if d.main and run.out_dir is not None:
+    if job.main and run.out_dir is not None:
         run.trackers = open_trackers(plan.report_to, run.name, run.out_dir / "tensorboard", plan.tracker_config)
     try:
-        losses = train(wrapped, batches, plan, hooks=_hooks(run, model, host, clock, evaluate, d), state=state,
-                       flops=flops, peak_tflops=peak["tflops"], progress=rt.progress)
+        losses = train(wrapped, batches, plan, hooks=_hooks(run, model, host, clock, evaluate, job), state=state,
+                       flops=flops, peak_tflops=peak["tflops"], progress=runtime.progress)
     except TrainingDiverged as e:
         run.close_trackers()
         ckpts = run.checkpoints()
@@ -238,8 +238,8 @@ def fit(
     complete = len(losses) >= plan.steps
     if not complete:
         run.close_trackers()
-        rt.say(f"{run.name}: stopped after step {len(losses)}; continue with --resume")
+        runtime.say(f"{run.name}: stopped after step {len(losses)}; continue with --resume")
     export = gather(model, host) if complete else None  # every process takes part under FSDP
     return Fit(model, losses, run.records, {k: round(v, 1) for k, v in clock.timing.items()}, complete,
-               int(state["step"]) if state else 0, export if export is not None else (model if d.main else None),
-               _speed(clock, flops, peak, plan, model, rt))
+               int(state["step"]) if state else 0, export if export is not None else (model if job.main else None),
+               _speed(clock, flops, peak, plan, model, runtime))

@@ -227,5 +227,5 @@ def test_bio_batches_larger_than_the_data_are_refused(tmp_path, monkeypatch):
 
 
 def test_runtime_defaults_are_one_process_on_cpu():
-    rt = Runtime()
-    assert rt.d.world == 1 and rt.device.type == "cpu" and rt.progress is None
+    runtime = Runtime()
+    assert runtime.dist.world == 1 and runtime.device.type == "cpu" and runtime.progress is None
