@@ -10,7 +10,7 @@ Standalone (torch only): copied verbatim into every SCALE checkpoint (see `model
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -136,7 +136,7 @@ class _BlockLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, w12, w21, w22, bias_up, plan: _Rows):
-        use_w12, shared = plan.use_w12, plan.shared
+        use_w12 = plan.use_w12
         d_out, d_in = weight.shape
         dt = _operand_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
@@ -145,22 +145,12 @@ class _BlockLinear(torch.autograd.Function):
             w_new = torch.cat([w21, w22], dim=1).to(dt)  # (out_up, in + in_up): the new rows
             if bias_up is not None:
                 bu = bias_up.to(dt)
-            y = x2.new_empty(x2.shape[0], d_out + w_new.shape[0])
             halves = _halves(x2.shape[0], len(use_w12))
-            for k, (rows, with_w12) in enumerate(zip(halves, use_w12, strict=True)):
-                xr, top, bot = x2[rows], y[rows, :d_out], y[rows, d_out:]
-                if shared and k:  # same input as the first half: start from its products
-                    y[rows] = y[halves[0]]
-                elif plan.concat:  # one product with the whole matrix (W12 as zeros where it is not used)
-                    w12_used = w12c if with_w12 else torch.zeros_like(w12c)
-                    full = torch.cat([torch.cat([w, w12_used], dim=1), w_new], dim=0)
-                    _mm_into(y[rows], xr, full.t(), None if b is None else torch.cat([b, bu]))
-                    continue
-                else:
-                    _mm_into(top, xr[:, :d_in], w.t(), b)
-                    _mm_into(bot, xr, w_new.t(), bu)
-                if with_w12 and w12c.shape[1]:
-                    top.addmm_(xr[:, d_in:], w12c.t())
+            if torch.compiler.is_compiling():  # dynamo cannot trace a product written into a column slice
+                y = _traced_products(x2, halves, plan, (w, w12c, w_new, b, bu))
+            else:
+                y = x2.new_empty(x2.shape[0], d_out + w_new.shape[0])
+                _products_into(y, x2, halves, plan, (w, w12c, w_new, b, bu))
         ctx.save_for_backward(x2, w, w12c, w_new)
         ctx.use_w12, ctx.const, ctx.x_shape, ctx.x_dtype = use_w12, plan.const, x.shape, x.dtype
         ctx.has_bias = bias is not None
@@ -176,18 +166,7 @@ class _BlockLinear(torch.autograd.Function):
         halves = _halves(x2.shape[0], len(ctx.use_w12))
         gx = gw = gb = g12 = g21 = g22 = gbu = None
         if need[0]:
-            gx = g.new_empty(x2.shape)
-            for rows, with_w12, const in zip(halves, ctx.use_w12, ctx.const, strict=True):
-                gt, gu, gd, gn = g_top[rows], g_up[rows], gx[rows, :d_in], gx[rows, d_in:]
-                if const:  # nothing trainable reaches these channels: their gradient is not needed
-                    gd.zero_()
-                else:
-                    torch.mm(gt, w, out=gd)
-                    gd.addmm_(gu, w_new[:, :d_in])
-                torch.mm(gu, w_new[:, d_in:], out=gn)
-                if with_w12:
-                    gn.addmm_(gt, w12)
-            gx = gx.view(ctx.x_shape).to(ctx.x_dtype)
+            gx = _input_grad(g_top, g_up, halves, ctx, w, w12, w_new).view(ctx.x_shape).to(ctx.x_dtype)
         if need[1]:
             gw = g_top.t() @ x2[:, :d_in]
         if need[2] and ctx.has_bias:
@@ -203,6 +182,87 @@ class _BlockLinear(torch.autograd.Function):
         if need[6] and ctx.has_bias:
             gbu = g_up.sum(0)
         return gx, gw, gb, g12, g21, g22, gbu, None
+
+
+def _input_grad(g_top: torch.Tensor, g_up: torch.Tensor, halves: list[slice], ctx: Any, w: torch.Tensor,
+                w12: torch.Tensor, w_new: torch.Tensor) -> torch.Tensor:
+    """_BlockLinear's input gradient (rows x (in + in_up)), half by half: each block written into its place, or
+    under torch.compile (which cannot trace a product written into a column slice) made as new tensors joined by
+    cat, the same products in the same order."""
+    d_in = w.shape[1]
+    traced = torch.compiler.is_compiling()
+    gx = None if traced else g_top.new_empty(g_top.shape[0], w_new.shape[1])
+    parts = []
+    for rows, with_w12, const in zip(halves, ctx.use_w12, ctx.const, strict=True):
+        gt, gu = g_top[rows], g_up[rows]
+        if traced:
+            # nothing trainable reaches const rows' original channels: their gradient is not needed (zero)
+            gd = gt.new_zeros(gt.shape[0], d_in) if const else torch.mm(gt, w).addmm(gu, w_new[:, :d_in])
+            gn = torch.mm(gu, w_new[:, d_in:])
+            parts.append(torch.cat([gd, gn.addmm(gt, w12) if with_w12 else gn], dim=1))
+            continue
+        gd, gn = gx[rows, :d_in], gx[rows, d_in:]
+        if const:  # nothing trainable reaches these channels: their gradient is not needed
+            gd.zero_()
+        else:
+            torch.mm(gt, w, out=gd)
+            gd.addmm_(gu, w_new[:, :d_in])
+        torch.mm(gu, w_new[:, d_in:], out=gn)
+        if with_w12:
+            gn.addmm_(gt, w12)
+    if traced:
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    return gx
+
+
+def _products_into(y: torch.Tensor, x2: torch.Tensor, halves: list[slice], plan: _Rows, mats: tuple) -> None:
+    """_BlockLinear's forward products, each written into its block of `y` (no copies); `mats`: W, W12, the new
+    rows [W21 W22], b, b_up in the operands' dtype."""
+    w, w12, w_new, b, bu = mats
+    d_out, d_in = w.shape
+    for k, (rows, with_w12) in enumerate(zip(halves, plan.use_w12, strict=True)):
+        xr, top, bot = x2[rows], y[rows, :d_out], y[rows, d_out:]
+        if plan.shared and k:  # same input as the first half: start from its products
+            y[rows] = y[halves[0]]
+        elif plan.concat:  # one product with the whole matrix (W12 as zeros where it is not used)
+            w12_used = w12 if with_w12 else torch.zeros_like(w12)
+            full = torch.cat([torch.cat([w, w12_used], dim=1), w_new], dim=0)
+            _mm_into(y[rows], xr, full.t(), None if b is None else torch.cat([b, bu]))
+            continue
+        else:
+            _mm_into(top, xr[:, :d_in], w.t(), b)
+            _mm_into(bot, xr, w_new.t(), bu)
+        if with_w12 and w12.shape[1]:
+            top.addmm_(xr[:, d_in:], w12.t())
+
+
+def _traced_products(x2: torch.Tensor, halves: list[slice], plan: _Rows, mats: tuple) -> torch.Tensor:
+    """_products_into's products as new tensors joined by cat, for torch.compile (which cannot trace a product
+    written into a column slice): the same products in the same order (an in-place addmm_ as an addmm of a
+    copy), so the same values."""
+    w, w12, w_new, b, bu = mats
+    d_out, d_in = w.shape
+    outs: list[torch.Tensor] = []
+    for k, (rows, with_w12) in enumerate(zip(halves, plan.use_w12, strict=True)):
+        xr = x2[rows]
+        if plan.shared and k:  # same input as the first half: start from its products
+            top, bot = outs[0][:, :d_out], outs[0][:, d_out:]
+        elif plan.concat:
+            w12_used = w12 if with_w12 else torch.zeros_like(w12)
+            full = torch.cat([torch.cat([w, w12_used], dim=1), w_new], dim=0)
+            outs.append(_mm(xr, full.t(), None if b is None else torch.cat([b, bu])))
+            continue
+        else:
+            top, bot = _mm(xr[:, :d_in], w.t(), b), _mm(xr, w_new.t(), bu)
+        if with_w12 and w12.shape[1]:
+            top = top.addmm(xr[:, d_in:], w12.t())
+        outs.append(torch.cat([top, bot], dim=1))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """a @ b (+ bias) as a new tensor."""
+    return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
 
 
 def _halves(n: int, parts: int) -> list[slice]:
@@ -500,6 +560,7 @@ class UpHead(nn.Module):
                    for x, y in zip(a.tensor_split(blocks), b.tensor_split(blocks), strict=True)]
             return torch.cat(out).reshape(shape)
 
+    @torch.compiler.disable  # its cache is keyed by W's storage and version, which a compiled graph cannot compare
     def gram(self, centered: bool = False) -> torch.Tensor:
         """W^T W (centered: W^T W - V m m^T) in float32, recomputed only when W is replaced or modified in place."""
         w = self.weight
