@@ -243,6 +243,7 @@ def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator, targets_only
     measure(cfgs, "pythia160m_stage1_eager", neox, s1, a, ("off", "model"))
     measure(cfgs, "qa_fft_eager", neox, qa, a, ("off", "model"))
     measure(cfgs, "qa_fft_compiled", neox, qa, a, ("model", "auto"))
+    measure(cfgs, "qa_fft_graphs", neox, qa, a, ("graphs", "auto"))
     measure(cfgs, "pythia160m_stage1_compiled_chunked", neox, s1, a, ("model", "chunked"))
     measure(cfgs, "pythia160m_stage1_chunked", neox, s1, a, ("off", "chunked"))
     for extra in a.fused:

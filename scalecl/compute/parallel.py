@@ -210,7 +210,7 @@ def lockstep_padding(model: nn.Module, mine: int, counts: list[int]) -> int:
 
 
 def _compiled(model: nn.Module) -> str:
-    """How the run was compiled: "model", "blocks", "off", or "eager (...)" when compiling failed."""
+    """How the run was compiled: "model", "graphs", "blocks", "off", or "eager (...)" when compiling failed."""
     failed = compile_failure(model)
     return f"eager ({failed})" if failed else getattr(model, "_scalecl_compile", "off")
 

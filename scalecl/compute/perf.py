@@ -134,6 +134,9 @@ def check_compute(cc, device: torch.device, world: int) -> None:
         except ImportError:
             raise ScaleclError(f"compute.parallel=fsdp needs PyTorch FSDP2 (torch.distributed.fsdp.fully_shard, "
                                f"torch >= 2.6); this is torch {torch.__version__}") from None
+    if compile_mode(cc.compile, device) == "graphs" and device.type != "cuda":
+        raise ScaleclError(f"compute.compile=graphs replays CUDA graphs: it needs a CUDA device, not {device.type}; "
+                           f"use compute.compile=model")
     if compile_mode(cc.compile, device) != "off":
         if device.type not in ("cpu", "cuda"):
             raise ScaleclError(f"compute.compile is supported on cpu and cuda, not {device.type}")
@@ -179,7 +182,7 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
 
 
 def compile_mode(value: bool | str, device: torch.device, steps: int | None = None) -> str:
-    """compute.compile for a device and a run of `steps` steps: "model", "blocks" or "off". "auto": the whole
+    """compute.compile for a device and a run of `steps` steps: "model", "graphs", "blocks" or "off". "auto": the whole
     model on CUDA for a run of at least SCALECL_COMPILE_MIN_STEPS steps (None: any), off elsewhere, so that CPU
     runs keep their numbers; true: every block."""
     if value == "auto":
@@ -192,7 +195,9 @@ def compile_mode(value: bool | str, device: torch.device, steps: int | None = No
 
 def compile_model(model: nn.Module, mode: str, backend: str | Any = "inductor") -> None:
     """torch.compile in place (nn.Module.compile: names, state dict and hooks unchanged): the whole model
-    ("model": one graph for the forward, so no Python runs between blocks) or every decoder block ("blocks").
+    ("model": one graph for the forward, so no Python runs between blocks; "graphs": the same, replayed as CUDA
+    graphs, inductor's mode="reduce-overhead", for steps bound by kernel launches) or every decoder block
+    ("blocks").
 
     Compiling happens at the first forward: a model that fails then trains eagerly (scalecl.training.loop
     retries its first step after `uncompile`). Forwards run without a KV cache (the step's loss passes
@@ -203,6 +208,8 @@ def compile_model(model: nn.Module, mode: str, backend: str | Any = "inductor") 
     model._scalecl_compile = mode  # what the result records (scalecl.compute.parallel.describe)
     if mode == "model":
         model.compile(backend=backend)
+    elif mode == "graphs":  # CUDA graphs are inductor's; another backend (a CPU test's) traces the same graph
+        model.compile(**({"mode": "reduce-overhead"} if backend == "inductor" else {"backend": backend}))
     elif mode == "blocks":
         for layer in decoder_layers(hf_model(model)):
             layer.compile(backend=backend)
@@ -215,8 +222,15 @@ def compiled(model: nn.Module) -> bool:
 
 def whole_model_compiled(model: nn.Module) -> bool:
     """Whether `model` (or the model a wrapper such as DDP holds) runs through torch.compile as one graph
-    (compile_model's "model"; not "blocks", whose head and loss run eagerly)."""
-    return any(getattr(m, "_scalecl_compile", None) == "model" and getattr(m, "_compiled_call_impl", None) is not None
+    (compile_model's "model" or "graphs"; not "blocks", whose head and loss run eagerly)."""
+    return any(getattr(m, "_scalecl_compile", None) in ("model", "graphs")
+               and getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def graph_replayed(model: nn.Module) -> bool:
+    """Whether `model` runs as CUDA graphs (compile_model's "graphs"): a step must then be marked as begun, and
+    an output kept past the next step copied (a replay writes the same memory)."""
+    return any(getattr(m, "_scalecl_compile", None) == "graphs" and getattr(m, "_compiled_call_impl", None) is not None
                for m in model.modules())
 
 

@@ -440,7 +440,7 @@ def on_device(phases: list[Phase], device: torch.device, autocast: Any = None, l
     out = []
     for p in phases:
         trains = p.train and not p.scoring
-        whole = trains and compile_mode(compile, device, p.steps or None) == "model"
+        whole = trains and compile_mode(compile, device, p.steps or None) in ("model", "graphs")
         fused = resolve_loss(loss, device, whole) != "model"  # chunked, or Liger's / CCE's, which hold less
         out.append(p._replace(half=half, compiled=whole, loss="chunked" if fused and p.plain_head and trains
                               else "model"))

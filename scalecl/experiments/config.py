@@ -62,9 +62,10 @@ class StageConfig(AdamWConfig):
 
 
 PARALLEL = ("ddp", "fsdp")
-# compute.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "blocks" (every decoder block), "off";
+# compute.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "graphs" (the whole model as CUDA graphs),
+# "blocks" (every decoder block), "off";
 # true and false are "blocks" and "off" (scalecl.compute.perf.compile_mode)
-COMPILE = (True, False, "auto", "model", "blocks", "off")
+COMPILE = (True, False, "auto", "model", "graphs", "blocks", "off")
 LOSSES = ("auto", "model", "chunked", "liger", "cce")  # compute.loss (scalecl.compute.loss)
 
 
@@ -89,8 +90,9 @@ class ComputeConfig:
     # recompute each decoder block in the backward instead of keeping its activations (long sequences: the
     # paper's 8,192 tokens); through transformers' activation_checkpointing_enable, non-reentrant
     activation_checkpointing: bool = False
-    # torch.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "blocks" (every decoder block in
-    # place), "off"; true = "blocks", false = "off". A model that fails to compile trains eagerly (one line says
+    # torch.compile: "auto" (the whole model on CUDA, off elsewhere), "model", "graphs" (the whole model with
+    # CUDA graphs: mode="reduce-overhead"), "blocks" (every decoder block in place), "off"; true = "blocks",
+    # false = "off". A model that fails to compile trains eagerly (one line says
     # so). On a CPU it needs a C/C++ compiler for inductor's kernels
     compile: bool | str = opt("auto", choices=COMPILE)
     # the training step's loss (scalecl.compute.loss): "auto" (on CUDA the chunked linear cross-entropy for an

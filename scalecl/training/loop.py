@@ -43,7 +43,7 @@ from transformers.optimization import (
 from scalecl.common.errors import TrainingDiverged
 from scalecl.compute.loss import ModelLoss
 from scalecl.compute.parallel import is_fsdp, load_optimizer_state, local, optimizer_state
-from scalecl.compute.perf import ModelFlops, compiled, is_compile_error, uncompile
+from scalecl.compute.perf import ModelFlops, compiled, graph_replayed, is_compile_error, uncompile
 from scalecl.compute.processes import say
 from scalecl.training.optim import OptimConfig
 from scalecl.training.progress import LineProgress
@@ -215,6 +215,7 @@ def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flo
     DDP gradients are all-reduced on the last micro-batch only; FSDP reduce-scatters after every one."""
     device = next(model.parameters()).device
     ddp = isinstance(model, DistributedDataParallel)
+    replayed = graph_replayed(model)  # CUDA graphs: each forward marked, its loss copied before the next replay
     tokens, step_flops = 0, 0.0
     loss = torch.zeros((), device=device) if accum > 1 else None
     for i in range(accum):
@@ -226,11 +227,13 @@ def _forward_backward(model: nn.Module, batches, accum: int, autocast_dtype, flo
         batch = _to_device(host, device)
         sync_grads = i == accum - 1 or not ddp
         with contextlib.nullcontext() if sync_grads else model.no_sync():
+            if replayed:
+                torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 micro = loss_fn(model, batch)
             if accum == 1:
                 micro.backward()
-                return micro.detach(), tokens, step_flops, host
+                return micro.detach().clone() if replayed else micro.detach(), tokens, step_flops, host
             (micro / accum).backward()
         loss += micro.detach().float() / accum
     return loss, tokens, step_flops, host

@@ -126,3 +126,34 @@ def test_training_forwards_build_no_kv_cache(monkeypatch):
     assert made == []
     model(_batch(model)["input_ids"])  # a plain forward (generation's) still makes one
     assert made
+
+
+def test_cuda_graphs_mark_every_step_and_keep_a_copy_of_its_loss(monkeypatch):
+    """compute.compile=graphs (mode="reduce-overhead"): a replay overwrites the memory of the last one's outputs,
+    which failed on a GPU ("accessing tensor output of CUDAGraphs that has been overwritten") while the loop kept
+    each step's loss until the next host read. Every forward is now marked as a new step and its loss copied. On
+    CPU the same graph is traced with aot_eager (no CUDA graphs): the numbers are the eager ones."""
+    from scalecl.compute.perf import graph_replayed, whole_model_compiled
+
+    torch._dynamo.reset()
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    eager = make_base("neox-parallel")
+    model = copy.deepcopy(eager)
+    compile_model(model, "graphs", backend="aot_eager")
+    assert graph_replayed(model) and whole_model_compiled(model) and compile_mode("graphs", torch.device("cuda", 0))
+    got = _losses(model, steps=3)
+    assert len(marks) == 3 and not graph_replayed(eager)
+    assert got == pytest.approx(_losses(eager, steps=3), rel=1e-6, abs=1e-6)
+    again = copy.deepcopy(eager)
+    compile_model(again, "graphs", backend="aot_eager")
+    assert _losses(again, steps=2, accum=2) and len(marks) == 3 + 4  # one mark per micro-batch
+
+
+def test_cuda_graphs_need_cuda():
+    from scalecl.common.errors import ScaleclError
+    from scalecl.compute.perf import check_compute
+    from scalecl.experiments.config import ComputeConfig
+
+    with pytest.raises(ScaleclError, match="compile=graphs .* needs a CUDA device"):
+        check_compute(ComputeConfig(compile="graphs"), torch.device("cpu"), 1)

@@ -183,10 +183,11 @@ def test_the_chunked_loss_agrees_in_bf16_and_holds_less(kind, tied):
     assert out["chunked"][2] < out["model"][2]
 
 
-@pytest.mark.parametrize("variant", ["fft", "route"])
-def test_the_whole_model_compiled_trains_the_eager_numbers(variant):
-    """compute.compile=model (inductor) against eager, three bf16 steps: the same losses within bf16 rounding; the
-    run is not left eager by a compile failure."""
+@pytest.mark.parametrize("variant, mode", [("fft", "model"), ("route", "model"), ("fft", "graphs")])
+def test_the_whole_model_compiled_trains_the_eager_numbers(variant, mode):
+    """compute.compile=model (inductor) or graphs (CUDA graphs) against eager, three bf16 steps: the same losses
+    within bf16 rounding; the run is not left eager by a compile failure (nor stopped by a replay overwriting a
+    loss the loop still holds)."""
     import copy
     from itertools import repeat
 
@@ -200,7 +201,7 @@ def test_the_whole_model_compiled_trains_the_eager_numbers(variant):
     else:
         _, eager = models("neox", "route", l_fp=2)
     compiled = copy.deepcopy(eager)
-    compile_model(compiled, "model")
+    compile_model(compiled, mode)
     b = _lm_batch(eager.config.vocab_size, 4, 128)
     losses = []
     for m in (eager, compiled):

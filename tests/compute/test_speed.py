@@ -202,7 +202,7 @@ def test_result_records_speed(tmp_path, local):
 @pytest.mark.parametrize("sets,msg", [
     (["compute.parallel=zero"], "compute.parallel must be one of ddp, fsdp"),
     (["compute.sync_every=-1"], "compute.sync_every must be >= 0"),
-    (["compute.compile=maybe"], "compute.compile must be one of True, False, auto, model, blocks, off"),
+    (["compute.compile=maybe"], "compute.compile must be one of True, False, auto, model, graphs, blocks, off"),
     (["compute.loss=fused"], "compute.loss must be one of auto, model, chunked, liger, cce"),
     (["compute.loss=liger"], "compute.loss=liger needs liger-kernel"),  # not installed here (it needs Triton)
 ])
