@@ -244,12 +244,12 @@ def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator, targets_only
     measure(cfgs, "qa_fft_eager", neox, qa, a, ("off", "model"))
     measure(cfgs, "qa_fft_compiled", neox, qa, a, ("model", "auto"))
     measure(cfgs, "qa_fft_graphs", neox, qa, a, ("graphs", "auto"))
+    measure(cfgs, "qa_route_compiled", routed, qa, a, ("model", "auto"))  # SCALE traced as one graph
+    measure(cfgs, "qa_route_graphs", routed, qa, a, ("graphs", "auto"))
     measure(cfgs, "pythia160m_stage1_compiled_chunked", neox, s1, a, ("model", "chunked"))
     measure(cfgs, "pythia160m_stage1_chunked", neox, s1, a, ("off", "chunked"))
     for extra in a.fused:
         measure(cfgs, f"pythia160m_stage1_{extra}", neox, s1, a, ("model", extra))
-    if a.full:
-        measure(cfgs, "qa_route_compiled", routed, qa, a, ("model", "auto"))
 
 
 def llama_configs(cfgs: dict, res: dict, a, llama: dict, batch: dict, targets_only: bool) -> None:
@@ -310,9 +310,13 @@ def summarise(res: dict, show: bool = True) -> None:
     res["ratios"] = {
         "route_over_fft_stage3": ratio("qa_route", "qa_fft"),
         "ours_over_trainer_speed": ratio("trainer_fft_base_shape", "fft_base_shape"),
-        "stage1_compiled_chunked_over_eager": ratio("pythia160m_stage1", "pythia160m_stage1_eager"),
+        "stage1_over_eager": ratio("pythia160m_stage1", "pythia160m_stage1_eager"),
+        "stage1_compiled_chunked_over_compiled": ratio("pythia160m_stage1_compiled_chunked", "pythia160m_stage1"),
         "qa_over_issue_eager": ratio("qa_fft", "qa_fft_eager"),
         "qa_compiled_over_qa": ratio("qa_fft_compiled", "qa_fft"),
+        "qa_graphs_over_qa": ratio("qa_fft_graphs", "qa_fft"),
+        "route_over_fft_compiled": ratio("qa_route_compiled", "qa_fft_compiled"),
+        "route_over_fft_graphs": ratio("qa_route_graphs", "qa_fft_graphs"),
         "ours_eager_over_trainer_speed": ratio("trainer_fft_base_shape", "fft_base_shape_eager_chunked"),
         "route_over_adapt": ratio("route", "adapt"),
         "adapt_over_fft_same_shape": ratio("adapt", "fft_same_shape"),

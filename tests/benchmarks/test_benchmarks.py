@@ -75,3 +75,12 @@ def test_bench_estimate_reads_the_estimate_line_and_times_the_command(tmp_path):
     r = json.loads(out.read_text())
     assert r["rc"] == 0 and r["estimate_line"].startswith("estimate: ") and r["wall_s"] > 0
     assert r["runs_wall_s"] and r["runs_wall_s"][0]["total"] > 0  # the run's own recorded phases
+
+
+def test_bench_ops_counts_a_qa_steps_operations(tmp_path):
+    """bench_ops.py at toy sizes: each model's operations counted (top-level aten calls of one forward and
+    backward), SCALE-Route issuing more than FFT (two paths, block products), the ratio written."""
+    r = run("bench_ops.py", "--tiny", tmp_path=tmp_path)
+    fft, route = r["models"]["fft"], r["models"]["scale-route"]
+    assert fft["ops"] > 100 and route["ops"] > fft["ops"] and sum(fft["most"].values()) <= fft["ops"]
+    assert r["route_over_fft"] == round(route["ops"] / fft["ops"], 3) and r["provenance"]["commit"]
