@@ -24,9 +24,11 @@ class QATensors:
     def __len__(self) -> int:
         return self.ids.shape[0]
 
-    def subset(self, idx: np.ndarray | torch.Tensor) -> QATensors:
+    def subset(self, idx: np.ndarray | torch.Tensor, whole_width: bool = False) -> QATensors:
+        """The rows `idx`, cut to their longest row (`whole_width`: kept at the set's width, one shape for every
+        subset, as a compiled model wants)."""
         idx = torch.as_tensor(idx, dtype=torch.long)
-        t = int(self.total_len[idx].max()) if len(idx) else 1
+        t = self.ids.shape[1] if whole_width else int(self.total_len[idx].max()) if len(idx) else 1
         return QATensors(self.ids[idx, :t], self.prompt_len[idx], self.total_len[idx], self.attribute[idx],
                          self.attributes, self.pad_id)
 
@@ -63,9 +65,10 @@ def encode_qa(
     )
 
 
-def qa_train_batch(qa: QATensors, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Inputs with the loss on answer + EOS only (-100 on prompt and padding)."""
-    sub = qa.subset(idx)
+def qa_train_batch(qa: QATensors, idx: torch.Tensor, whole_width: bool = False) -> dict[str, torch.Tensor]:
+    """Inputs with the loss on answer + EOS only (-100 on prompt and padding); `whole_width`: at the set's width
+    (QATensors.subset)."""
+    sub = qa.subset(idx, whole_width)
     pos = torch.arange(sub.ids.shape[1])
     answer = (pos[None] >= sub.prompt_len[:, None]) & (pos[None] < sub.total_len[:, None])
     mask = pos[None] < sub.total_len[:, None]
@@ -73,13 +76,17 @@ def qa_train_batch(qa: QATensors, idx: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"input_ids": sub.ids, "attention_mask": mask.long(), "labels": labels}
 
 
-def qa_batches(qa: QATensors, batch_size: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless shuffled epochs of QA training batches."""
+def qa_batches(qa: QATensors, batch_size: int, seed: int, whole_width: bool = False
+               ) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless shuffled epochs of QA training batches, each cut to its longest row, or with `whole_width` all of
+    the set's width: one shape, so that a compiled model (CUDA graphs above all) is not compiled again per width.
+    The rows, their order and their labels are the same either way; the extra positions are padding, masked and
+    unlabelled."""
     g = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(qa), generator=g)
         for i in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
-            yield qa_train_batch(qa, order[i : i + batch_size])
+            yield qa_train_batch(qa, order[i : i + batch_size], whole_width)
 
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)

@@ -228,7 +228,7 @@ class BioExperiment(ExperimentBase):
         probe = base_model_config(rc)  # sizes only: the vocabulary comes with the tokenizer
         for m in methods.values():
             m.check(probe)
-        compiled = compile_mode(rc.compute.compile, self.device, rc.stage3.steps) != "off"
+        compiled = self._compiled(rc.stage3)
         if rc.ensemble.mode != "none" and (dist.world > 1 or compiled or rc.compute.activation_checkpointing):
             raise ScaleclError(f"ensemble.mode={rc.ensemble.mode} runs in one process without compute.compile and "
                                f"compute.activation_checkpointing (the averaged model is not a transformers model)")
@@ -287,6 +287,11 @@ class BioExperiment(ExperimentBase):
                          save_every=self.rc.checkpoint.every, save_seconds=self.rc.checkpoint.seconds,
                          compute=self.rc.compute, desc=desc, **kw)
 
+    def _compiled(self, stage: StageConfig) -> bool:
+        """Whether the stage's model runs compiled (compute.compile for its steps): its QA batches then keep one
+        shape (scalecl.evaluation.qa.qa_batches)."""
+        return compile_mode(self.rc.compute.compile, self.device, stage.steps) != "off"
+
     def _shards(self, batches: Iterator[dict], stage: StageConfig, dist: Dist) -> RowShards:
         return RowShards(batches, micro_batch(self.rc, stage, dist.world)[0], dist.world, dist.rank)
 
@@ -342,7 +347,8 @@ class BioExperiment(ExperimentBase):
         s2 = cached_stage(s2_run, runtime, lambda: train_stage(
             s2_run, self._stage_plan(rc.stage2, "stage 2: Task 0 QA", dist, resume="auto"),
             build=lambda: load_model(s1_run.final_dir),
-            batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed), rc.stage2, dist),
+            batches=self._shards(qa_batches(train0, rc.stage2.batch, rc.seed, self._compiled(rc.stage2)), rc.stage2,
+                                 dist),
             info=lambda m: accuracies(m, {"task0_heldout": heldout, "task0_train": train0}, rc.eval.batch,
                                       "stage 2: Task 0 accuracy"), runtime=runtime))
         runtime.say(f"stage 2: held-out Task 0 accuracy {s2['task0_heldout']['acc']:.3f} "
@@ -370,7 +376,7 @@ class BioExperiment(ExperimentBase):
 
     def batches(self, method: Method, runtime: Runtime) -> Iterator[dict]:
         rc = self.rc
-        task1 = qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3)
+        task1 = qa_batches(self.data.qa["task1"], rc.stage3.batch, self.stream_seed + 3, self._compiled(rc.stage3))
         return self._shards(task1, rc.stage3, runtime.dist)
 
     def plan(self, method: Method, runtime: Runtime) -> TrainPlan:

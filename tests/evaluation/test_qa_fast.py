@@ -132,6 +132,27 @@ def test_fixed_shape_evaluation_runs_one_shape(tiny_qa):
     assert set(shapes) == {(64, width)}
 
 
+def test_compiled_training_batches_keep_the_sets_width(tiny_qa):
+    """qa_batches(whole_width=True), what a compiled stage trains on: every batch is the set's width (one shape),
+    with the same rows, tokens and labels as the batch cut to its longest row, the rest padding (masked,
+    unlabelled); a model's loss on it is the same to float32 rounding."""
+    from itertools import islice
+
+    from scalecl.evaluation.qa import qa_batches
+
+    tok, qa = tiny_qa
+    cut, whole = (list(islice(qa_batches(qa, 2, seed=5, whole_width=w), 40)) for w in (False, True))
+    assert {b["input_ids"].shape for b in whole} == {(2, qa.ids.shape[1])}
+    assert len({b["input_ids"].shape[1] for b in cut}) > 1  # cut batches vary: a compiled model would recompile
+    _, model = _model("llama", "fft", len(tok))
+    for c, w in zip(cut, whole, strict=True):
+        t = c["input_ids"].shape[1]
+        assert all(torch.equal(w[k][:, :t], c[k]) for k in c)
+        assert not w["attention_mask"][:, t:].any() and (w["labels"][:, t:] == -100).all()
+        with torch.no_grad():
+            assert model(**w).loss.item() == pytest.approx(model(**c).loss.item(), rel=1e-5)
+
+
 def test_encode_qa_equals_tokenising_each_string(tiny_qa):
     """The batched encoding (distinct answers once, numpy fill) gives the ids of tokenising every prompt and
     answer by itself through the tokenizer's Python interface."""
