@@ -207,6 +207,9 @@ def measure(cfgs: dict, name: str, make, batch: dict, a, how=("auto", "auto"), p
     """Train one configuration (our_step), record it under `name`, print one line, free it."""
     if a.only and name not in a.only:
         return
+    if how[0] == "graphs" and a.dev.type != "cuda":  # CUDA graphs: nothing to measure elsewhere (the dry run)
+        cfgs[name] = {"skipped": "CUDA graphs need a CUDA device"}
+        return
     with env("SCALECL_SCALE_PRODUCTS", products):
         t, model = time.perf_counter(), None
         try:
