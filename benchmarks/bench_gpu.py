@@ -225,12 +225,13 @@ def measure(cfgs: dict, name: str, make, batch: dict, a, how=("auto", "auto"), p
         free(a.dev)
 
 
-def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator, targets_only: bool) -> None:
+def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator, part: str) -> None:
     """Stage 1 (96 x 512 packed tokens) as a run trains it (compute.compile=auto compiles a 3,500-step stage, the
     chunked loss), and as the issue measured it (eager, the model's own loss); the QA step (48 x 32, stages 2-3) of
     FFT and of the preset's SCALE-Route as a run trains them (auto does not compile a 1,000-step stage), and FFT's
-    compiled and as the issue measured it. `targets_only`: the configurations the targets read (measured first, so
-    a check stopped at its time limit has them); else the others."""
+    compiled and as the issue measured it. `part`: "targets", the configurations the targets read (measured first,
+    so a check stopped at its time limit has them); "levers", the QA step compiled and as CUDA graphs, FFT's and
+    Route's (what the QA and Route targets wait on); "rest", the others."""
     seq = 64 if a.tiny else 512
     ids = torch.randint(0, pythia["vocab_size"], (a.pythia_batch, seq), generator=g)
     s1 = {"input_ids": ids, "labels": ids}
@@ -238,17 +239,19 @@ def pythia_configs(cfgs: dict, a, pythia: dict, g: torch.Generator, targets_only
     qa = qa_batch(pythia["vocab_size"], a.qa_rows, a.qa_seq, g)
     route = ScaleConfig(variant="route", **(dict(hidden_up=64, ffn_up=32, l_fp=1) if a.tiny else ROUTE_GPU))
     routed = lambda: build("gpt_neox", pythia, a.dev, route)  # noqa: E731
-    if targets_only:
+    if part == "targets":
         measure(cfgs, "pythia160m_stage1", neox, s1, a, ("model", "auto"))  # as the preset's stage 1 runs
         measure(cfgs, "qa_fft", neox, qa, a, ("off", "auto"))  # as stages 2-3 run
         measure(cfgs, "qa_route", routed, qa, a, ("off", "auto"))
         return
+    if part == "levers":
+        measure(cfgs, "qa_fft_compiled", neox, qa, a, ("model", "auto"))
+        measure(cfgs, "qa_fft_graphs", neox, qa, a, ("graphs", "auto"))
+        measure(cfgs, "qa_route_compiled", routed, qa, a, ("model", "auto"))  # SCALE traced as one graph
+        measure(cfgs, "qa_route_graphs", routed, qa, a, ("graphs", "auto"))
+        return
     measure(cfgs, "pythia160m_stage1_eager", neox, s1, a, ("off", "model"))
     measure(cfgs, "qa_fft_eager", neox, qa, a, ("off", "model"))
-    measure(cfgs, "qa_fft_compiled", neox, qa, a, ("model", "auto"))
-    measure(cfgs, "qa_fft_graphs", neox, qa, a, ("graphs", "auto"))
-    measure(cfgs, "qa_route_compiled", routed, qa, a, ("model", "auto"))  # SCALE traced as one graph
-    measure(cfgs, "qa_route_graphs", routed, qa, a, ("graphs", "auto"))
     measure(cfgs, "pythia160m_stage1_compiled_chunked", neox, s1, a, ("model", "chunked"))
     measure(cfgs, "pythia160m_stage1_chunked", neox, s1, a, ("off", "chunked"))
     for extra in a.fused:
@@ -391,9 +394,12 @@ def main() -> None:
 
     a.save = save
     batch = {"input_ids": ids, "labels": ids}
-    for targets_only in (True, False):  # what the targets read first
-        pythia_configs(res["configs"], a, pythia, g, targets_only)
-        llama_configs(res["configs"], res, a, llama, batch, targets_only)
+    # what the targets read first, then what the QA and Route targets wait on, then the 1B target, then the rest
+    pythia_configs(res["configs"], a, pythia, g, "targets")
+    pythia_configs(res["configs"], a, pythia, g, "levers")
+    llama_configs(res["configs"], res, a, llama, batch, targets_only=True)
+    pythia_configs(res["configs"], a, pythia, g, "rest")
+    llama_configs(res["configs"], res, a, llama, batch, targets_only=False)
     if not a.only:
         res["preservation_max_abs_diff"] = preservation_diff("llama", llama, a.dev, a.autocast,
                                                              ids[:1, :256].to(a.dev), a.hidden_up, a.ffn_up)

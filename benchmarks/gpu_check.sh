@@ -17,12 +17,13 @@
 #   1. env     benchmarks/gpu_env.py: versions, the GPU, every requirement not met, missing packages (env.json)  15 s
 #   2. tests   pytest -m gpu (tests/compute/test_gpu.py)                                                 100 s
 #   3. bench   benchmarks/bench_gpu.py: Pythia-160M stage-1 step and MFU, the QA step, Route's stage-3 step against
-#              FFT's, our Llama-3.2-1B-shape step against transformers.Trainer's (bench.json)            150 s
+#              FFT's; the QA step compiled and as CUDA graphs; our Llama-3.2-1B-shape step against
+#              transformers.Trainer's; then the rest (bench.json)                                          220 s
 #   4. cpt1b   scalecl train-cpt --preset paper-smoke --method all: one step per method at Llama-3.2-1B's shapes,
-#              4 x 2,048 tokens, bf16, delta checkpoints (OUT/cpt1b)                                      80 s
+#              4 x 2,048 tokens, bf16, delta checkpoints (OUT/cpt1b; needs datasets: gpu_wheels.sh)     70 s
 #   5. bio     scalecl train-bio --preset gpu --method fft,llama-pro,scale-route, every stage's steps and the
-#              evaluation schedule times --bio-scale (default 0.1: at today's speed 9 minutes do not hold the whole
-#              preset; the report extrapolates its time), in the time left (OUT/bio)                  the rest
+#              evaluation schedule times --bio-scale (default 0.08: at 0.1 it took 163 s on one H200, the whole
+#              preset ~18 minutes; the report extrapolates its time), in the time left (OUT/bio)        the rest
 #   6. report  benchmarks/gpu_report.py: results.json (every number, with provenance: commit, command, GPU, date),
 #              summary.md (one line per target, measured value and PASS/FAIL), figures/step_times.png; with --plot
 #              also `scalecl plot` of the biography run (else: scalecl plot --results OUT/bio later, anywhere)
@@ -35,7 +36,7 @@ OUT="gpu_check-$(date +%Y%m%d-%H%M%S)"
 DRY=0
 PY="${PYTHON:-python3}"
 MINUTES=9
-BIO_SCALE=0.1
+BIO_SCALE=0.08
 DEVICE=""
 VENV=0
 EXPORT=""
@@ -142,7 +143,7 @@ step tests "$(share 100)" "$PY" -m pytest -q -m gpu tests/compute/test_gpu.py -p
 # 3. step benchmarks (bench.json is written after every configuration: a stopped bench keeps what it measured)
 BENCH=(benchmarks/bench_gpu.py --out "$OUT/bench.json" "${DEV[@]}")
 [ "$DRY" = 1 ] && BENCH+=(--tiny --steps 1)
-step bench "$(share 170 200)" "$PY" "${BENCH[@]}"
+step bench "$(share 220 200)" "$PY" "${BENCH[@]}"
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. one CPT step per method at Llama-3.2-1B's shapes (random weights), bf16, without compiling (one step)
