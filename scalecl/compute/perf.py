@@ -220,18 +220,23 @@ def compiled(model: nn.Module) -> bool:
     return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
 
+def _compiled_as(model: nn.Module, modes: tuple[str, ...]) -> bool:
+    """Whether a module of `model` (the model itself, or the one a wrapper such as DDP holds) runs through
+    torch.compile as compile_model made it in one of `modes`."""
+    return any(getattr(m, "_scalecl_compile", None) in modes and getattr(m, "_compiled_call_impl", None) is not None
+               for m in model.modules())
+
+
 def whole_model_compiled(model: nn.Module) -> bool:
-    """Whether `model` (or the model a wrapper such as DDP holds) runs through torch.compile as one graph
-    (compile_model's "model" or "graphs"; not "blocks", whose head and loss run eagerly)."""
-    return any(getattr(m, "_scalecl_compile", None) in ("model", "graphs")
-               and getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+    """Whether `model` runs through torch.compile as one graph (compile_model's "model" or "graphs"; not "blocks",
+    whose head and loss run eagerly)."""
+    return _compiled_as(model, ("model", "graphs"))
 
 
 def graph_replayed(model: nn.Module) -> bool:
     """Whether `model` runs as CUDA graphs (compile_model's "graphs"): a step must then be marked as begun, and
     an output kept past the next step copied (a replay writes the same memory)."""
-    return any(getattr(m, "_scalecl_compile", None) == "graphs" and getattr(m, "_compiled_call_impl", None) is not None
-               for m in model.modules())
+    return _compiled_as(model, ("graphs",))
 
 
 def uncompile(model: nn.Module, why: str) -> None:
