@@ -25,7 +25,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from machine import interleaved, loadavg, provenance  # benchmarks/machine.py
+from machine import interleave_options, interleaved, loadavg, provenance  # benchmarks/machine.py
 
 REPO = Path(__file__).resolve().parents[1]
 THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "OMP_PROC_BIND",
@@ -124,12 +124,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=512, help="the base model's width")
     p.add_argument("--layers", type=int, default=8, help="the base model's depth")
     p.add_argument("--steps", type=int, default=5, help="timed training steps of the widened model")
-    p.add_argument("--rounds", type=int, default=3, help="runs per setting, interleaved")
-    p.add_argument("--seed", type=int, default=0, help="of the shuffled order within each round")
-    p.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
+    interleave_options(p, timeout=900)
     a = p.parse_args()
     if a.worker:
         return worker(a)

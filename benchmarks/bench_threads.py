@@ -29,7 +29,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from machine import interleaved, loadavg  # benchmarks/machine.py
+from machine import interleave_options, interleaved, loadavg  # benchmarks/machine.py
 
 REPO = Path(__file__).resolve().parents[1]
 # anything that changes threading, stripped from the environment so "default" means torch's own default
@@ -118,13 +118,8 @@ def main() -> None:
     p.add_argument("--compete", default="none,burner,copy")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3, help="runs per setting, interleaved")
-    p.add_argument("--seed", type=int, default=0, help="of the shuffled order within each round")
     p.add_argument("--vocab", type=int, default=1000)
-    p.add_argument("--timeout", type=int, default=600, help="seconds per run")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
+    interleave_options(p, timeout=600)
     a = p.parse_args()
     if a.worker:
         return worker(a)

@@ -35,6 +35,20 @@ def provenance(torch_version: bool = True) -> dict:
     return {"commit": commit, "machine": machine}
 
 
+def interleave_options(p, timeout: int) -> None:
+    """The options every interleaved benchmark takes (bench_threads, bench_import_threads): rounds, the order's
+    seed, a run's time limit, where to write, and the hidden ones a worker process is started with."""
+    import argparse
+    from pathlib import Path
+
+    p.add_argument("--rounds", type=int, default=3, help="runs per setting, interleaved")
+    p.add_argument("--seed", type=int, default=0, help="of the shuffled order within each round")
+    p.add_argument("--timeout", type=int, default=timeout, help="seconds per run")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
+
+
 def interleaved(grid: list, rounds: int, seed: int):
     """(round, setting) for every setting of `grid` once per round, in an order shuffled anew each round (seeded),
     so that a change in the machine's other load spreads over all settings."""
